@@ -1,0 +1,29 @@
+"""Installable core of the project: the ``vlprompt`` package.
+
+``trainers/`` and ``datasets/`` stay plain folders beside ``train.py`` (as in the
+CoOp family), so installing the project never shadows a site-packages module
+called ``datasets``.
+"""
+from setuptools import find_packages, setup
+
+setup(
+    name="vlprompt",
+    version="0.1.0",
+    description="Dassl-compatible core for CLIP prompt learning and adaptation (DeAR, RAda and baselines)",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=find_packages(include=["vlprompt", "vlprompt.*"]),
+    include_package_data=True,
+    install_requires=[
+        "torch>=2.1",
+        "torchvision>=0.16",
+        "open_clip_torch>=2.24",
+        "yacs>=0.1.8",
+        "tabulate",
+        "numpy",
+        "pillow",
+        "tqdm",
+    ],
+    extras_require={"test": ["pytest>=7"]},
+)

@@ -1,0 +1,239 @@
+"""The prompted runner against open_clip, on a tiny random CLIP loaded from local files."""
+import os
+import subprocess
+import sys
+import warnings
+
+import open_clip
+import pytest
+import torch
+
+from vlprompt.clip import (
+    CLIPLoadError, CLIPRunner, InsertTokens, MapTokens, Plan, PromptTooLongError, ReplaceTokens,
+    Tokenizer, attention_block, load_clip,
+)
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_clip_files):
+    config, weights = tiny_clip_files
+    model, info = load_clip(config, weights)
+    reference = open_clip.create_model(os.path.splitext(os.path.basename(config))[0], pretrained=weights).eval()
+    return model, reference, Tokenizer(config)
+
+
+def _inputs(tokenizer, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.randn(3, 3, 32, 32, generator=generator)
+    ids = tokenizer(["a photo of a dog.", "a red star", "itap of a very small striped hexagon."])
+    return images, ids
+
+
+def test_loader_returns_frozen_fp32_eval_model(tiny):
+    model, _, _ = tiny
+    assert not model.training
+    assert all(not p.requires_grad and p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_empty_plan_equals_open_clip(tiny):
+    model, reference, tokenizer = tiny
+    runner = CLIPRunner(model)
+    images, ids = _inputs(tokenizer)
+    with torch.no_grad():
+        torch.testing.assert_close(runner.encode_image(images), reference.encode_image(images), **TOL)
+        torch.testing.assert_close(runner.encode_text(ids), reference.encode_text(ids), **TOL)
+
+
+def test_attention_block_matches_open_clip_block(tiny):
+    model, _, _ = tiny
+    block = model.visual.transformer.resblocks[1]
+    x = torch.randn(2, 17, 64)
+    causal = torch.full((17, 17), float("-inf")).triu_(1)
+    with torch.no_grad():
+        torch.testing.assert_close(attention_block(block, x), block(x), **TOL)
+        torch.testing.assert_close(attention_block(block, x, causal), block(x, attn_mask=causal), **TOL)
+
+
+def test_per_head_mask_is_applied_per_head(tiny):
+    """A [heads, L, L] mask equals running each head with its own [L, L] mask."""
+    model, _, _ = tiny
+    block = model.visual.transformer.resblocks[0]
+    heads, length = block.attn.num_heads, 6
+    mask = torch.zeros(heads, length, length)
+    mask[0, :, 3:] = float("-inf")  # head 0: nobody sees tokens 3..5
+    mask[2] = torch.full((length, length), float("-inf")).triu_(1)  # head 2: causal
+    x = torch.randn(2, length, 64)
+    with torch.no_grad():
+        out = attention_block(block, x, mask)
+        # Reference: manual multi-head attention with per-head masks.
+        h = block.ln_1(x)
+        q, k, v = torch.nn.functional.linear(h, block.attn.in_proj_weight, block.attn.in_proj_bias).chunk(3, -1)
+        d = 64 // heads
+        outs = []
+        for i in range(heads):
+            qi, ki, vi = (t[..., i * d:(i + 1) * d] for t in (q, k, v))
+            scores = qi @ ki.transpose(1, 2) / d ** 0.5 + mask[i]
+            outs.append(scores.softmax(-1) @ vi)
+        attn = block.attn.out_proj(torch.cat(outs, -1))
+        y = x + attn
+        expected = y + block.mlp(block.ln_2(y))
+    torch.testing.assert_close(out, expected, **TOL)
+
+
+def test_inserted_tokens_nobody_attends_leave_original_outputs(tiny):
+    """Vision: tokens appended at block 1 and blocked as keys for original queries."""
+    model, _, tokenizer = tiny
+    runner = CLIPRunner(model)
+    images, _ = _inputs(tokenizer)
+    n_orig, n_new = 17, 3
+    mask = torch.zeros(n_orig + n_new, n_orig + n_new)
+    mask[:n_orig, n_orig:] = float("-inf")
+    extra = torch.randn(n_new, 64)
+    plan = Plan(layers={1: InsertTokens(extra)}, masks={1: mask, 2: mask})
+    with torch.no_grad():
+        plain = runner.visual(images)
+        prompted = runner.visual(images, plan)
+    assert prompted.tokens.shape == (3, n_orig + n_new, 64)
+    torch.testing.assert_close(prompted.tokens[:, :n_orig], plain.tokens, **TOL)
+    torch.testing.assert_close(prompted.features, plain.features, **TOL)
+
+
+def test_text_insertion_moves_eot_and_keeps_length(tiny):
+    model, _, tokenizer = tiny
+    runner = CLIPRunner(model)
+    _, ids = _inputs(tokenizer)
+    eot = ids.argmax(-1)
+    plan = Plan(layers={1: InsertTokens(torch.randn(2, 32), at=1, keep_length=True)})
+    out = runner.text(ids, plan)
+    assert out.tokens.shape[1] == 32
+    assert torch.equal(out.eot, eot + 2)
+    # Causal: tokens after the insertion point are affected, the SOT token is not.
+    plain = runner.text(ids)
+    torch.testing.assert_close(out.tokens[:, 0], plain.tokens[:, 0], **TOL)
+    assert not torch.allclose(out.features, plain.features)
+
+
+def test_text_insertion_that_pushes_out_eot_is_an_error(tiny):
+    model, _, tokenizer = tiny
+    runner = CLIPRunner(model)
+    ids = tokenizer(["word " * 28])
+    with pytest.raises(ValueError, match="end-of-text"):
+        runner.text(ids, Plan(layers={0: InsertTokens(torch.randn(4, 32), at=1, keep_length=True)}))
+
+
+def test_text_prefix_cache_equals_recomputation_and_is_reused(tiny):
+    model, _, tokenizer = tiny
+    runner = CLIPRunner(model)
+    _, ids = _inputs(tokenizer)
+    first = runner.text.prefix(ids, 1)
+    again = runner.text.prefix(ids.clone(), 1)
+    assert again is first
+    recomputed = runner.text._compute_prefix(ids, 1)
+    torch.testing.assert_close(first, recomputed, rtol=0, atol=0)
+    # A plan starting at block 1 uses the cache and still matches the full path.
+    plan = Plan(layers={1: MapTokens(lambda x: x)})
+    torch.testing.assert_close(runner.text(ids, plan).features, runner.text(ids).features, **TOL)
+
+
+def test_frozen_prefix_runs_without_autograd_and_prompts_get_gradients(tiny):
+    model, _, tokenizer = tiny
+    runner = CLIPRunner(model)
+    images, _ = _inputs(tokenizer)
+    deep = torch.zeros(2, 64, requires_grad=True)
+    hidden = runner.visual.run_prefix(images, 2)
+    assert hidden.grad_fn is None
+    out = runner.visual(images, Plan(layers={2: InsertTokens(deep)}))
+    out.features.sum().backward()
+    assert deep.grad is not None and deep.grad.abs().sum() > 0
+
+
+def test_embed_edit_replace_equals_building_embeddings(tiny):
+    """Replacing positions 1..2 of the token embeddings == passing edited embeddings."""
+    model, _, tokenizer = tiny
+    runner = CLIPRunner(model)
+    _, ids = _inputs(tokenizer)
+    ctx = torch.randn(2, 32)
+    via_plan = runner.text(ids, Plan(embed=[ReplaceTokens(ctx, at=1)]))
+    embeddings = runner.text.embed(ids).clone()
+    embeddings[:, 1:3] = ctx
+    via_embeddings = runner.text(embeddings=embeddings, eot=ids.argmax(-1))
+    torch.testing.assert_close(via_plan.features, via_embeddings.features, **TOL)
+
+
+def test_vision_embed_edit_appends_before_ln_pre(tiny):
+    model, _, tokenizer = tiny
+    runner = CLIPRunner(model)
+    images, _ = _inputs(tokenizer)
+    prompts = torch.randn(2, 64)
+    out = runner.visual(images, Plan(embed=[InsertTokens(prompts)]))
+    expected = torch.cat([runner.visual.embed(images), prompts.expand(3, -1, -1)], 1)
+    expected = runner.visual.run_blocks(runner.visual.ln_pre(expected), 0, runner.visual.num_layers)
+    torch.testing.assert_close(out.tokens, expected, **TOL)
+
+
+def test_torchscript_file_loads_with_quick_gelu(tmp_path, tiny):
+    """OpenAI-style TorchScript archives load through the same path."""
+    model, reference, tokenizer = tiny
+    images, ids = _inputs(tokenizer)
+    path = str(tmp_path / "traced.pt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.jit.trace(reference, (images, ids), check_trace=False, strict=False).save(path)
+    from conftest import TINY_CLIP_CONFIG, write_tiny_clip
+    config_path = write_tiny_clip(str(tmp_path), name="tiny-ts", config={**TINY_CLIP_CONFIG, "quick_gelu": False})[0]
+    loaded, info = load_clip(config_path, path)
+    assert info["quick_gelu"] is True
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.encode_image(images), reference.encode_image(images), **TOL)
+
+
+def test_loader_errors_are_clear(tmp_path, tiny_clip_files):
+    config, _ = tiny_clip_files
+    with pytest.raises(CLIPLoadError, match="Unknown CLIP backbone 'ViT-Q/99'"):
+        load_clip("ViT-Q/99")
+    with pytest.raises(CLIPLoadError, match="does not exist"):
+        load_clip(config, str(tmp_path / "missing.pt"))
+    with pytest.raises(CLIPLoadError, match="No weights given"):
+        load_clip(config, "")
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(CLIPLoadError, match="Cannot load CLIP weights"):
+        load_clip(config, str(bad))
+
+
+def test_offline_tag_error_says_how_to_pass_a_file(tmp_path):
+    code = (
+        "from vlprompt.clip import load_clip, CLIPLoadError\n"
+        "try:\n    load_clip('ViT-B/32')\nexcept CLIPLoadError as e:\n    print('ERR', e)\n"
+    )
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HOME=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert "ERR" in out.stdout, out.stderr
+    assert "MODEL.BACKBONE.WEIGHTS /path/to/ViT-B-32.pt" in out.stdout
+
+
+def test_tokenizer_rejects_too_long_sentences(tiny):
+    _, _, tokenizer = tiny
+    with pytest.raises(PromptTooLongError, match="at most 26 fit"):
+        tokenizer(["word " * 27], reserve=4)
+    assert tokenizer(["a photo of a dog."]).shape == (1, 32)
+
+
+@pytest.mark.slow
+def test_vit_b16_random_weights_equal_open_clip():
+    """The runner reproduces open_clip on the real ViT-B/16 architecture (random weights)."""
+    torch.manual_seed(0)
+    model, info = load_clip("ViT-B/16", "random")
+    assert info["quick_gelu"]
+    reference = open_clip.create_model("ViT-B-16", pretrained=None, force_quick_gelu=True)
+    reference.load_state_dict(model.state_dict())
+    reference.eval()
+    runner = CLIPRunner(model)
+    images = torch.randn(2, 3, 224, 224)
+    ids = Tokenizer("ViT-B/16")(["a photo of a cat.", "a centered satellite photo of Forest."])
+    with torch.no_grad():
+        torch.testing.assert_close(runner.encode_image(images), reference.encode_image(images), **TOL)
+        torch.testing.assert_close(runner.encode_text(ids), reference.encode_text(ids), **TOL)

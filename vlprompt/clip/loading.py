@@ -1,0 +1,206 @@
+"""Build CLIP models through open_clip, by name and pretrained tag or from a local file.
+
+Accepted backbone names (``MODEL.BACKBONE.NAME``):
+
+* the OpenAI names the CoOp family uses: ``RN50``, ``RN101``, ``RN50x4``, ``RN50x16``,
+  ``RN50x64``, ``ViT-B/32``, ``ViT-B/16``, ``ViT-L/14``, ``ViT-L/14@336px``;
+* any open_clip model name (``ViT-B-16-quickgelu``, ``ViT-B-32``, ...);
+* a path to an open_clip model-config JSON file (its file stem becomes the model name).
+
+Accepted weights (``MODEL.BACKBONE.WEIGHTS``): ``""`` (``openai`` for the OpenAI names),
+an open_clip pretrained tag (``openai``, ``laion2b_s34b_b88k``, ...), ``random`` (no
+weights, for tests), or a local file: OpenAI's TorchScript archives (``ViT-B-16.pt``),
+open_clip checkpoints (``.pt``/``.pth``/``.bin``) and ``.safetensors`` files.
+
+OpenAI weights were trained with QuickGELU. open_clip's plain ``ViT-B-16`` config uses
+nn.GELU and only warns when combined with OpenAI weights, which silently changes every
+feature; here QuickGELU is forced whenever the weights are OpenAI's, and checked after
+loading.
+"""
+import os
+import warnings
+import zipfile
+
+import torch
+
+import open_clip
+from open_clip.transformer import QuickGELU
+
+__all__ = ["CLIPLoadError", "OPENAI_MODELS", "load_clip", "resolve_model_name", "get_tokenizer_for"]
+
+# CoOp-family name -> (open_clip config name, file name in OpenAI's own download cache)
+OPENAI_MODELS = {
+    "RN50": ("RN50", "RN50.pt"),
+    "RN101": ("RN101", "RN101.pt"),
+    "RN50x4": ("RN50x4", "RN50x4.pt"),
+    "RN50x16": ("RN50x16", "RN50x16.pt"),
+    "RN50x64": ("RN50x64", "RN50x64.pt"),
+    "ViT-B/32": ("ViT-B-32", "ViT-B-32.pt"),
+    "ViT-B/16": ("ViT-B-16", "ViT-B-16.pt"),
+    "ViT-L/14": ("ViT-L-14", "ViT-L-14.pt"),
+    "ViT-L/14@336px": ("ViT-L-14-336", "ViT-L-14-336px.pt"),
+}
+# Where the original `clip` package (and so every CoOp-family user) caches OpenAI files.
+OPENAI_CACHE_DIR = os.path.expanduser("~/.cache/clip")
+# State-dict entries of TorchScript archives that are not weights of the open_clip model
+# (the causal mask is a non-persistent buffer in open_clip).
+_TORCHSCRIPT_EXTRA_KEYS = ("input_resolution", "context_length", "vocab_size", "attn_mask")
+
+
+class CLIPLoadError(RuntimeError):
+    """Raised when a backbone name or its weights cannot be resolved or loaded."""
+
+
+def resolve_model_name(name):
+    """Map ``MODEL.BACKBONE.NAME`` to an open_clip config name.
+
+    Returns:
+        (model_name, is_openai_name): the open_clip config name and whether ``name`` is
+        one of the OpenAI CoOp-family names (whose default weights are ``openai``).
+    """
+    if not name:
+        raise CLIPLoadError(
+            "MODEL.BACKBONE.NAME is empty. Set it to a CLIP backbone, e.g. 'ViT-B/16' "
+            "(OpenAI weights), an open_clip model name such as 'ViT-B-16-quickgelu', or the "
+            "path of an open_clip model-config JSON file."
+        )
+    if name in OPENAI_MODELS:
+        return OPENAI_MODELS[name][0], True
+    if name.endswith(".json"):
+        if not os.path.isfile(name):
+            raise CLIPLoadError(f'Model config file "{name}" (MODEL.BACKBONE.NAME) does not exist.')
+        open_clip.add_model_config(name)
+        return os.path.splitext(os.path.basename(name))[0], False
+    open_clip_name = name.replace("/", "-")
+    if open_clip_name not in open_clip.list_models():
+        raise CLIPLoadError(
+            f"Unknown CLIP backbone '{name}'. Use one of the OpenAI names "
+            f"{sorted(OPENAI_MODELS)}, an open_clip model name (open_clip.list_models() lists "
+            "them), or the path of an open_clip model-config JSON file."
+        )
+    return open_clip_name, False
+
+
+def _is_torchscript_archive(path):
+    """True for TorchScript zip archives such as OpenAI's ViT-B-16.pt."""
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as archive:
+        return any(n.endswith("constants.pkl") or "/code/" in n for n in archive.namelist())
+
+
+def _load_weights_file(model, path):
+    """Load a local weights file into ``model`` (strict).
+
+    OpenAI TorchScript archives are read with torch.jit and their non-weight entries
+    dropped; anything else goes through open_clip's checkpoint loader, which also
+    converts third-party layouts and resizes position embeddings.
+    """
+    if _is_torchscript_archive(path):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated
+            state_dict = torch.jit.load(path, map_location="cpu").state_dict()
+        for key in _TORCHSCRIPT_EXTRA_KEYS:
+            state_dict.pop(key, None)
+        model.load_state_dict(state_dict, strict=True)
+    else:
+        open_clip.load_checkpoint(model, path, strict=True)
+
+
+def _find_openai_cache_file(backbone_name):
+    """Path of OpenAI's cached file for a CoOp-family name if present, else None."""
+    if backbone_name not in OPENAI_MODELS:
+        return None
+    path = os.path.join(OPENAI_CACHE_DIR, OPENAI_MODELS[backbone_name][1])
+    return path if os.path.isfile(path) else None
+
+
+def _check_activation(model, expect_quick_gelu, source):
+    """Assert that the MLP activations match the weights' training activation."""
+    has_quick_gelu = any(isinstance(m, QuickGELU) for m in model.modules())
+    if expect_quick_gelu and not has_quick_gelu:
+        raise CLIPLoadError(
+            f"{source} holds OpenAI weights, which need QuickGELU, but the built model uses "
+            "another activation. Use an OpenAI backbone name (e.g. 'ViT-B/16') or a "
+            "'-quickgelu' open_clip config."
+        )
+
+
+def _offline_hint(name, weights, error):
+    example_file = OPENAI_MODELS.get(name, (None, "<file>.pt"))[1]
+    return CLIPLoadError(
+        f"Could not obtain the pretrained weights '{weights}' for backbone '{name}' ({error}). "
+        "Without network access, download the weights on another machine and pass the file: "
+        f"MODEL.BACKBONE.WEIGHTS /path/to/{example_file} (OpenAI TorchScript files, open_clip "
+        f"checkpoints and .safetensors work). For OpenAI weights, placing the file in "
+        f"{OPENAI_CACHE_DIR}/ (where the original clip package caches it) also works."
+    )
+
+
+def load_clip(name, weights="", device="cpu"):
+    """Build an open_clip CLIP model in fp32, frozen and in eval mode.
+
+    Args:
+        name: ``MODEL.BACKBONE.NAME`` (see module docstring).
+        weights: ``MODEL.BACKBONE.WEIGHTS``: "" (default tag), a tag, "random" or a file.
+        device: where to put the model.
+
+    Returns:
+        (model, info): the open_clip model, and a dict with "model_name", "weights" (tag
+        or file actually used) and "quick_gelu".
+    """
+    model_name, is_openai_name = resolve_model_name(name)
+    if not weights:
+        if not is_openai_name:
+            raise CLIPLoadError(
+                f"No weights given for backbone '{name}'. Set MODEL.BACKBONE.WEIGHTS to an "
+                "open_clip pretrained tag, a local weights file, or 'random'."
+            )
+        weights = "openai"
+    if weights == "openai":
+        weights = _find_openai_cache_file(name) or weights
+
+    if weights == "random":
+        quick_gelu = is_openai_name
+        model = open_clip.create_model(model_name, pretrained=None, force_quick_gelu=quick_gelu)
+    elif os.path.exists(weights):
+        if not os.path.isfile(weights):
+            raise CLIPLoadError(f'MODEL.BACKBONE.WEIGHTS "{weights}" is a folder; expected a weights file.')
+        quick_gelu = is_openai_name or _is_torchscript_archive(weights)
+        model = open_clip.create_model(model_name, pretrained=None, force_quick_gelu=quick_gelu)
+        try:
+            _load_weights_file(model, weights)
+        except Exception as error:
+            raise CLIPLoadError(
+                f'Cannot load CLIP weights from "{weights}" into backbone "{name}" '
+                f"({model_name}): {error}. Expected an OpenAI TorchScript file (e.g. "
+                "ViT-B-16.pt), an open_clip checkpoint (.pt/.pth/.bin) or a .safetensors "
+                "file whose tensors match that backbone."
+            ) from error
+        _check_activation(model, quick_gelu, f'"{weights}"')
+    else:
+        if os.sep in weights or weights.endswith((".pt", ".pth", ".bin", ".safetensors")):
+            raise CLIPLoadError(f'CLIP weights file "{weights}" (MODEL.BACKBONE.WEIGHTS) does not exist.')
+        tags = open_clip.list_pretrained_tags_by_model(model_name)
+        if weights not in tags:
+            raise CLIPLoadError(
+                f"'{weights}' is neither a file nor a pretrained tag of '{model_name}' "
+                f"(its tags: {tags or 'none'})."
+            )
+        quick_gelu = is_openai_name or weights == "openai" or "quickgelu" in model_name
+        try:
+            model = open_clip.create_model(model_name, pretrained=weights, force_quick_gelu=quick_gelu)
+        except Exception as error:  # open_clip raises RuntimeError for failed hub downloads
+            raise _offline_hint(name, weights, error) from error
+        _check_activation(model, weights == "openai", f"tag '{weights}'")
+
+    model = model.float().eval().to(device)
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    return model, {"model_name": model_name, "weights": weights, "quick_gelu": quick_gelu}
+
+
+def get_tokenizer_for(name):
+    """open_clip tokenizer of a backbone given as ``MODEL.BACKBONE.NAME``."""
+    model_name, _ = resolve_model_name(name)
+    return open_clip.get_tokenizer(model_name)

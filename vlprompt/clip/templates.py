@@ -1,0 +1,29 @@
+"""Sentence templates shared by the zero-shot and prompt-learning trainers.
+
+Per-dataset hand-crafted templates belong to the dataset classes (``template``
+attribute); this module holds only the cross-dataset lists.
+"""
+from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES
+
+__all__ = ["IMAGENET_TEMPLATES", "IMAGENET_TEMPLATES_SELECT", "DEFAULT_TEMPLATE", "fill_template"]
+
+# CLIP's 80 ImageNet prompt templates, in CLIP's order, as format strings.
+IMAGENET_TEMPLATES = tuple(template("{}") for template in OPENAI_IMAGENET_TEMPLATES)
+
+# The seven templates CLIP selected for ImageNet (used by ZeroshotCLIP2).
+IMAGENET_TEMPLATES_SELECT = (
+    "itap of a {}.",
+    "a bad photo of the {}.",
+    "a origami {}.",
+    "a photo of the large {}.",
+    "a {} in a video game.",
+    "art of the {}.",
+    "a photo of the small {}.",
+)
+
+DEFAULT_TEMPLATE = "a photo of a {}."
+
+
+def fill_template(template, classname):
+    """Sentence for one class: underscores of the class name become spaces."""
+    return template.format(classname.replace("_", " "))
