@@ -1,0 +1,193 @@
+"""Merging YAML files and command-line overrides into a config, with readable errors.
+
+The merge itself is yacs's (``CfgNode.merge_from_other_cfg`` / ``merge_from_list``):
+every key must exist, string values are literal-evaluated, int and float do not mix,
+list and tuple convert into each other. Before merging, the input is checked with
+yacs's own decoding and type rules, and any failure becomes one :class:`ConfigError`
+paragraph naming the key, where it came from, and what would be accepted.
+"""
+import copy
+import difflib
+import os.path as osp
+
+import yaml
+from yacs.config import CfgNode, _check_and_coerce_cfg_value_type
+
+__all__ = ["ConfigError", "merge_from_file", "merge_from_list"]
+
+COMMAND_LINE = "command line"
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be merged (unknown key, wrong type, ...)."""
+
+
+def _type_name(value_or_type):
+    kind = value_or_type if isinstance(value_or_type, type) else type(value_or_type)
+    if issubclass(kind, CfgNode):
+        return "group of keys (mapping)"
+    if kind in (list, tuple):
+        return "list or tuple"
+    if kind is type(None):
+        return "None"
+    return kind.__name__
+
+
+def _all_keys(cfg, prefix=""):
+    """Every dotted key of ``cfg``, groups included, in definition order."""
+    keys = []
+    for name, value in cfg.items():
+        full_key = prefix + name
+        keys.append(full_key)
+        if isinstance(value, CfgNode):
+            keys.extend(_all_keys(value, full_key + "."))
+    return keys
+
+
+def _closest_keys(full_key, cfg, limit=4):
+    """Existing keys at the same depth as ``full_key``: those with the same last
+    component first, then difflib's closest matches."""
+    depth = full_key.count(".")
+    existing = [key for key in _all_keys(cfg) if key.count(".") == depth]
+    leaf = full_key.split(".")[-1]
+    same_leaf = [key for key in existing if key.split(".")[-1] == leaf]
+    similar = difflib.get_close_matches(full_key, existing, n=limit, cutoff=0.6)
+    return list(dict.fromkeys(same_leaf + similar))[:limit]
+
+
+def _unknown_key_error(cfg, full_key, source):
+    closest = _closest_keys(full_key, cfg)
+    if closest:
+        suggestion = "Closest existing keys: " + ", ".join(closest) + "."
+    else:
+        suggestion = "No existing key is similar."
+    hint = ""
+    parts = full_key.split(".")
+    if parts[0] == "TRAINER" and len(parts) > 1 and parts[1] not in cfg.TRAINER:
+        hint = (
+            f" Nodes under TRAINER (e.g. TRAINER.{parts[1]}) are added by their trainer module: "
+            "import it so it registers its extension, and call extend_cfg(cfg) before merging."
+        )
+    return ConfigError(
+        f'Unknown config key "{full_key}" (from {source}). Every key must already exist in the '
+        f"defaults or in a trainer's node. {suggestion}{hint}"
+    )
+
+
+def _type_hint(expected, given):
+    """A short fix for the common mismatches, or ""."""
+    expected_type, given_type = type(expected), type(given)
+    if expected_type is float and given_type is int:
+        return f" Write {given}.0 instead of {given}."
+    if expected_type is int and given_type is float:
+        if given.is_integer():
+            return f" Write {int(given)} instead of {given}."
+        return " This key takes a whole number."
+    if expected_type is bool:
+        return " Write True or False."
+    if expected_type in (list, tuple) and not isinstance(given, (list, tuple)):
+        return f" Write a list such as [{given!r}] or a tuple such as ({given!r},)."
+    if expected_type is str:
+        return f" Quote the value to keep it a string, e.g. '\"{given}\"'."
+    if expected_type is CfgNode:
+        return " This key is a group: give a mapping of its sub-keys."
+    if given_type is CfgNode:
+        return " This key takes a single value, not a mapping."
+    return ""
+
+
+def _checked_value(expected, value, full_key, source):
+    """Decode ``value`` like yacs and return it coerced to the type of ``expected``."""
+    decoded = CfgNode._decode_cfg_value(copy.deepcopy(value))
+    try:
+        return _check_and_coerce_cfg_value_type(decoded, expected, full_key.split(".")[-1], full_key)
+    except ValueError:
+        if isinstance(expected, CfgNode):
+            expectation = f"a group of keys ({', '.join(expected.keys())})"
+        else:
+            expectation = f"{_type_name(expected)} like the default {expected!r}"
+        shown_value = dict(decoded) if isinstance(decoded, CfgNode) else decoded
+        raise ConfigError(
+            f'Wrong type for config key "{full_key}" (from {source}): expected {expectation}, '
+            f"but got {shown_value!r} ({_type_name(decoded)}).{_type_hint(expected, decoded)}"
+        ) from None
+
+
+def _check_node(cfg, node, other, prefix, source):
+    """Check that every key of ``other`` exists in ``node`` with a compatible type."""
+    for name, value in other.items():
+        full_key = prefix + name
+        if name not in node:
+            if node.is_new_allowed():
+                continue
+            raise _unknown_key_error(cfg, full_key, source)
+        checked = _checked_value(node[name], value, full_key, source)
+        if isinstance(checked, CfgNode):
+            _check_node(cfg, node[name], checked, full_key + ".", source)
+
+
+def _lookup(cfg, full_key, source):
+    """The current value of the dotted key ``full_key`` (ConfigError if it does not exist)."""
+    node = cfg
+    for name in full_key.split("."):
+        if not isinstance(node, CfgNode) or name not in node:
+            raise _unknown_key_error(cfg, full_key, source)
+        node = node[name]
+    return node
+
+
+def _load_yaml(path):
+    """Read a YAML config file into a CfgNode (as yacs does), with readable errors."""
+    with open(path, "r", encoding="utf-8") as f:
+        try:
+            data = yaml.safe_load(f)
+        except yaml.YAMLError as error:
+            detail = " ".join(str(error).split())
+            raise ConfigError(f'Config file "{path}" is not valid YAML: {detail}') from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f'Config file "{path}" must hold a mapping of KEY: VALUE entries at the top level, '
+            f"but holds a {type(data).__name__}"
+        )
+    try:
+        return CfgNode(data)
+    except AssertionError as error:
+        raise ConfigError(f'Config file "{path}" holds a value that a config cannot store: {error}') from None
+
+
+def merge_from_file(cfg, path):
+    """Merge the YAML file ``path`` into ``cfg`` (yacs semantics).
+
+    Raises:
+        ConfigError: missing or unreadable file, unknown key, or wrong value type.
+    """
+    if not osp.isfile(path):
+        raise ConfigError(
+            f'Config file "{path}" does not exist (looked for "{osp.abspath(path)}"). Relative config '
+            "paths are read from the current directory: give them relative to the repository root "
+            "and run from there, or give an absolute path."
+        )
+    other = _load_yaml(path)
+    _check_node(cfg, cfg, other, "", f'config file "{path}"')
+    cfg.merge_from_other_cfg(other)
+
+
+def merge_from_list(cfg, opts):
+    """Merge ``[KEY1, VALUE1, KEY2, VALUE2, ...]`` into ``cfg`` (yacs semantics: values
+    are literal-evaluated strings, e.g. "16" -> 16, "False" -> False, "base" -> "base").
+
+    Raises:
+        ConfigError: odd number of items, unknown key, or wrong value type.
+    """
+    opts = list(opts)
+    if len(opts) % 2 != 0:
+        raise ConfigError(
+            f"Command-line overrides must be KEY VALUE pairs, but got an odd number of items "
+            f"({len(opts)}): {opts}. Check for a key without a value, or a value with spaces "
+            "that the shell split (quote it)."
+        )
+    for full_key, value in zip(opts[0::2], opts[1::2]):
+        _checked_value(_lookup(cfg, full_key, COMMAND_LINE), value, full_key, COMMAND_LINE)
+    cfg.merge_from_list(opts)

@@ -1,0 +1,3 @@
+"""Evaluation (``dassl.evaluation`` names)."""
+from .build import *
+from .evaluator import *

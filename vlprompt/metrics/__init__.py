@@ -1,0 +1,2 @@
+"""Metrics (``dassl.metrics`` names)."""
+from .accuracy import *

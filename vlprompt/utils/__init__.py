@@ -1,0 +1,7 @@
+"""General utilities with Dassl's names (``dassl.utils``)."""
+from .env import *
+from .logger import *
+from .meters import *
+from .registry import *
+from .tools import *
+from .torchtools import *

@@ -1,0 +1,188 @@
+"""File, JSON, image, seeding and name-matching helpers (Dassl ``utils.tools`` names).
+
+Every writer in the package goes through :func:`atomic_write`, so an interrupted
+run never leaves a half-written file under its final name.
+"""
+import contextlib
+import difflib
+import json
+import os
+import os.path as osp
+import random
+import tempfile
+import warnings
+
+import numpy as np
+import torch
+from PIL import Image
+
+__all__ = [
+    "mkdir_if_missing",
+    "check_isfile",
+    "atomic_write",
+    "read_json",
+    "write_json",
+    "read_image",
+    "listdir_nohidden",
+    "get_most_similar_str_to_a_from_b",
+    "check_availability",
+    "tolist_if_not",
+    "set_random_seed",
+]
+
+
+def _current_umask():
+    """The process umask (read once at import: os.umask can only be read by setting it)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
+
+
+def mkdir_if_missing(dirname):
+    """Create ``dirname`` and its parents; no error if it already exists (race-safe)."""
+    os.makedirs(dirname, exist_ok=True)
+
+
+def check_isfile(fpath):
+    """Return True if ``fpath`` is an existing file; otherwise warn 'No file found at "PATH"' and return False."""
+    isfile = osp.isfile(fpath)
+    if not isfile:
+        warnings.warn(f'No file found at "{fpath}"')
+    return isfile
+
+
+def _fsync_directory(dirname):
+    """Persist a rename inside ``dirname`` (POSIX only; a no-op where directories cannot be opened)."""
+    if not hasattr(os, "O_DIRECTORY"):
+        return
+    fd = os.open(dirname, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_write(path, mode="wb", encoding="utf-8"):
+    """Context manager yielding a file object whose content replaces ``path`` atomically.
+
+    The data goes to a temporary file in the same directory (parents are created),
+    which is flushed, fsynced and then moved onto ``path`` with ``os.replace``. If the
+    block raises, the temporary file is deleted and ``path`` keeps its old content (or
+    stays absent): readers only ever see the old or the complete new file.
+
+    Args:
+        path (str): final file path.
+        mode (str): "wb" (binary) or "w" (text).
+        encoding (str): text encoding, used only with mode "w".
+    """
+    if mode not in ("w", "wb"):
+        raise ValueError(f'atomic_write() supports mode "w" or "wb", but got "{mode}"')
+    dirname = osp.dirname(osp.abspath(path))
+    mkdir_if_missing(dirname)
+    fd, tmp_path = tempfile.mkstemp(dir=dirname, prefix=f".{osp.basename(path)}.", suffix=".tmp")
+    try:
+        os.chmod(tmp_path, 0o666 & ~_UMASK)
+        file_kwargs = {"encoding": encoding} if mode == "w" else {}
+        with os.fdopen(fd, mode, **file_kwargs) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_path, path)
+    except BaseException:
+        if osp.exists(tmp_path):
+            os.remove(tmp_path)
+        raise
+    _fsync_directory(dirname)
+
+
+def read_json(fpath):
+    """Read a JSON file and return the decoded object."""
+    with open(fpath, "r", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def write_json(obj, fpath):
+    """Write ``obj`` to ``fpath`` as JSON (4-space indent, Dassl's separators), atomically.
+
+    Parent folders are created.
+    """
+    with atomic_write(fpath, "w") as f:
+        json.dump(obj, f, indent=4, separators=(",", ": "))
+
+
+def read_image(path):
+    """Read an image file with PIL and return it converted to RGB.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        OSError: the file exists but cannot be decoded as an image.
+    """
+    if not osp.isfile(path):
+        raise FileNotFoundError(f'No file found at "{path}"')
+    try:
+        with Image.open(path) as img:
+            return img.convert("RGB")
+    except OSError as error:
+        raise OSError(
+            f'Unable to read image "{path}" ({error}); the file may be truncated or not an image'
+        ) from error
+
+
+def listdir_nohidden(path, sort=False):
+    """Names in ``path`` that do not start with "." (directory-listing order unless ``sort``)."""
+    items = [name for name in os.listdir(path) if not name.startswith(".")]
+    if sort:
+        items.sort()
+    return items
+
+
+def get_most_similar_str_to_a_from_b(a, b):
+    """Return the string in ``b`` with the highest difflib ratio to ``a`` (first one on ties).
+
+    Returns "" when ``b`` is empty.
+    """
+    best, best_ratio = "", 0.0
+    for candidate in b:
+        ratio = difflib.SequenceMatcher(None, a, candidate).ratio()
+        if ratio > best_ratio:
+            best, best_ratio = candidate, ratio
+    return best
+
+
+def check_availability(requested, available):
+    """Raise ValueError unless ``requested`` is one of ``available`` (a list of names).
+
+    The message lists every available name and the most similar one to ``requested``.
+    """
+    if requested in available:
+        return
+    available = list(available)
+    if not available:
+        raise ValueError(
+            f"The requested one is expected to belong to {available}, but got [{requested}] "
+            "(nothing is available: was the module that registers the names imported?)"
+        )
+    suggestion = get_most_similar_str_to_a_from_b(requested, available)
+    raise ValueError(
+        f"The requested one is expected to belong to {available}, but got [{requested}] "
+        f"(do you mean [{suggestion}]?)"
+    )
+
+
+def tolist_if_not(x):
+    """Wrap ``x`` in a list unless it already is one."""
+    if not isinstance(x, list):
+        x = [x]
+    return x
+
+
+def set_random_seed(seed):
+    """Seed Python ``random``, NumPy, torch (CPU) and every CUDA device with ``seed``."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.cuda.manual_seed_all(seed)
