@@ -1,0 +1,48 @@
+"""EuroSAT (datasets.md §3.10)."""
+import os
+
+from vlprompt.data.datasets import DATASET_REGISTRY, DatasetBase
+from vlprompt.data.splits import prepare_coop_splits, read_and_split_data
+
+SPLIT_FILE = "split_zhou_EuroSAT.json"
+
+# Folder name -> class name used in prompts (applied when a split is built).
+NEW_CNAMES = {
+    "AnnualCrop": "Annual Crop Land",
+    "Forest": "Forest",
+    "HerbaceousVegetation": "Herbaceous Vegetation Land",
+    "Highway": "Highway or Road",
+    "Industrial": "Industrial Buildings",
+    "Pasture": "Pasture Land",
+    "PermanentCrop": "Permanent Crop Land",
+    "Residential": "Residential Buildings",
+    "River": "River",
+    "SeaLake": "Sea or Lake",
+}
+
+
+@DATASET_REGISTRY.register()
+class EuroSAT(DatasetBase):
+    """10 land-use classes (Sentinel-2 RGB); CoOp's 50/20/30 folder split."""
+
+    dataset_dir = "eurosat"
+    template = "a centered satellite photo of {}."
+    layout = """\
+eurosat/
+  2750/AnnualCrop/AnnualCrop_1.jpg …
+  split_zhou_EuroSAT.json
+  split_fewshot/"""
+
+    def __init__(self, cfg):
+        self.find_dataset_dir(cfg, required=["2750"], split_file=SPLIT_FILE)
+        self.image_dir = os.path.join(self.dataset_dir, "2750")
+        self.split_path = os.path.join(self.dataset_dir, SPLIT_FILE)
+
+        train, val, test = prepare_coop_splits(
+            cfg,
+            self.dataset_dir,
+            lambda: read_and_split_data(self.image_dir, new_cnames=NEW_CNAMES),
+            self.split_path,
+            self.image_dir,
+        )
+        super().__init__(train_x=train, val=val, test=test)

@@ -1,0 +1,251 @@
+"""DataManager, DatasetWrapper and build_data_loader (engine.md §4.6).
+
+Randomness: the train loader's RandomSampler and the augmentations draw from
+torch's generators. With NUM_WORKERS = 0 that is torch's global generator; with
+workers, torch draws one base seed per epoch from the global generator and seeds
+torch, `random` and NumPy in worker i with base_seed + i. Either way, seeding
+torch (or restoring a checkpointed torch RNG state) reproduces an epoch.
+"""
+import torch
+import torchvision.transforms as T
+from tabulate import tabulate
+from torch.utils.data import Dataset as TorchDataset
+
+from vlprompt.utils import read_image
+
+from .datasets import build_dataset
+from .samplers import build_sampler
+from .transforms import INTERPOLATION_MODES, build_transform
+
+
+def build_data_loader(
+    cfg,
+    sampler_type="SequentialSampler",
+    data_source=None,
+    batch_size=64,
+    n_domain=0,
+    n_ins=2,
+    tfm=None,
+    is_train=True,
+    dataset_wrapper=None,
+):
+    """Build a torch DataLoader over `data_source`.
+
+    The last incomplete batch is dropped only when training and N >= batch size,
+    so a training epoch has floor(N / B) batches when N >= B, else 1.
+
+    Args:
+        cfg (CfgNode): reads DATALOADER.NUM_WORKERS, USE_CUDA (and what the wrapper reads).
+        sampler_type (str): "RandomSampler" or "SequentialSampler".
+        data_source (list[Datum]): items.
+        batch_size (int): batch size B.
+        n_domain, n_ins (int): passed to the sampler (Dassl signature).
+        tfm (callable | list | None): transform(s) given to the wrapper.
+        is_train (bool): training loader (drop_last rule, K_TRANSFORMS).
+        dataset_wrapper (type | None): wrapper class; default DatasetWrapper.
+
+    Returns:
+        torch.utils.data.DataLoader yielding dicts (see DatasetWrapper).
+
+    Raises:
+        ValueError: `data_source` is empty, so the loader would have no batch.
+    """
+    if not data_source:
+        role = "training" if is_train else "evaluation"
+        raise ValueError(
+            f"Cannot build a {role} data loader: the data source is empty (0 items), so it would "
+            f"yield no batch. Check the dataset's split files and DATASET.SUBSAMPLE_CLASSES / NUM_SHOTS."
+        )
+    sampler = build_sampler(
+        sampler_type,
+        cfg=cfg,
+        data_source=data_source,
+        batch_size=batch_size,
+        n_domain=n_domain,
+        n_ins=n_ins,
+    )
+    wrapper_cls = DatasetWrapper if dataset_wrapper is None else dataset_wrapper
+    return torch.utils.data.DataLoader(
+        wrapper_cls(cfg, data_source, transform=tfm, is_train=is_train),
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=cfg.DATALOADER.NUM_WORKERS,
+        drop_last=is_train and len(data_source) >= batch_size,
+        pin_memory=torch.cuda.is_available() and cfg.USE_CUDA,
+    )
+
+
+class DataManager:
+    """Builds the dataset, the transforms and the train/val/test loaders.
+
+    Attributes:
+        dataset (DatasetBase), train_loader_x, train_loader_u (None unless the
+        dataset has train_u), val_loader (None without val), test_loader,
+        num_classes (int), num_source_domains (int), lab2cname (dict[int, str]).
+    """
+
+    def __init__(self, cfg, custom_tfm_train=None, custom_tfm_test=None, dataset_wrapper=None):
+        dataset = build_dataset(cfg)
+
+        if custom_tfm_train is None:
+            tfm_train = build_transform(cfg, is_train=True)
+        else:
+            print("* Using custom transform for training")
+            tfm_train = custom_tfm_train
+
+        if custom_tfm_test is None:
+            tfm_test = build_transform(cfg, is_train=False)
+        else:
+            print("* Using custom transform for testing")
+            tfm_test = custom_tfm_test
+
+        loader_x = cfg.DATALOADER.TRAIN_X
+        self.train_loader_x = build_data_loader(
+            cfg,
+            sampler_type=loader_x.SAMPLER,
+            data_source=dataset.train_x,
+            batch_size=loader_x.BATCH_SIZE,
+            n_domain=loader_x.N_DOMAIN,
+            n_ins=loader_x.N_INS,
+            tfm=tfm_train,
+            is_train=True,
+            dataset_wrapper=dataset_wrapper,
+        )
+
+        self.train_loader_u = None
+        if dataset.train_u:
+            loader_u = loader_x if cfg.DATALOADER.TRAIN_U.SAME_AS_X else cfg.DATALOADER.TRAIN_U
+            self.train_loader_u = build_data_loader(
+                cfg,
+                sampler_type=loader_u.SAMPLER,
+                data_source=dataset.train_u,
+                batch_size=loader_u.BATCH_SIZE,
+                n_domain=loader_u.N_DOMAIN,
+                n_ins=loader_u.N_INS,
+                tfm=tfm_train,
+                is_train=True,
+                dataset_wrapper=dataset_wrapper,
+            )
+
+        loader_test = cfg.DATALOADER.TEST
+        self.val_loader = None
+        if dataset.val:
+            self.val_loader = build_data_loader(
+                cfg,
+                sampler_type=loader_test.SAMPLER,
+                data_source=dataset.val,
+                batch_size=loader_test.BATCH_SIZE,
+                tfm=tfm_test,
+                is_train=False,
+                dataset_wrapper=dataset_wrapper,
+            )
+
+        self.test_loader = build_data_loader(
+            cfg,
+            sampler_type=loader_test.SAMPLER,
+            data_source=dataset.test,
+            batch_size=loader_test.BATCH_SIZE,
+            tfm=tfm_test,
+            is_train=False,
+            dataset_wrapper=dataset_wrapper,
+        )
+
+        self._num_classes = dataset.num_classes
+        self._num_source_domains = len(cfg.DATASET.SOURCE_DOMAINS)
+        self._lab2cname = dataset.lab2cname
+        self.dataset = dataset
+
+        if cfg.VERBOSE:
+            self.show_dataset_summary(cfg)
+
+    @property
+    def num_classes(self):
+        return self._num_classes
+
+    @property
+    def num_source_domains(self):
+        return self._num_source_domains
+
+    @property
+    def lab2cname(self):
+        return self._lab2cname
+
+    def show_dataset_summary(self, cfg):
+        """Print the two-column dataset table (tabulate's plain default format)."""
+        table = [["Dataset", cfg.DATASET.NAME]]
+        if cfg.DATASET.SOURCE_DOMAINS:
+            table.append(["Source", cfg.DATASET.SOURCE_DOMAINS])
+        if cfg.DATASET.TARGET_DOMAINS:
+            table.append(["Target", cfg.DATASET.TARGET_DOMAINS])
+        table.append(["# classes", f"{self.num_classes:,}"])
+        table.append(["# train_x", f"{len(self.dataset.train_x):,}"])
+        if self.dataset.train_u:
+            table.append(["# train_u", f"{len(self.dataset.train_u):,}"])
+        if self.dataset.val:
+            table.append(["# val", f"{len(self.dataset.val):,}"])
+        table.append(["# test", f"{len(self.dataset.test):,}"])
+        print(tabulate(table))
+
+
+class DatasetWrapper(TorchDataset):
+    """Torch dataset over a list of Datum.
+
+    Item `idx` is a dict with "label" (int), "domain" (int), "impath" (str),
+    "index" (int) and "img": the transformed image (a (3, H, W) tensor for the
+    built-in transforms; a list of K_TRANSFORMS views when training with
+    K_TRANSFORMS > 1; the PIL image when there is no transform). With a list of
+    transforms, the i-th one's output is under "img", "img2", "img3", ...
+    With DATALOADER.RETURN_IMG0, "img0" holds the image resized to INPUT.SIZE,
+    as a tensor, normalised if "normalize" is in INPUT.TRANSFORMS.
+
+    Raises:
+        ValueError: K_TRANSFORMS > 1 for training without a transform.
+        OSError: (when reading an item) the image file is missing or cannot be
+            decoded; the message names the path.
+    """
+
+    def __init__(self, cfg, data_source, transform=None, is_train=False):
+        self.cfg = cfg
+        self.data_source = data_source
+        self.transform = transform
+        self.is_train = is_train
+        self.k_tfm = cfg.DATALOADER.K_TRANSFORMS if is_train else 1
+        self.return_img0 = cfg.DATALOADER.RETURN_IMG0
+
+        if self.k_tfm > 1 and transform is None:
+            raise ValueError(
+                f"Cannot augment the image {self.k_tfm} times (DATALOADER.K_TRANSFORMS) "
+                "because transform is None (INPUT.NO_TRANSFORM is set or no transform was given)."
+            )
+
+        to_tensor = [
+            T.Resize(cfg.INPUT.SIZE, interpolation=INTERPOLATION_MODES[cfg.INPUT.INTERPOLATION]),
+            T.ToTensor(),
+        ]
+        if "normalize" in cfg.INPUT.TRANSFORMS:
+            to_tensor.append(T.Normalize(mean=cfg.INPUT.PIXEL_MEAN, std=cfg.INPUT.PIXEL_STD))
+        self.to_tensor = T.Compose(to_tensor)
+
+    def __len__(self):
+        return len(self.data_source)
+
+    def __getitem__(self, idx):
+        item = self.data_source[idx]
+        output = {"label": item.label, "domain": item.domain, "impath": item.impath, "index": idx}
+
+        img0 = read_image(item.impath)
+        if self.transform is None:
+            output["img"] = img0
+        elif isinstance(self.transform, (list, tuple)):
+            for i, tfm in enumerate(self.transform):
+                output["img" if i == 0 else f"img{i + 1}"] = self._transform_image(tfm, img0)
+        else:
+            output["img"] = self._transform_image(self.transform, img0)
+
+        if self.return_img0:
+            output["img0"] = self.to_tensor(img0)
+        return output
+
+    def _transform_image(self, tfm, img0):
+        views = [tfm(img0) for _ in range(self.k_tfm)]
+        return views[0] if len(views) == 1 else views

@@ -1,0 +1,286 @@
+"""Datum, DatasetBase and few-shot sampling (engine.md §4.1–4.3), plus the layout errors.
+
+`Datum` keeps Dassl's instance attribute names (`_impath`, `_label`, `_domain`,
+`_classname`) so that few-shot caches pickled by Dassl map onto it (see
+`vlprompt.data.splits`). Few-shot sampling draws from Python's global `random`
+generator exactly as Dassl 0.6.3 does, so a seeded run selects the same images.
+"""
+import os
+import random
+
+
+class DatasetLayoutError(FileNotFoundError):
+    """A dataset folder, split file or annotation file is not where the dataset expects it."""
+
+
+class MissingImagesError(DatasetLayoutError):
+    """Images listed by a split file, an annotation file or a cache do not exist."""
+
+
+class Datum:
+    """One sample: an image path, its label, its domain and its class name.
+
+    Args:
+        impath (str): path of an existing image file.
+        label (int): class label.
+        domain (int): domain label (0 for every CoOp-family dataset).
+        classname (str): class name.
+
+    Raises:
+        TypeError: `impath` is not a string.
+        FileNotFoundError: no file exists at `impath`.
+    """
+
+    def __init__(self, impath="", label=0, domain=0, classname=""):
+        if not isinstance(impath, str):
+            raise TypeError(f"Datum expects impath to be a str, got {type(impath).__name__}: {impath!r}")
+        if not os.path.isfile(impath):
+            raise FileNotFoundError(f'No image file found at "{impath}"')
+        self._impath = impath
+        self._label = label
+        self._domain = domain
+        self._classname = classname
+
+    @classmethod
+    def unchecked(cls, impath, label, domain, classname):
+        """Create a Datum without checking that the file exists.
+
+        For items whose files were already checked (in bulk, or when the item was
+        first read) and for relabelled copies made by base/new subsampling.
+        """
+        item = cls.__new__(cls)
+        item._impath = impath
+        item._label = label
+        item._domain = domain
+        item._classname = classname
+        return item
+
+    @property
+    def impath(self):
+        return self._impath
+
+    @property
+    def label(self):
+        return self._label
+
+    @property
+    def domain(self):
+        return self._domain
+
+    @property
+    def classname(self):
+        return self._classname
+
+    def __repr__(self):
+        return (
+            f"Datum(impath={self._impath!r}, label={self._label}, "
+            f"domain={self._domain}, classname={self._classname!r})"
+        )
+
+
+def split_dataset_by_label(data_source):
+    """Group items by label.
+
+    Args:
+        data_source (list[Datum]): items.
+
+    Returns:
+        dict[int, list[Datum]]: keys in order of each label's first appearance,
+        items in their original order.
+    """
+    groups = {}
+    for item in data_source:
+        groups.setdefault(item.label, []).append(item)
+    return groups
+
+
+def split_dataset_by_domain(data_source):
+    """Group items by domain; same ordering rules as `split_dataset_by_label`."""
+    groups = {}
+    for item in data_source:
+        groups.setdefault(item.domain, []).append(item)
+    return groups
+
+
+def generate_fewshot_dataset(*data_sources, num_shots=-1, repeat=False):
+    """Sample `num_shots` items per class from each list (engine.md §4.3, bit-exact with Dassl).
+
+    Classes are visited in order of first appearance; a class with at least K
+    items contributes `random.sample(items, K)`; a smaller class contributes
+    `random.choices(items, k=K)` if `repeat`, else all its items (no draw).
+
+    Args:
+        *data_sources (list[Datum]): one or more lists.
+        num_shots (int): K; below 1 the inputs are returned unchanged.
+        repeat (bool): sample with replacement for classes with fewer than K items.
+
+    Returns:
+        list[Datum] if one list was given, else a list of lists (a tuple of the
+        unchanged inputs when K < 1).
+    """
+    if num_shots < 1:
+        return data_sources[0] if len(data_sources) == 1 else data_sources
+
+    print(f"Creating a {num_shots}-shot dataset")
+    outputs = []
+    for data_source in data_sources:
+        sampled = []
+        for items in split_dataset_by_label(data_source).values():
+            if len(items) >= num_shots:
+                sampled.extend(random.sample(items, num_shots))
+            elif repeat:
+                sampled.extend(random.choices(items, k=num_shots))
+            else:
+                sampled.extend(items)
+        outputs.append(sampled)
+    return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _format_layout_error(dataset_name, root_setting, root, problem, layout):
+    """One paragraph naming the dataset, DATASET.ROOT and the problem, then the expected tree."""
+    if root_setting:
+        root_text = f'DATASET.ROOT is "{root_setting}" (resolved to {root})'
+    else:
+        root_text = f"DATASET.ROOT is empty, so the current folder {root} was searched (set --root)"
+    message = f"Dataset {dataset_name}: {problem}; {root_text}."
+    if layout:
+        message += f"\nExpected layout under DATASET.ROOT:\n{layout}"
+    return message
+
+
+class DatasetBase:
+    """A dataset: the train_x / train_u / val / test lists of Datum.
+
+    Class attributes of subclasses:
+        dataset_dir (str): folder name under DATASET.ROOT (an instance attribute
+            of the same name holds the absolute folder once constructed).
+        domains (list[str]): domain names (DA/DG datasets only).
+        layout (str): the expected folder tree, printed by layout errors.
+    """
+
+    dataset_dir = ""
+    domains = []
+    layout = ""
+
+    def __init__(self, train_x=None, train_u=None, val=None, test=None):
+        if not train_x:
+            raise ValueError(
+                f"{type(self).__name__}: train_x is empty; a dataset needs at least one training "
+                "item to define its classes (check the split file and DATASET.SUBSAMPLE_CLASSES)."
+            )
+        self._train_x = train_x
+        self._train_u = train_u
+        self._val = val
+        self._test = test
+        self._num_classes = self.get_num_classes(train_x)
+        self._lab2cname, self._classnames = self.get_lab2cname(train_x)
+
+    @property
+    def train_x(self):
+        return self._train_x
+
+    @property
+    def train_u(self):
+        return self._train_u
+
+    @property
+    def val(self):
+        return self._val
+
+    @property
+    def test(self):
+        return self._test
+
+    @property
+    def lab2cname(self):
+        return self._lab2cname
+
+    @property
+    def classnames(self):
+        return self._classnames
+
+    @property
+    def num_classes(self):
+        return self._num_classes
+
+    @staticmethod
+    def get_num_classes(data_source):
+        """Largest label + 1 (int)."""
+        return max(item.label for item in data_source) + 1
+
+    @staticmethod
+    def get_lab2cname(data_source):
+        """Return (dict label -> classname, list of classnames ordered by label)."""
+        mapping = {item.label: item.classname for item in data_source}
+        labels = sorted(mapping)
+        return mapping, [mapping[label] for label in labels]
+
+    def check_input_domains(self, source_domains, target_domains):
+        """Raise ValueError unless every source/target domain is one of `self.domains`."""
+        self.is_input_domain_valid(source_domains)
+        self.is_input_domain_valid(target_domains)
+
+    def is_input_domain_valid(self, input_domains):
+        for domain in input_domains:
+            if domain not in self.domains:
+                raise ValueError(f"Input domain must belong to {self.domains}, but got [{domain}]")
+
+    def download_data(self, url, dst, from_gdrive=True):
+        raise NotImplementedError(
+            f"{type(self).__name__}: vlprompt does not download datasets; fetch {url} yourself "
+            f"and unpack it to {os.path.dirname(dst)} (see the dataset's expected layout)."
+        )
+
+    split_dataset_by_label = staticmethod(split_dataset_by_label)
+    split_dataset_by_domain = staticmethod(split_dataset_by_domain)
+
+    def generate_fewshot_dataset(self, *data_sources, num_shots=-1, repeat=False):
+        """See the module function `generate_fewshot_dataset`."""
+        return generate_fewshot_dataset(*data_sources, num_shots=num_shots, repeat=repeat)
+
+    def find_dataset_dir(self, cfg, required=(), split_file=None, split_sources=(), folders=None):
+        """Find the dataset folder under DATASET.ROOT and check its layout.
+
+        Sets the instance attribute `dataset_dir` to the absolute folder, as Dassl's
+        datasets do (the class attribute keeps the folder name).
+
+        Args:
+            cfg (CfgNode): reads DATASET.ROOT ("~" expanded, made absolute).
+            required (sequence[str]): paths relative to the dataset folder that must exist.
+            split_file (str | None): name of the split JSON; when it is missing, every
+                path in `split_sources` must exist (the split is built from them).
+            split_sources (sequence[str]): relative paths needed to build the split.
+            folders (sequence[str] | None): candidate folder names, tried in order;
+                default: the class attribute `dataset_dir`.
+
+        Returns:
+            str: the absolute dataset folder.
+
+        Raises:
+            DatasetLayoutError: the folder or a required file/folder is missing; the
+                message names the dataset, DATASET.ROOT, what is missing and shows `layout`.
+        """
+        name = type(self).__name__
+        root_setting = cfg.DATASET.ROOT
+        root = os.path.abspath(os.path.expanduser(root_setting))
+        folders = list(folders) if folders else [type(self).dataset_dir]
+
+        dataset_dir = next(
+            (os.path.join(root, f) for f in folders if os.path.isdir(os.path.join(root, f))), None
+        )
+        if dataset_dir is None:
+            tried = " or ".join(f'"{f}"' for f in folders)
+            problem = f"no folder {tried} found"
+            raise DatasetLayoutError(_format_layout_error(name, root_setting, root, problem, self.layout))
+
+        missing = [p for p in required if not os.path.exists(os.path.join(dataset_dir, p))]
+        if split_file is not None and not os.path.isfile(os.path.join(dataset_dir, split_file)):
+            missing_sources = [p for p in split_sources if not os.path.exists(os.path.join(dataset_dir, p))]
+            if missing_sources:
+                missing.append(f"{split_file} (or, to build it, {', '.join(missing_sources)})")
+        if missing:
+            problem = f"the folder {dataset_dir} lacks {'; '.join(missing)}"
+            raise DatasetLayoutError(_format_layout_error(name, root_setting, root, problem, self.layout))
+
+        self.dataset_dir = dataset_dir
+        return dataset_dir

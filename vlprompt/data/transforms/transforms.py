@@ -1,0 +1,271 @@
+"""Image transforms built from INPUT.* keys (engine.md §4.7), with Dassl's log lines.
+
+All random choices made by the transforms defined here draw from torch's
+generator (torchvision's random transforms do too), so seeding torch, or
+restoring a checkpointed torch RNG state, reproduces the augmentation; in
+DataLoader workers torch seeds each worker from the loader's base seed.
+"""
+import torch
+from torchvision.transforms import (
+    CenterCrop,
+    ColorJitter,
+    Compose,
+    GaussianBlur,
+    InterpolationMode,
+    Normalize,
+    RandomApply,
+    RandomCrop,
+    RandomGrayscale,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    Resize,
+    ToTensor,
+)
+from torchvision.transforms import functional as F
+
+AVAI_CHOICES = [
+    "random_flip",
+    "random_resized_crop",
+    "normalize",
+    "instance_norm",
+    "random_crop",
+    "random_translation",
+    "center_crop",
+    "cutout",
+    "imagenet_policy",
+    "cifar10_policy",
+    "svhn_policy",
+    "randaugment",
+    "randaugment_fixmatch",
+    "randaugment2",
+    "gaussian_noise",
+    "colorjitter",
+    "randomgrayscale",
+    "gaussian_blur",
+]
+
+UNSUPPORTED_POLICIES = [
+    "imagenet_policy",
+    "cifar10_policy",
+    "svhn_policy",
+    "randaugment",
+    "randaugment_fixmatch",
+    "randaugment2",
+]
+
+INTERPOLATION_MODES = {
+    "bilinear": InterpolationMode.BILINEAR,
+    "bicubic": InterpolationMode.BICUBIC,
+    "nearest": InterpolationMode.NEAREST,
+}
+
+
+class Random2DTranslation:
+    """With probability p, enlarge a PIL image by 1.125 and crop a random (height, width) window;
+    otherwise resize it to (height, width).
+
+    Args:
+        height, width (int): output size.
+        p (float): probability of the translation.
+        interpolation (InterpolationMode): resampling filter.
+    """
+
+    def __init__(self, height, width, p=0.5, interpolation=InterpolationMode.BILINEAR):
+        self.height = height
+        self.width = width
+        self.p = p
+        self.interpolation = interpolation
+
+    def __call__(self, img):
+        if torch.rand(1).item() > self.p:
+            return F.resize(img, [self.height, self.width], self.interpolation)
+        new_height = int(round(self.height * 1.125))
+        new_width = int(round(self.width * 1.125))
+        resized = F.resize(img, [new_height, new_width], self.interpolation)
+        top = int(torch.randint(0, new_height - self.height + 1, (1,)).item())
+        left = int(torch.randint(0, new_width - self.width + 1, (1,)).item())
+        return F.crop(resized, top, left, self.height, self.width)
+
+
+class Cutout:
+    """Zero `n_holes` square patches of side `length` centred at random pixels (clipped at borders).
+
+    Input and output: float tensor of shape (C, H, W).
+    """
+
+    def __init__(self, n_holes=1, length=16):
+        self.n_holes = n_holes
+        self.length = length
+
+    def __call__(self, img):
+        _, height, width = img.shape
+        mask = torch.ones(height, width, dtype=img.dtype)
+        half = self.length // 2
+        for _ in range(self.n_holes):
+            y = int(torch.randint(0, height, (1,)).item())
+            x = int(torch.randint(0, width, (1,)).item())
+            mask[max(y - half, 0) : min(y + half, height), max(x - half, 0) : min(x + half, width)] = 0
+        return img * mask
+
+
+class GaussianNoise:
+    """With probability p, add N(mean, std²) noise to a (C, H, W) tensor."""
+
+    def __init__(self, mean=0.0, std=0.15, p=0.5):
+        self.mean = mean
+        self.std = std
+        self.p = p
+
+    def __call__(self, img):
+        if torch.rand(1).item() > self.p:
+            return img
+        return img + torch.randn(img.shape) * self.std + self.mean
+
+
+class InstanceNormalization:
+    """Normalise each channel of a (C, H, W) tensor by its own mean and standard deviation."""
+
+    def __init__(self, eps=1e-8):
+        self.eps = eps
+
+    def __call__(self, img):
+        channels = img.shape[0]
+        flat = img.reshape(channels, -1)
+        mean = flat.mean(1).view(channels, 1, 1)
+        std = flat.std(1).view(channels, 1, 1)
+        return (img - mean) / (std + self.eps)
+
+
+def _check_choices(cfg, choices):
+    invalid = [c for c in choices if c not in AVAI_CHOICES]
+    if invalid:
+        raise ValueError(f"INPUT.TRANSFORMS has unknown transform(s) {invalid}; valid names are {AVAI_CHOICES}.")
+    unsupported = [c for c in choices if c in UNSUPPORTED_POLICIES]
+    if unsupported:
+        raise NotImplementedError(
+            f"INPUT.TRANSFORMS asks for {unsupported}: Dassl's AutoAugment / RandAugment policies "
+            f"({', '.join(UNSUPPORTED_POLICIES)}) are not implemented in vlprompt; remove them from "
+            "INPUT.TRANSFORMS or pass a custom transform to DataManager."
+        )
+    if cfg.INPUT.INTERPOLATION not in INTERPOLATION_MODES:
+        raise ValueError(
+            f'INPUT.INTERPOLATION is "{cfg.INPUT.INTERPOLATION}"; valid values are {list(INTERPOLATION_MODES)}.'
+        )
+
+
+def build_transform(cfg, is_train=True, choices=None):
+    """Build the training or test transform from the config.
+
+    Args:
+        cfg (CfgNode): reads INPUT.*.
+        is_train (bool): training (augmenting) or test transform.
+        choices (list[str] | None): overrides INPUT.TRANSFORMS.
+
+    Returns:
+        Compose mapping a PIL image to a float tensor of shape (3, H, W) with
+        (H, W) = INPUT.SIZE, or None if INPUT.NO_TRANSFORM.
+    """
+    if cfg.INPUT.NO_TRANSFORM:
+        print("Note: no transform is applied!")
+        return None
+    if choices is None:
+        choices = cfg.INPUT.TRANSFORMS
+    _check_choices(cfg, choices)
+
+    target_size = f"{cfg.INPUT.SIZE[0]}x{cfg.INPUT.SIZE[1]}"
+    normalize = Normalize(mean=cfg.INPUT.PIXEL_MEAN, std=cfg.INPUT.PIXEL_STD)
+    if is_train:
+        return _build_transform_train(cfg, choices, target_size, normalize)
+    return _build_transform_test(cfg, choices, target_size, normalize)
+
+
+def _build_transform_train(cfg, choices, target_size, normalize):
+    print("Building transform_train")
+    steps = []
+    interpolation = INTERPOLATION_MODES[cfg.INPUT.INTERPOLATION]
+    input_size = cfg.INPUT.SIZE
+
+    if "random_crop" not in choices and "random_resized_crop" not in choices:
+        print(f"+ resize to {target_size}")
+        steps.append(Resize(input_size, interpolation=interpolation))
+
+    if "random_translation" in choices:
+        print("+ random translation")
+        steps.append(Random2DTranslation(input_size[0], input_size[1]))
+
+    if "random_crop" in choices:
+        padding = cfg.INPUT.CROP_PADDING
+        print(f"+ random crop (padding = {padding})")
+        steps.append(RandomCrop(input_size, padding=padding))
+
+    if "random_resized_crop" in choices:
+        scale = cfg.INPUT.RRCROP_SCALE
+        print(f"+ random resized crop (size={input_size}, scale={scale})")
+        steps.append(RandomResizedCrop(input_size, scale=scale, interpolation=interpolation))
+
+    if "random_flip" in choices:
+        print("+ random flip")
+        steps.append(RandomHorizontalFlip())
+
+    if "colorjitter" in choices:
+        b, c, s, h = (
+            cfg.INPUT.COLORJITTER_B,
+            cfg.INPUT.COLORJITTER_C,
+            cfg.INPUT.COLORJITTER_S,
+            cfg.INPUT.COLORJITTER_H,
+        )
+        print(f"+ color jitter (brightness={b}, contrast={c}, saturation={s}, hue={h})")
+        steps.append(ColorJitter(brightness=b, contrast=c, saturation=s, hue=h))
+
+    if "randomgrayscale" in choices:
+        print("+ random gray scale")
+        steps.append(RandomGrayscale(p=cfg.INPUT.RGS_P))
+
+    if "gaussian_blur" in choices:
+        print(f"+ gaussian blur (kernel={cfg.INPUT.GB_K})")
+        steps.append(RandomApply([GaussianBlur(cfg.INPUT.GB_K)], p=cfg.INPUT.GB_P))
+
+    print("+ to torch tensor of range [0, 1]")
+    steps.append(ToTensor())
+
+    if "cutout" in choices:
+        n_holes, length = cfg.INPUT.CUTOUT_N, cfg.INPUT.CUTOUT_LEN
+        print(f"+ cutout (n_holes={n_holes}, length={length})")
+        steps.append(Cutout(n_holes, length))
+
+    if "normalize" in choices:
+        print(f"+ normalization (mean={cfg.INPUT.PIXEL_MEAN}, std={cfg.INPUT.PIXEL_STD})")
+        steps.append(normalize)
+
+    if "gaussian_noise" in choices:
+        print(f"+ gaussian noise (mean={cfg.INPUT.GN_MEAN}, std={cfg.INPUT.GN_STD})")
+        steps.append(GaussianNoise(cfg.INPUT.GN_MEAN, cfg.INPUT.GN_STD))
+
+    if "instance_norm" in choices:
+        print("+ instance normalization")
+        steps.append(InstanceNormalization())
+
+    return Compose(steps)
+
+
+def _build_transform_test(cfg, choices, target_size, normalize):
+    print("Building transform_test")
+    interpolation = INTERPOLATION_MODES[cfg.INPUT.INTERPOLATION]
+    input_size = cfg.INPUT.SIZE
+
+    print(f"+ resize the smaller edge to {max(input_size)}")
+    steps = [Resize(max(input_size), interpolation=interpolation)]
+    print(f"+ {target_size} center crop")
+    steps.append(CenterCrop(input_size))
+    print("+ to torch tensor of range [0, 1]")
+    steps.append(ToTensor())
+
+    if "normalize" in choices:
+        print(f"+ normalization (mean={cfg.INPUT.PIXEL_MEAN}, std={cfg.INPUT.PIXEL_STD})")
+        steps.append(normalize)
+
+    if "instance_norm" in choices:
+        print("+ instance normalization")
+        steps.append(InstanceNormalization())
+
+    return Compose(steps)
