@@ -1,0 +1,17 @@
+"""Trainer registry and ``build_trainer`` (engine spec §3)."""
+from vlprompt.utils import Registry, check_availability
+
+TRAINER_REGISTRY = Registry("TRAINER")
+
+
+def build_trainer(cfg):
+    """Instantiate the trainer registered under ``cfg.TRAINER.NAME``.
+
+    Raises:
+        ValueError: the name is not registered; the message lists every registered name and
+            the most similar one (trainer modules register themselves when they are imported).
+    """
+    check_availability(cfg.TRAINER.NAME, TRAINER_REGISTRY.registered_names())
+    if cfg.VERBOSE:
+        print(f"Loading trainer: {cfg.TRAINER.NAME}")
+    return TRAINER_REGISTRY.get(cfg.TRAINER.NAME)(cfg)

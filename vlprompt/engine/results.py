@@ -1,0 +1,84 @@
+"""The machine-readable results file of one evaluation: ``OUTPUT_DIR/results.json``.
+
+[decision] (engine spec §13 #9): besides Dassl's one-decimal "=> result" block in log.txt, every
+final evaluation (the test after training, or an eval-only test) writes this file atomically,
+with the evaluator's metrics at full precision, so that result parsers need not scrape logs.
+"""
+import datetime
+import json
+import os.path as osp
+from pathlib import Path
+from typing import Mapping
+
+import vlprompt
+from vlprompt.utils import atomic_write
+
+RESULTS_FILENAME = "results.json"
+
+RUN_INFO_DEFAULTS = {
+    "config_file": "",
+    "dataset_config_file": "",
+    "eval_only": False,
+    "model_dir": "",
+    "load_epoch": None,
+}
+"""Facts about the run that are not in the config; train.py fills them (``TrainerBase.run_info``)."""
+
+
+def make_results_record(
+    cfg,
+    run_info: Mapping,
+    split: str,
+    metrics: Mapping[str, float],
+    num_classes: int,
+    num_test: int,
+    epoch: int,
+    wall_time_s: float,
+) -> dict:
+    """Build the results record (a JSON-ready dict) of one evaluation.
+
+    Args:
+        cfg: the run's (frozen) config.
+        run_info: the keys of ``RUN_INFO_DEFAULTS``.
+        split: the split actually evaluated ("val" or "test").
+        metrics: the evaluator's result dict (name -> number).
+        num_classes: number of classes of the evaluated class set.
+        num_test: number of evaluated samples.
+        epoch: number of completed training epochs of the evaluated weights (0 for zero-shot).
+        wall_time_s: seconds from building the trainer to now.
+    """
+    dataset_config_file = run_info["dataset_config_file"]
+    return {
+        "trainer": cfg.TRAINER.NAME,
+        "config_file": run_info["config_file"],
+        "dataset_config_file": dataset_config_file,
+        "dataset": cfg.DATASET.NAME,
+        "dataset_config": Path(dataset_config_file).stem if dataset_config_file else "",
+        "num_shots": cfg.DATASET.NUM_SHOTS,
+        "subsample_classes": cfg.DATASET.SUBSAMPLE_CLASSES,
+        "seed": cfg.SEED,
+        "backbone": cfg.MODEL.BACKBONE.NAME,
+        "split": split,
+        "epoch": int(epoch),
+        "eval_only": bool(run_info["eval_only"]),
+        "model_dir": run_info["model_dir"],
+        "load_epoch": run_info["load_epoch"],
+        "metrics": {name: float(value) for name, value in metrics.items()},
+        "num_classes": int(num_classes),
+        "num_test": int(num_test),
+        "wall_time_s": float(wall_time_s),
+        "completed": True,
+        "finished_at": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "output_dir": cfg.OUTPUT_DIR,
+        "vlprompt_version": vlprompt.__version__,
+    }
+
+
+def write_results(record: Mapping, output_dir: str) -> str:
+    """Write ``record`` as ``output_dir/results.json`` atomically (4-space indent); return the path."""
+    path = osp.join(output_dir, RESULTS_FILENAME)
+    with atomic_write(path, "w") as f:
+        json.dump(record, f, indent=4)
+        f.write("\n")
+    return path
+
