@@ -181,7 +181,7 @@ def test_torchscript_file_loads_with_quick_gelu(tmp_path, tiny):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.jit.trace(reference, (images, ids), check_trace=False, strict=False).save(path)
-    from conftest import TINY_CLIP_CONFIG, write_tiny_clip
+    from vlprompt.testing import TINY_CLIP_CONFIG, write_tiny_clip
     config_path = write_tiny_clip(str(tmp_path), name="tiny-ts", config={**TINY_CLIP_CONFIG, "quick_gelu": False})[0]
     loaded, info = load_clip(config_path, path)
     assert info["quick_gelu"] is True

@@ -7,3 +7,4 @@ from .runner import (
 from .templates import DEFAULT_TEMPLATE, IMAGENET_TEMPLATES, IMAGENET_TEMPLATES_SELECT, fill_template
 from .tokenizer import PromptTooLongError, Tokenizer
 from .prompts import CLASS_TOKEN_POSITIONS, TextContext
+from .model import PromptedCLIP

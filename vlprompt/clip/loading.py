@@ -17,6 +17,8 @@ nn.GELU and only warns when combined with OpenAI weights, which silently changes
 feature; here QuickGELU is forced whenever the weights are OpenAI's, and checked after
 loading.
 """
+import contextlib
+import logging
 import os
 import warnings
 import zipfile
@@ -115,6 +117,19 @@ def _find_openai_cache_file(backbone_name):
     return path if os.path.isfile(path) else None
 
 
+@contextlib.contextmanager
+def _quiet_open_clip():
+    """Silence open_clip's root-logger notice about randomly initialised models (the
+    weights are loaded right after)."""
+    logger = logging.getLogger()
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _check_activation(model, expect_quick_gelu, source):
     """Assert that the MLP activations match the weights' training activation."""
     has_quick_gelu = any(isinstance(m, QuickGELU) for m in model.modules())
@@ -162,12 +177,14 @@ def load_clip(name, weights="", device="cpu"):
 
     if weights == "random":
         quick_gelu = is_openai_name
-        model = open_clip.create_model(model_name, pretrained=None, force_quick_gelu=quick_gelu)
+        with _quiet_open_clip():
+            model = open_clip.create_model(model_name, pretrained=None, force_quick_gelu=quick_gelu)
     elif os.path.exists(weights):
         if not os.path.isfile(weights):
             raise CLIPLoadError(f'MODEL.BACKBONE.WEIGHTS "{weights}" is a folder; expected a weights file.')
         quick_gelu = is_openai_name or _is_torchscript_archive(weights)
-        model = open_clip.create_model(model_name, pretrained=None, force_quick_gelu=quick_gelu)
+        with _quiet_open_clip():
+            model = open_clip.create_model(model_name, pretrained=None, force_quick_gelu=quick_gelu)
         try:
             _load_weights_file(model, weights)
         except Exception as error:
@@ -194,6 +211,7 @@ def load_clip(name, weights="", device="cpu"):
             raise _offline_hint(name, weights, error) from error
         _check_activation(model, weights == "openai", f"tag '{weights}'")
 
+    quick_gelu = any(isinstance(m, QuickGELU) for m in model.modules())
     model = model.float().eval().to(device)
     for parameter in model.parameters():
         parameter.requires_grad_(False)

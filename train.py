@@ -1,0 +1,164 @@
+"""Train or evaluate a method: the CoOp-family command line.
+
+    python train.py --root DATA --trainer CoOp \
+        --dataset-config-file configs/datasets/oxford_pets.yaml \
+        --config-file configs/trainers/CoOp/vit_b16_ep50.yaml \
+        --output-dir output/oxford_pets/CoOp/seed1 --seed 1 DATASET.NUM_SHOTS 16
+
+Trailing KEY VALUE pairs override the config (merged last, so ``SEED 1`` beats
+``--seed 2``). Bad input (unknown trainer, dataset or config key, wrong value type,
+missing config file or dataset folder, unusable CLIP weights) ends with one paragraph
+on stderr and exit status 2, before any data is loaded where possible.
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+import datasets  # noqa: F401  (registers the datasets)
+import trainers  # noqa: F401  (registers the trainers and their config nodes)
+from vlprompt.clip import CLIPLoadError, PromptTooLongError, UnsupportedBackboneError
+from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file, merge_from_list
+from vlprompt.data.datasets import DATASET_REGISTRY, DatasetLayoutError
+from vlprompt.engine import TRAINER_REGISTRY, build_trainer
+from vlprompt.utils import check_availability, collect_env_info, set_random_seed, setup_logger
+
+USER_ERRORS = (
+    ConfigError, CLIPLoadError, DatasetLayoutError, PromptTooLongError, UnsupportedBackboneError,
+)
+
+
+def print_args(args, cfg):
+    print("***************")
+    print("** Arguments **")
+    print("***************")
+    for key in sorted(vars(args)):
+        print(f"{key}: {getattr(args, key)}")
+    print("************")
+    print("** Config **")
+    print("************")
+    print(cfg)
+
+
+def reset_cfg(cfg, args):
+    """Copy the command-line flags into the config (engine spec §2.5)."""
+    if args.root:
+        cfg.DATASET.ROOT = args.root
+    if args.output_dir:
+        cfg.OUTPUT_DIR = args.output_dir
+    if args.resume:
+        cfg.RESUME = args.resume
+    if args.seed >= 0:  # [decision] --seed 0 means seed 0 (Dassl ignored it)
+        cfg.SEED = args.seed
+    if args.source_domains:
+        cfg.DATASET.SOURCE_DOMAINS = args.source_domains
+    if args.target_domains:
+        cfg.DATASET.TARGET_DOMAINS = args.target_domains
+    if args.transforms:
+        cfg.INPUT.TRANSFORMS = args.transforms
+    if args.trainer:
+        cfg.TRAINER.NAME = args.trainer
+    if args.backbone:
+        cfg.MODEL.BACKBONE.NAME = args.backbone
+    if args.head:
+        cfg.MODEL.HEAD.NAME = args.head
+
+
+def setup_cfg(args):
+    """Defaults -> trainer nodes -> dataset YAML -> method YAML -> flags -> overrides."""
+    cfg = get_cfg_default()
+    extend_cfg(cfg)
+    if args.dataset_config_file:
+        merge_from_file(cfg, args.dataset_config_file)
+    if args.config_file:
+        merge_from_file(cfg, args.config_file)
+    reset_cfg(cfg, args)
+    merge_from_list(cfg, args.opts)
+    check_names(cfg)
+    cfg.freeze()
+    return cfg
+
+
+def check_names(cfg):
+    """Unknown trainer or dataset names fail before anything is built."""
+    for what, name, registry, flag in (
+        ("trainer", cfg.TRAINER.NAME, TRAINER_REGISTRY, "--trainer"),
+        ("dataset", cfg.DATASET.NAME, DATASET_REGISTRY, "--dataset-config-file"),
+    ):
+        if not name:
+            raise ConfigError(
+                f"No {what} given: pass {flag} (registered: {', '.join(registry.registered_names())})."
+            )
+        try:
+            check_availability(name, registry.registered_names())
+        except ValueError as error:
+            raise ConfigError(f"Unknown {what} '{name}'. {error}") from None
+
+
+def main(args):
+    cfg = setup_cfg(args)
+    setup_logger(cfg.OUTPUT_DIR)
+    if cfg.SEED >= 0:
+        print(f"Setting fixed seed: {cfg.SEED}")
+        set_random_seed(cfg.SEED)
+    if torch.cuda.is_available() and cfg.USE_CUDA:
+        torch.backends.cudnn.benchmark = True
+
+    print_args(args, cfg)
+    print("Collecting env info ...")
+    print("** System info **")
+    print(collect_env_info())
+    print()
+
+    trainer = build_trainer(cfg)
+    trainer.run_info.update(
+        config_file=args.config_file,
+        dataset_config_file=args.dataset_config_file,
+        eval_only=args.eval_only,
+        model_dir=args.model_dir,
+        load_epoch=args.load_epoch,
+    )
+    if args.eval_only:
+        trainer.load_model(args.model_dir, epoch=args.load_epoch)
+        trainer.test()
+        trainer.save_results()
+        return
+    if not args.no_train:
+        trainer.train()
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--root", type=str, default="", help="path to the datasets folder")
+    parser.add_argument("--output-dir", type=str, default="", help="output directory")
+    parser.add_argument("--resume", type=str, default="", help="checkpoint directory to resume from")
+    parser.add_argument("--seed", type=int, default=-1, help="only positive value enables a fixed seed")
+    parser.add_argument("--source-domains", type=str, nargs="+", help="source domains for DA/DG")
+    parser.add_argument("--target-domains", type=str, nargs="+", help="target domains for DA/DG")
+    parser.add_argument("--transforms", type=str, nargs="+", help="data augmentation methods")
+    parser.add_argument("--config-file", type=str, default="", help="path to the method config file")
+    parser.add_argument("--dataset-config-file", type=str, default="", help="path to the dataset config file")
+    parser.add_argument("--trainer", type=str, default="", help="name of the trainer")
+    parser.add_argument("--backbone", type=str, default="", help="name of the CNN backbone")
+    parser.add_argument("--head", type=str, default="", help="name of the head")
+    parser.add_argument("--eval-only", action="store_true", help="evaluation only")
+    parser.add_argument("--model-dir", type=str, default="", help="load model from this directory for eval-only mode")
+    parser.add_argument("--load-epoch", type=int, help="load model weights at this epoch for evaluation")
+    parser.add_argument("--no-train", action="store_true", help="do not call trainer.train()")
+    parser.add_argument("opts", default=None, nargs=argparse.REMAINDER, help="modify config options using the command line")
+    return parser
+
+
+def run(argv=None):
+    """Command-line entry point; returns the exit status (2 for bad input)."""
+    try:
+        main(build_parser().parse_args(argv))
+    except USER_ERRORS as error:
+        print(f"\nError: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run())

@@ -1,0 +1,2 @@
+"""Method trainers; importing this package registers them all."""
+from . import coop, zsclip  # noqa: F401

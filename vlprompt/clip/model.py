@@ -1,0 +1,51 @@
+"""Base class of method models: a frozen CLIP runner plus the method's learnable parts."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["PromptedCLIP"]
+
+
+class PromptedCLIP(nn.Module):
+    """What every CLIP method model shares.
+
+    Subclasses implement ``compute_text_features()`` (class text features [C, E] for the
+    current class list) and ``forward(images)`` (logits [B, C]); training methods also
+    implement ``loss(images, labels) -> (total, logits, terms)``.
+
+    Class text features are recomputed at every training step (they depend on learnable
+    parts) but computed once per evaluation: in eval mode without autograd the first call
+    caches them, and any ``train()``/``eval()`` switch drops the cache.
+
+    Args:
+        clip: the frozen CLIPRunner.
+    """
+
+    def __init__(self, clip):
+        super().__init__()
+        self.clip = clip
+        self._eval_text_features = None
+
+    def compute_text_features(self):
+        raise NotImplementedError(f"{type(self).__name__} must implement compute_text_features().")
+
+    def class_text_features(self):
+        """L2-normalised class text features [C, E] (cached during evaluation)."""
+        if self.training or torch.is_grad_enabled():
+            return F.normalize(self.compute_text_features(), dim=-1)
+        if self._eval_text_features is None:
+            self._eval_text_features = F.normalize(self.compute_text_features(), dim=-1)
+        return self._eval_text_features
+
+    def train(self, mode=True):
+        self._eval_text_features = None
+        return super().train(mode)
+
+    @property
+    def logit_scale(self):
+        """CLIP's temperature exp(logit_scale) (frozen; 100 for OpenAI weights)."""
+        return self.clip.logit_scale.exp()
+
+    def cosine_logits(self, image_features, text_features):
+        """Scaled cosine logits [B, C] from normalised features [B, E] and [C, E]."""
+        return self.logit_scale * image_features @ text_features.t()
