@@ -1,0 +1,269 @@
+"""DeAR on a tiny random CLIP (3 image layers of 4 heads, 2 text layers), attribute tokens at J = 2."""
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from trainers.dear import DeARCLIP, check_dear_config, deep_head_roles
+from trainers.zsclip import TemplateCLIP
+from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
+from vlprompt.clip.head_roles import parse_role_map
+from vlprompt.config import ConfigError, extend_cfg, get_cfg_default
+
+CLASSES = ["red star", "blue circle", "striped dog"]
+TEMPLATE = "a photo of a {}."
+# Deep layers 2..3: heads 0..3. Layer 2: core colour, generalization, mixed, other specialised.
+ROLES = {
+    "num_layers": 3, "num_heads": 4, "attributes": ["color", "shape"],
+    "roles": {2: ["A color", "G", "M", "O text"], 3: ["A shape", "A color", "G style", "M"]},
+}
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_clip_files, tmp_path_factory):
+    config, weights = tiny_clip_files
+    model, _ = load_clip(config, weights)
+    path = tmp_path_factory.mktemp("roles") / "tiny_roles.yaml"
+    parse_role_map(ROLES).save(str(path))
+    return model, Tokenizer(config), str(path)
+
+
+def dear_node(role_map, **changes):
+    cfg = get_cfg_default()
+    extend_cfg(cfg)
+    node = cfg.TRAINER.DEAR
+    node.ROLE_MAP, node.INJECT_LAYER, node.ATTRIBUTES = role_map, 2, ["color", "shape"]
+    for key, value in changes.items():
+        node[key] = value
+    return node
+
+
+def build(tiny, dtype=torch.float32, seed=0, **changes):
+    model, tokenizer, role_map = tiny
+    clip = CLIPRunner(copy.deepcopy(model)).to(dtype)
+    node = dear_node(role_map, **changes)
+    check_dear_config(node)
+    roles = deep_head_roles(node, clip.visual.num_layers, clip.visual.num_heads)
+    torch.manual_seed(seed)
+    return DeARCLIP(clip, tokenizer, CLASSES, TEMPLATE, node, roles).to(dtype)
+
+
+def images(batch=3, seed=1, dtype=torch.float32):
+    return torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def randomise_prompts(dear, std=2.0):
+    with torch.no_grad():
+        for param in dear.prompt_learner.parameters():
+            param.add_(std * torch.randn_like(param))
+
+
+def per_head_attention(block, x, mask=None):
+    """Per-head attention weights [B, H, L, L] and outputs [B, H, L, d] of a block's attention."""
+    heads = block.attn.num_heads
+    q, k, v = F.linear(block.ln_1(x), block.attn.in_proj_weight, block.attn.in_proj_bias).chunk(3, -1)
+    split = lambda t: t.unflatten(-1, (heads, -1)).transpose(1, 2)  # noqa: E731
+    q, k, v = split(q), split(k), split(v)
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    weights = (scores if mask is None else scores + mask.to(scores.dtype)).softmax(-1)
+    return weights, weights @ v
+
+
+def test_all_generalization_class_feature_is_frozen_clip(tiny):
+    """No original token can see an attribute token anywhere: f_cls is frozen CLIP's feature
+    (float64: equal to rounding; float32: to 1e-5) for large random attribute tokens."""
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
+        dear = build(tiny, dtype=dtype, MASK_STRATEGY="all_generalization")
+        randomise_prompts(dear, std=5.0)
+        x = images(dtype=dtype)
+        with torch.no_grad():
+            f_cls, f_attr, _ = dear.encode_image(x)
+            frozen = dear.clip.visual(x).features
+        torch.testing.assert_close(f_cls, frozen, rtol=0, atol=tol)
+        assert f_attr.shape == (3, 2, frozen.shape[1])
+    # Under the role masks the class feature does change.
+    dear = build(tiny)
+    randomise_prompts(dear, std=5.0)
+    with torch.no_grad():
+        assert not torch.allclose(dear.encode_image(x.float())[0], dear.clip.visual(x.float()).features, atol=1e-3)
+
+
+def layer_input(dear, x, layer):
+    """Hidden states [B, N + K, D] at the input of 1-indexed image layer ``layer`` >= J."""
+    visual = dear.clip.visual
+    hidden = visual.run_prefix(x, dear.vision_block)
+    plan = dear.vision_plan(hidden.shape[1], hidden.device)
+    x = visual.run_blocks(hidden, dear.vision_block, layer - 1, plan)
+    for edit in plan.edits_at(layer - 1):  # insertion (layer J) or re-mixing (later layers)
+        x = edit(x, SimpleNamespace(eot=None))
+    return x, hidden.shape[1]
+
+
+@pytest.mark.parametrize("layer", [2, 3])
+def test_heads_follow_their_roles(tiny, layer):
+    dear = build(tiny, dtype=torch.float64)
+    randomise_prompts(dear)
+    with torch.no_grad():
+        x, n = layer_input(dear, images(dtype=torch.float64), layer)
+        block = dear.clip.visual.blocks[layer - 1]
+        mask = dear.role_masks(n, x.device)[layer - 1]
+        weights, outputs = per_head_attention(block, x, mask)
+        _, frozen_outputs = per_head_attention(block, x[:, :n])  # the same layer input, no attribute tokens
+    roles = [str(r) for r in parse_role_map(ROLES).roles[layer]]
+    color, shape = slice(n, n + 1), slice(n + 1, n + 2)
+    for head, role in enumerate(roles):
+        if role.startswith("G") or role.startswith("O"):
+            torch.testing.assert_close(outputs[:, head, :n], frozen_outputs[:, head], rtol=0, atol=1e-12)
+            assert (weights[:, head, :n, n:] == 0).all() and (weights[:, head, n:, :n] == 0).all()
+        elif role.startswith("A"):
+            own, other = (color, shape) if role == "A color" else (shape, color)
+            assert (weights[:, head, :, other] == 0).all()
+            assert (weights[:, head, :, own] > 0).all()
+        else:  # mixed: no mask, every query sees every token
+            assert (mask[head] == 0).all() and (weights[:, head] > 0).all()
+
+
+def test_masks_are_built_once_per_length_and_shared_by_the_batch(tiny):
+    dear = build(tiny)
+    first = dear.vision_plan(17, torch.device("cpu")).masks
+    again = dear.vision_plan(17, torch.device("cpu")).masks
+    assert sorted(first) == [1, 2] and all(first[b] is again[b] for b in first)
+    assert first[1].shape == (4, 19, 19)  # [heads, L, L]: no batch dimension
+    assert build(tiny, MASK_STRATEGY="all_mixed").vision_plan(17, torch.device("cpu")).masks == {}
+    shuffled = build(tiny, MASK_STRATEGY="random_shuffle", SHUFFLE_SEED=1).vision_plan(17, torch.device("cpu")).masks
+    assert any(not torch.equal(shuffled[b], first[b]) for b in first)
+
+
+def test_beta_remixing_of_attribute_and_text_rows(tiny):
+    dear = build(tiny, BETA=0.7)
+    raw_v = dear.prompt_learner.attr_tokens.flatten(0, 1)
+    x = torch.randn(2, 19, 64)
+    (remix,) = dear.vision_plan(17, x.device).edits_at(2)
+    out = remix(x, None)
+    torch.testing.assert_close(out[:, :17], x[:, :17], rtol=0, atol=0)
+    torch.testing.assert_close(out[:, 17:], 0.7 * x[:, 17:] + 0.3 * raw_v)
+    text_plan = dear.text_plan()
+    assert list(text_plan.layers) == [1]  # 2 text layers, J = 2: insertion only, nothing after
+    dear3 = build(tiny, TEXT_INJECT_LAYER=1, BETA=0.7)
+    (remix_t,) = dear3.text_plan().edits_at(1)
+    t = torch.randn(3, 32, 32)
+    out = remix_t(t, None)
+    raw_t = dear3.prompt_learner.text_tokens
+    torch.testing.assert_close(out[:, 1:5], 0.7 * t[:, 1:5] + 0.3 * raw_t)
+    torch.testing.assert_close(out[:, [0, *range(5, 32)]], t[:, [0, *range(5, 32)]], rtol=0, atol=0)
+
+
+def test_cached_text_prefix_equals_recomputing_all_layers(tiny):
+    dear = build(tiny, TEXT_INJECT_LAYER=2)
+    randomise_prompts(dear)
+    text = dear.clip.text
+    text.clear_cache()
+    with torch.no_grad():
+        cached = dear.compute_text_features()
+        assert len(text._prefix_cache) == 1
+        cached_again = dear.compute_text_features()
+        assert len(text._prefix_cache) == 1
+        full = text(embeddings=text.embed(dear.token_ids), eot=dear.token_ids.argmax(-1), plan=dear.text_plan())
+    torch.testing.assert_close(cached, full.features, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(cached_again, cached, rtol=0, atol=0)
+    # The prompts were inserted: the pooled position moved by N_CTX_TEXT.
+    assert torch.equal(full.eot, dear.token_ids.argmax(-1) + 4)
+
+
+def test_no_prompt_tokens_and_no_attribute_tokens_is_zero_shot_clip(tiny):
+    model, tokenizer, _ = tiny
+    dear = build(tiny, N_CTX_TEXT=0, N_ATTR_TOKENS=0).eval()
+    zero_shot = TemplateCLIP(CLIPRunner(copy.deepcopy(model)), tokenizer, CLASSES, [TEMPLATE]).eval()
+    x = images()
+    with torch.no_grad():
+        torch.testing.assert_close(dear(x), zero_shot(x), rtol=1e-5, atol=1e-5)
+        dear.inference = "cls"
+        torch.testing.assert_close(dear(x), zero_shot(x), rtol=1e-5, atol=1e-5)
+
+
+def test_fusion_logits_and_loss_terms(tiny):
+    dear = build(tiny)
+    randomise_prompts(dear)
+    x, labels = images(), torch.tensor([0, 2, 1])
+    f_cls, f_attr, _ = dear.encode_image(x)
+    text = F.normalize(dear.compute_text_features(), dim=-1)
+    w = dear.prompt_learner.fusion_logits.softmax(0)
+    expected = sum(w[k] * dear.logit_scale * F.normalize(f, dim=-1) @ text.t()
+                   for k, f in enumerate([f_cls] + list(f_attr.unbind(1))))
+    torch.testing.assert_close(dear.fused_logits(f_cls, f_attr, text), expected, rtol=1e-5, atol=1e-4)
+    total, logits, terms = dear.loss(x, labels)
+    torch.testing.assert_close(terms["ce"], F.cross_entropy(expected, labels), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(terms["fusion"], 1 - w[0])
+    assert terms["reg"] > 0
+    torch.testing.assert_close(total, terms["ce"] + 1.0 * terms["reg"] + 0.7 * terms["fusion"])
+    dear.fusion_loss = "neg_log"
+    torch.testing.assert_close(dear.loss(x, labels)[2]["fusion"], -torch.log(w[0]))
+    # Each term off with its weight.
+    plain = build(tiny, LAMBDA_REG=0.0, LAMBDA_FUSION=0.0)
+    assert set(plain.loss(x, labels)[2]) == {"ce"}
+
+
+def test_one_step_changes_only_deears_tensors(tiny):
+    dear = build(tiny)
+    learnable = dict(dear.prompt_learner.named_parameters())
+    assert set(learnable) == {"attr_tokens", "text_tokens", "attr_proj", "fusion_logits"}
+    assert [p for p in dear.parameters() if p.requires_grad] == list(learnable.values())
+    frozen_before = {name: p.clone() for name, p in dear.clip.named_parameters()}
+    learnable_before = {name: p.clone() for name, p in learnable.items()}
+    optimizer = torch.optim.AdamW(learnable.values(), lr=1e-3)
+    loss, _, _ = dear.loss(images(), torch.tensor([0, 1, 2]))
+    loss.backward()
+    optimizer.step()
+    for name, p in dear.clip.named_parameters():
+        assert torch.equal(p, frozen_before[name]), name
+    for name, p in learnable.items():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+        assert not torch.equal(p, learnable_before[name]), name
+
+
+def test_eval_is_deterministic_and_inference_modes_differ(tiny):
+    dear = build(tiny).eval()
+    randomise_prompts(dear)
+    x = images()
+    with torch.no_grad():
+        first, second = dear(x), dear(x)
+        dear.inference = "cls"
+        decoupled = dear(x)
+        f_cls = dear.encode_image(x)[0]
+    assert torch.equal(first, second)
+    torch.testing.assert_close(decoupled, dear.logit_scale * F.normalize(f_cls, dim=-1) @ dear.class_text_features().t())
+    assert not torch.allclose(first, decoupled)
+
+
+def test_new_class_list_rebuilds_the_sentences(tiny):
+    dear = build(tiny).eval()
+    with torch.no_grad():
+        assert dear(images()).shape == (3, 3)
+        dear.set_classnames(["green ring", "dotted square"])
+        assert dear(images()).shape == (3, 2)
+        assert dear.frozen_text_features().shape[0] == 2
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"MASK_STRATEGY": "all_heads"}, r"TRAINER.DEAR.MASK_STRATEGY must be one of \['role'"),
+    ({"FUSION_LOSS": "log"}, r"TRAINER.DEAR.FUSION_LOSS must be one of"),
+    ({"INFERENCE": "attr"}, r"TRAINER.DEAR.INFERENCE must be one of"),
+    ({"BETA": 1.5}, r"TRAINER.DEAR.BETA must be in \[0, 1\]"),
+    ({"LAMBDA_REG": -1.0}, r"TRAINER.DEAR.LAMBDA_REG must be at least 0"),
+    ({"ATTRIBUTES": ["color", "color"]}, r"ATTRIBUTES must be distinct"),
+    ({"INJECT_LAYER": 1}, r"injection layer is 1, but .* only for layers 2..3"),
+    ({"ATTRIBUTES": ["color", "texture"]}, r'Attribute "texture"'),
+    ({"ROLE_MAP": "missing.yaml"}, r'Role map "missing.yaml" does not exist'),
+])
+def test_invalid_config_raises_config_error(tiny, changes, message):
+    with pytest.raises(ConfigError, match=message):
+        check_dear_config(dear_node(tiny[2], **changes))
+
+
+def test_role_map_of_another_backbone_is_rejected(tiny):
+    node = dear_node("configs/head_roles/vit_b16_openai.yaml", INJECT_LAYER=9)
+    check_dear_config(node)  # the file itself is fine
+    with pytest.raises(ConfigError, match="12 layers of 12 heads .* loaded backbone has 3 layers of 4 heads"):
+        deep_head_roles(node, 3, 4)

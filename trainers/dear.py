@@ -1,0 +1,274 @@
+"""DeAR: Decomposing Attention-head Roles (Ma et al., CVPR 2026; spec: shared/spec/dear.md).
+
+Vision: CLIP runs unchanged up to layer J; there K attribute tokens P0 (n_tok each) are
+appended, and in layers J..L every head sees them according to its role (role-based
+attention mask: core attribute heads see only their own attribute's tokens,
+generalization and other specialised heads keep original and attribute tokens apart,
+mixed heads are free). Between layers the attribute rows are re-mixed with their raw
+value: x <- beta * x + (1 - beta) * P0. The class token gives f_cls (frozen ln_post and
+proj), each attribute's tokens give f_k = ln_post(mean) @ W_attr.
+
+Text: the dataset's template sentence; at layer J the prompt tokens T0 are inserted after
+the start-of-text token (re-mixed the same way after each layer).
+
+Logits = sum_k softmax(a)_k * 100 * cos(f_k, t_c) with f_0 = f_cls (task-adaptive fusion);
+INFERENCE cls uses f_cls only. Loss = CE + lambda_reg * (1 - cos to frozen CLIP, image
+and text) + lambda_fusion * (1 - w_0). Layer numbers are 1-indexed in the config and
+0-indexed ("block") in the runner.
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+from yacs.config import CfgNode as CN
+
+from vlprompt.clip import (
+    DEFAULT_TEMPLATE, InsertTokens, MapTokens, Plan, PromptedCLIP, UnsupportedBackboneError, fill_template,
+)
+from vlprompt.clip.head_roles import HeadRole, load_role_map, role_attention_mask
+from vlprompt.config import ConfigError, register_cfg_extension
+from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+
+PRECISIONS = ("fp16", "fp32", "amp", "bf16")
+MASK_STRATEGIES = ("role", "all_generalization", "all_mixed", "random_shuffle")
+FUSION_LOSSES = ("one_minus", "neg_log")
+INFERENCE_MODES = ("fusion", "cls")
+
+
+@register_cfg_extension
+def add_dear_config(cfg):
+    cfg.TRAINER.DEAR = CN()
+    cfg.TRAINER.DEAR.ATTRIBUTES = ["color", "shape", "texture", "object", "location"]
+    cfg.TRAINER.DEAR.N_ATTR_TOKENS = 1  # tokens per attribute (0: no attribute branch)
+    cfg.TRAINER.DEAR.N_CTX_TEXT = 4  # text prompt tokens (0: the plain template)
+    cfg.TRAINER.DEAR.INJECT_LAYER = 9  # J, 1-indexed image layer where tokens enter
+    cfg.TRAINER.DEAR.TEXT_INJECT_LAYER = 0  # 1-indexed text layer; 0: same as INJECT_LAYER
+    cfg.TRAINER.DEAR.BETA = 0.9  # re-mixing: beta * output + (1 - beta) * raw token
+    cfg.TRAINER.DEAR.ROLE_MAP = "configs/head_roles/vit_b16_openai.yaml"
+    cfg.TRAINER.DEAR.MASK_STRATEGY = "role"  # role, all_generalization, all_mixed, random_shuffle
+    cfg.TRAINER.DEAR.SHUFFLE_SEED = 0  # random_shuffle only
+    cfg.TRAINER.DEAR.LAMBDA_REG = 1.0
+    cfg.TRAINER.DEAR.LAMBDA_FUSION = 0.7
+    cfg.TRAINER.DEAR.FUSION_LOSS = "one_minus"  # one_minus: 1 - w_0; neg_log: -log w_0
+    cfg.TRAINER.DEAR.INFERENCE = "fusion"  # fusion or cls (decoupled: f_cls only)
+    cfg.TRAINER.DEAR.PREC = "amp"
+
+
+def check_dear_config(node):
+    """Raise ConfigError for an invalid TRAINER.DEAR node (role map included)."""
+    choices = (("MASK_STRATEGY", MASK_STRATEGIES), ("FUSION_LOSS", FUSION_LOSSES),
+               ("INFERENCE", INFERENCE_MODES), ("PREC", PRECISIONS))
+    for key, allowed in choices:
+        if node[key] not in allowed:
+            raise ConfigError(f"TRAINER.DEAR.{key} must be one of {list(allowed)}, got '{node[key]}'.")
+    limits = (("N_ATTR_TOKENS", 0), ("N_CTX_TEXT", 0), ("INJECT_LAYER", 1), ("TEXT_INJECT_LAYER", 0),
+              ("LAMBDA_REG", 0), ("LAMBDA_FUSION", 0), ("SHUFFLE_SEED", 0))
+    for key, low in limits:
+        if node[key] < low:
+            raise ConfigError(f"TRAINER.DEAR.{key} must be at least {low}, got {node[key]}.")
+    if not 0.0 <= node.BETA <= 1.0:
+        raise ConfigError(f"TRAINER.DEAR.BETA must be in [0, 1] (1: no re-mixing), got {node.BETA}.")
+    names = list(node.ATTRIBUTES)
+    if not all(isinstance(name, str) and name.strip() for name in names) or len(set(names)) != len(names):
+        raise ConfigError(f"TRAINER.DEAR.ATTRIBUTES must be distinct attribute names, got {names}.")
+    if node.MASK_STRATEGY in ("role", "random_shuffle"):
+        role_map = load_role_map(node.ROLE_MAP)
+        role_map.check_inject_layer(node.INJECT_LAYER)
+        role_map.check_attributes(names)
+
+
+def deep_head_roles(node, num_layers, num_heads):
+    """Roles of the image heads in layers J..L under MASK_STRATEGY: {1-indexed layer: roles}.
+
+    ``all_mixed`` gives {} (no mask anywhere); ``all_generalization`` isolates every head.
+    """
+    first = node.INJECT_LAYER
+    if node.MASK_STRATEGY in ("role", "random_shuffle"):
+        role_map = load_role_map(node.ROLE_MAP)
+        role_map.check_backbone(num_layers, num_heads)
+        role_map.check_inject_layer(first)
+        if node.MASK_STRATEGY == "random_shuffle":
+            role_map = role_map.shuffled(node.SHUFFLE_SEED, first)
+        return role_map.deep_roles(first)
+    if first > num_layers:
+        raise ConfigError(f"TRAINER.DEAR.INJECT_LAYER is {first}, but the image tower has {num_layers} layers.")
+    if node.MASK_STRATEGY == "all_mixed":
+        return {}
+    return {layer: (HeadRole("G"),) * num_heads for layer in range(first, num_layers + 1)}
+
+
+class DeARPrompts(nn.Module):
+    """DeAR's learnable tensors (K attributes, n_tok tokens each, n_ctx text tokens).
+
+    Attributes:
+        attr_tokens: P0 [K, n_tok, D_v], N(0, 0.02).
+        text_tokens: T0 [n_ctx, D_t], N(0, 0.02).
+        attr_proj: W_attr [D_v, E], a copy of CLIP's visual proj (None when K * n_tok = 0).
+        fusion_logits: a [K + 1] zeros; index 0 is the class feature.
+    """
+
+    def __init__(self, num_attributes, tokens_per_attribute, n_ctx_text, visual_proj, text_width):
+        super().__init__()
+        vision_width = visual_proj.shape[0]
+        self.attr_tokens = nn.Parameter(torch.empty(num_attributes, tokens_per_attribute, vision_width).normal_(std=0.02))
+        self.text_tokens = nn.Parameter(torch.empty(n_ctx_text, text_width).normal_(std=0.02))
+        has_attributes = num_attributes * tokens_per_attribute > 0
+        self.attr_proj = nn.Parameter(visual_proj.detach().clone().float()) if has_attributes else None
+        self.fusion_logits = nn.Parameter(torch.zeros(num_attributes + 1))
+
+
+class DeARCLIP(PromptedCLIP):
+    """Frozen CLIP with DeAR's attribute tokens, role masks, text prompts and fusion.
+
+    Args:
+        clip: CLIPRunner. tokenizer: Tokenizer. classnames: C names.
+        template: the dataset's sentence template with one "{}".
+        node: cfg.TRAINER.DEAR.
+        head_roles: {1-indexed image layer: one HeadRole per head} (deep_head_roles).
+    """
+
+    def __init__(self, clip, tokenizer, classnames, template, node, head_roles):
+        super().__init__(clip)
+        self.attributes = tuple(node.ATTRIBUTES) if node.N_ATTR_TOKENS > 0 else ()
+        self.tokens_per_attribute = node.N_ATTR_TOKENS
+        self.beta = node.BETA
+        self.vision_block = node.INJECT_LAYER - 1
+        self.text_block = (node.TEXT_INJECT_LAYER or node.INJECT_LAYER) - 1
+        if self.text_block >= clip.text.num_layers:
+            raise ConfigError(
+                f"DeAR's text prompts enter at text layer {self.text_block + 1} (TRAINER.DEAR.TEXT_INJECT_LAYER, "
+                f"0 = INJECT_LAYER), but the text tower has {clip.text.num_layers} layers."
+            )
+        self.lambda_reg, self.lambda_fusion = node.LAMBDA_REG, node.LAMBDA_FUSION
+        self.fusion_loss, self.inference = node.FUSION_LOSS, node.INFERENCE
+        self.head_roles = head_roles
+        self.prompt_learner = DeARPrompts(len(self.attributes), self.tokens_per_attribute, node.N_CTX_TEXT,
+                                          clip.visual.proj, clip.text.width)
+        self.tokenizer, self.template = tokenizer, template
+        self._masks = {}  # (number of original tokens, device) -> {block: [heads, L, L]}
+        self.set_classnames(classnames)
+
+    def set_classnames(self, classnames):
+        """Tokenize the template sentences of a class list (room left for the text prompts)."""
+        sentences = [fill_template(self.template, name) for name in classnames]
+        ids = self.tokenizer(sentences, reserve=self.prompt_learner.text_tokens.shape[0])
+        self.register_buffer("token_ids", ids.to(self.logit_scale.device), persistent=False)
+        self._frozen_text = self._eval_text_features = None
+
+    def _apply(self, fn, *args, **kwargs):
+        self._frozen_text = None
+        return super()._apply(fn, *args, **kwargs)
+
+    def _remix(self, output, raw):
+        """Eq. 5/6: beta * layer output + (1 - beta) * raw tokens."""
+        return self.beta * output + (1.0 - self.beta) * raw.to(output.dtype)
+
+    def role_masks(self, num_original, device):
+        """{block: [heads, L, L]} role-based masks, built once per sequence length and device."""
+        key = (num_original, str(device))
+        if key not in self._masks:
+            masks = {layer - 1: role_attention_mask(roles, self.attributes, num_original,
+                                                    self.tokens_per_attribute, device)
+                     for layer, roles in self.head_roles.items()}
+            self._masks[key] = {block: mask for block, mask in masks.items() if mask is not None}
+        return self._masks[key]
+
+    def vision_plan(self, num_original, device):
+        """Append P0 at block J-1, re-mix the attribute rows before blocks J..L-1, role masks."""
+        raw = self.prompt_learner.attr_tokens.flatten(0, 1)  # [K * n_tok, D_v]
+        if raw.shape[0] == 0:
+            return Plan()
+        remix = MapTokens(lambda x: torch.cat([x[:, :num_original], self._remix(x[:, num_original:], raw)], 1))
+        layers = {block: remix for block in range(self.vision_block + 1, self.clip.visual.num_layers)}
+        layers[self.vision_block] = InsertTokens(raw)
+        return Plan(layers=layers, masks=self.role_masks(num_original, device))
+
+    def text_plan(self):
+        """Insert T0 after the start-of-text token at the text block, re-mix after each block."""
+        raw = self.prompt_learner.text_tokens  # [n_ctx, D_t]
+        n = raw.shape[0]
+        if n == 0:
+            return Plan()
+        remix = MapTokens(lambda x: torch.cat([x[:, :1], self._remix(x[:, 1 : 1 + n], raw), x[:, 1 + n :]], 1))
+        layers = {block: remix for block in range(self.text_block + 1, self.clip.text.num_layers)}
+        layers[self.text_block] = InsertTokens(raw, at=1, keep_length=True)
+        return Plan(layers=layers)
+
+    def compute_text_features(self):
+        return self.clip.text(self.token_ids, self.text_plan()).features
+
+    def frozen_text_features(self):
+        """Normalised frozen CLIP features of the template sentences [C, E] (a constant, cached)."""
+        if self._frozen_text is None:
+            with torch.no_grad():
+                self._frozen_text = F.normalize(self.clip.text(self.token_ids).features.float(), dim=-1)
+        return self._frozen_text
+
+    def encode_image(self, images):
+        """Returns f_cls [B, E], attribute features [B, K, E] and the hidden states [B, N, D_v]
+        at the input of layer J (frozen prefix, no autograd; shared with the frozen branch)."""
+        visual = self.clip.visual
+        hidden = visual.run_prefix(images, self.vision_block)
+        num_original = hidden.shape[1]
+        out = visual(hidden=hidden, start=self.vision_block, plan=self.vision_plan(num_original, hidden.device))
+        if not self.attributes:
+            return out.features, out.features.new_zeros(out.features.shape[0], 0, out.features.shape[1]), hidden
+        attr = out.tokens[:, num_original:].unflatten(1, (len(self.attributes), self.tokens_per_attribute))
+        return out.features, visual.ln_post(attr.mean(2)) @ self.prompt_learner.attr_proj, hidden
+
+    def fusion_weights(self):
+        """w = softmax(a): [K + 1], w_0 for the class feature."""
+        return self.prompt_learner.fusion_logits.softmax(0)
+
+    def fused_logits(self, f_cls, f_attr, text_features):
+        """sum_k w_k * 100 * cos(f_k, t_c): [B, C] from [B, E], [B, K, E] and normalised [C, E]."""
+        features = F.normalize(torch.cat([f_cls.unsqueeze(1), f_attr], 1), dim=-1)  # [B, K+1, E]
+        similarities = self.logit_scale * features @ text_features.t().to(features.dtype)  # [B, K+1, C]
+        return torch.einsum("k,bkc->bc", self.fusion_weights().to(similarities.dtype), similarities)
+
+    def forward(self, images):
+        f_cls, f_attr, _ = self.encode_image(images)
+        text_features = self.class_text_features()
+        if self.inference == "cls":
+            return self.cosine_logits(F.normalize(f_cls, dim=-1), text_features.to(f_cls.dtype))
+        return self.fused_logits(f_cls, f_attr, text_features)
+
+    def loss(self, images, labels):
+        f_cls, f_attr, hidden = self.encode_image(images)
+        text_features = F.normalize(self.compute_text_features(), dim=-1)
+        logits = self.fused_logits(f_cls, f_attr, text_features)
+        ce = F.cross_entropy(logits, labels)
+        total, terms = ce, {"ce": ce.detach()}
+        if self.lambda_reg > 0:
+            with torch.no_grad():
+                frozen_image = self.clip.visual(hidden=hidden, start=self.vision_block).features
+            reg = (1 - F.cosine_similarity(f_cls, frozen_image, dim=-1)).mean() + (
+                1 - F.cosine_similarity(text_features, self.frozen_text_features(), dim=-1)).mean()
+            total, terms["reg"] = total + self.lambda_reg * reg, reg.detach()
+        if self.lambda_fusion > 0:
+            w_cls = self.fusion_weights()[0]
+            fusion = 1 - w_cls if self.fusion_loss == "one_minus" else -self.prompt_learner.fusion_logits.log_softmax(0)[0]
+            total, terms["fusion"] = total + self.lambda_fusion * fusion, fusion.detach()
+        return total, logits, terms
+
+
+@TRAINER_REGISTRY.register()
+class DeAR(ClipTrainer):
+    """DeAR trainer; the checkpointed module ("prompt_learner") holds P0, T0, W_attr and a."""
+
+    def check_cfg(self, cfg):
+        check_dear_config(cfg.TRAINER.DEAR)
+
+    def build_model(self):
+        clip, tokenizer = self.build_clip()
+        if clip.visual is None:
+            raise UnsupportedBackboneError(
+                f"DeAR needs a ViT image tower (attribute tokens and per-head masks); "
+                f"{self.cfg.MODEL.BACKBONE.NAME} is not one.")
+        node = self.cfg.TRAINER.DEAR
+        roles = deep_head_roles(node, clip.visual.num_layers, clip.visual.num_heads)
+        counts = [role.kind for layer in roles.values() for role in layer]
+        print(f"Head roles ({node.MASK_STRATEGY}) of image layers {node.INJECT_LAYER}..{clip.visual.num_layers}: "
+              + (", ".join(f"{counts.count(k)} {k}" for k in "AOGM") if counts else "no masks"))
+        template = getattr(type(self.dm.dataset), "template", DEFAULT_TEMPLATE)
+        self.model = DeARCLIP(clip, tokenizer, self.classnames, template, node, roles).to(self.device)
+        self.register_learner("prompt_learner", self.model.prompt_learner)
