@@ -9,6 +9,8 @@ scheduler, which keeps driving the live optimizer after a resume).
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
+from vlprompt.utils import PickledObject
+
 __all__ = [
     "AVAI_SCHEDS",
     "build_lr_scheduler",
@@ -68,14 +70,15 @@ class _BaseWarmupScheduler(LRScheduler):
     def load_state_dict(self, state_dict):
         """Load own fields and the successor's state into the live successor.
 
-        Also accepts Dassl's format, where "successor" is a pickled scheduler object:
-        its plain fields (last_epoch, base_lrs, _last_lr, T_max, ...) are copied.
+        Also accepts Dassl's format, where "successor" is a pickled scheduler object (or the
+        inert ``PickledObject`` that ``load_checkpoint`` makes of it): its plain fields
+        (last_epoch, base_lrs, _last_lr, T_max, ...) are copied.
         """
         state = dict(state_dict)
         if "successor" not in state:
             raise KeyError(f"{type(self).__name__} state has no 'successor' entry; keys: {sorted(state)}")
         successor_state = state.pop("successor")
-        if isinstance(successor_state, LRScheduler):
+        if isinstance(successor_state, (LRScheduler, PickledObject)):
             successor_state = self._plain_fields_of(successor_state)
         super().load_state_dict(state)
         self.successor.load_state_dict(successor_state)

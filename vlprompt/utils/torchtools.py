@@ -23,9 +23,12 @@ from .tools import atomic_write, mkdir_if_missing
 
 __all__ = [
     "CheckpointError",
+    "PickledObject",
     "save_checkpoint",
     "load_checkpoint",
     "resume_from_checkpoint",
+    "check_checkpoint_content",
+    "restore_checkpoint",
     "get_rng_state",
     "set_rng_state",
     "load_pretrained_weights",
@@ -84,16 +87,20 @@ def save_checkpoint(state, save_dir, is_best=False, remove_module_from_keys=True
 
 
 def load_checkpoint(fpath):
-    """Load a checkpoint onto the CPU (or the default device when CUDA is available).
+    """Load a checkpoint onto the CPU (or the default device when CUDA is available), never running code from it.
 
     Tries ``torch.load(weights_only=True)`` first. Checkpoints written by Dassl may hold
-    pickled Python objects (a warm-up scheduler and, through it, an optimizer); those
-    fail that way and are loaded again with ``weights_only=False`` (a one-line notice
-    is printed): only load files you trust.
+    pickled Python objects (a warm-up scheduler and, through it, an optimizer); those are
+    loaded again with the same weights-only unpickler, each pickled class or function
+    replaced by an inert :class:`PickledObject` that holds the pickled fields but never
+    imports or runs the original (a one-line notice names them). Modules that torch
+    refuses outright (os, sys, ...) make the file unloadable.
 
     Raises:
         FileNotFoundError: no file at ``fpath``.
-        CheckpointError: the file cannot be read (e.g. truncated by an interrupted copy).
+        CheckpointError: the file cannot be read (e.g. truncated by an interrupted copy,
+            not a PyTorch file, or it references a refused module); the message names the
+            file and the reason.
     """
     if fpath is None:
         raise ValueError("File path is None")
@@ -103,23 +110,76 @@ def load_checkpoint(fpath):
     try:
         return torch.load(fpath, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError:
-        pass  # pickled objects, or a corrupt file: the full unpickler tells which
+        pass  # pickled objects, or a corrupt file: listing the file's globals tells which
     except Exception as error:
         raise _unreadable_checkpoint(fpath, error) from error
     try:
-        checkpoint = torch.load(fpath, map_location=map_location, weights_only=False)
+        pickled_globals = torch.serialization.get_unsafe_globals_in_checkpoint(fpath)
+        with torch.serialization.safe_globals([(_placeholder_class(name), name) for name in pickled_globals]):
+            checkpoint = torch.load(fpath, map_location=map_location, weights_only=True)
     except Exception as error:
         raise _unreadable_checkpoint(fpath, error) from error
-    print(f'Note: "{fpath}" holds pickled Python objects (e.g. a Dassl scheduler); loaded it with weights_only=False')
+    print(
+        f'Note: "{fpath}" holds pickled Python objects ({", ".join(sorted(pickled_globals))}); they were '
+        "loaded as inert placeholders, without importing or running them"
+    )
     return checkpoint
+
+
+class PickledObject:
+    """Inert stand-in for an object of a class that a checkpoint pickled (e.g. a Dassl scheduler).
+
+    :func:`load_checkpoint` creates one subclass per pickled global, named after it, so
+    ``type(obj).__name__`` is the original class name. Nothing of the original is imported
+    or run: the constructor arguments are kept in ``pickled_args`` and a dict state becomes
+    the instance's attributes (any other state is kept in ``pickled_state``).
+
+    Attributes:
+        pickled_global (str, class attribute): "module.QualifiedName" of the original.
+    """
+
+    pickled_global = ""
+
+    def __new__(cls, *args, **kwargs):
+        instance = super().__new__(cls)
+        instance.pickled_args = args
+        return instance
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __setstate__(self, state):
+        if isinstance(state, tuple) and len(state) == 2 and all(isinstance(s, (dict, type(None))) for s in state):
+            state = {**(state[0] or {}), **(state[1] or {})}  # (__dict__, __slots__) states
+        if isinstance(state, dict):
+            self.__dict__.update(state)
+        else:
+            self.pickled_state = state
+
+    def __repr__(self):
+        return f"<PickledObject {self.pickled_global}>"
+
+
+def _placeholder_class(global_name):
+    """A PickledObject subclass standing for ``global_name`` ("module.Name")."""
+    return type(global_name.rsplit(".", 1)[-1], (PickledObject,), {"pickled_global": global_name})
 
 
 def _unreadable_checkpoint(fpath, error):
     return CheckpointError(
-        f'Unable to load checkpoint from "{fpath}": {type(error).__name__}: {error}. '
-        "The file may be truncated or corrupt (e.g. an interrupted save or copy) or not a "
-        "PyTorch checkpoint; delete it or point to another checkpoint."
+        f'Unable to load checkpoint from "{fpath}": {type(error).__name__}: {_reason(error)}. '
+        "The file may be truncated or corrupt (e.g. an interrupted save or copy), not a "
+        "PyTorch checkpoint, or it references code that is never loaded; delete it or point to "
+        "another checkpoint."
     )
+
+
+def _reason(error):
+    """The informative line of an exception's message (torch's unpickling errors run over many lines
+    and name the refused global on a later one)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    refused = [line for line in lines if "GLOBAL" in line]
+    return (refused or lines or ["no details"])[0]
 
 
 def _latest_checkpoint(fdir):
@@ -181,20 +241,52 @@ def resume_from_checkpoint(fdir, model, optimizer=None, scheduler=None):
     fpath = _latest_checkpoint(fdir)
     print(f'Loading checkpoint from "{fpath}"')
     checkpoint = load_checkpoint(fpath)
-    _load_model_state(model, checkpoint["state_dict"], fpath)
-    print("Loaded model weights")
-    if optimizer is not None and checkpoint.get("optimizer") is not None:
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        print("Loaded optimizer")
-    if scheduler is not None and checkpoint.get("scheduler") is not None:
-        scheduler.load_state_dict(checkpoint["scheduler"])
-        print("Loaded scheduler")
+    check_checkpoint_content(checkpoint, fpath)
+    restore_checkpoint(checkpoint, fpath, model, optimizer, scheduler)
     if checkpoint.get("rng_state") is not None:
         set_rng_state(checkpoint["rng_state"])
         print("Loaded random number generator states")
     start_epoch = checkpoint["epoch"]
     print(f"Previous epoch: {start_epoch}")
     return start_epoch
+
+
+def check_checkpoint_content(checkpoint, fpath):
+    """Raise CheckpointError unless ``checkpoint`` is a dict with a "state_dict" of tensors and an int "epoch"."""
+    problem = None
+    if not isinstance(checkpoint, dict):
+        problem = f"it holds a {type(checkpoint).__name__}, not a checkpoint dict"
+    elif not isinstance(checkpoint.get("state_dict"), dict):
+        problem = 'it has no "state_dict" dict'
+    elif not all(isinstance(value, torch.Tensor) for value in checkpoint["state_dict"].values()):
+        problem = 'its "state_dict" holds values that are not tensors'
+    elif not isinstance(checkpoint.get("epoch"), int):
+        problem = 'it has no integer "epoch"'
+    if problem is not None:
+        raise CheckpointError(f'Checkpoint "{fpath}" cannot be used: {problem}; delete it or point to another checkpoint.')
+
+
+def restore_checkpoint(checkpoint, fpath, model, optimizer=None, scheduler=None):
+    """Load a checkpoint's weights into ``model`` and, when both exist, its optimizer and scheduler states.
+
+    Raises:
+        CheckpointError: the weights do not match the model, or a stored optimizer or
+            scheduler state does not fit the given one (the message names ``fpath``).
+    """
+    _load_model_state(model, checkpoint["state_dict"], fpath)
+    print("Loaded model weights")
+    for what, target in (("optimizer", optimizer), ("scheduler", scheduler)):
+        if target is None or checkpoint.get(what) is None:
+            continue
+        try:
+            target.load_state_dict(checkpoint[what])
+        except (KeyError, ValueError, TypeError, AttributeError) as error:
+            raise CheckpointError(
+                f'The {what} state in checkpoint "{fpath}" does not fit the configured {what} '
+                f"({type(target).__name__}): {type(error).__name__}: {error}. Was it written with another "
+                "OPTIM configuration?"
+            ) from error
+        print(f"Loaded {what}")
 
 
 def get_rng_state():
