@@ -5,8 +5,6 @@ from vlprompt.data import splits
 from vlprompt.data.datasets import DATASET_REGISTRY, DatasetBase
 from vlprompt.data.splits import prepare_coop_splits
 
-SPLIT_FILE = "split_zhou_DescribableTextures.json"
-
 
 @DATASET_REGISTRY.register()
 class DescribableTextures(DatasetBase):
@@ -17,7 +15,10 @@ class DescribableTextures(DatasetBase):
     """
 
     dataset_dir = "dtd"
+    required_paths = ("images",)
+    split_file = "split_zhou_DescribableTextures.json"
     template = "{} texture."
+    published_sizes = (2820, 1128, 1692)
     layout = """\
 dtd/
   images/<category>/<category>_NNNN.jpg …
@@ -28,9 +29,9 @@ dtd/
     read_and_split_data = staticmethod(splits.read_and_split_data)
 
     def __init__(self, cfg):
-        self.find_dataset_dir(cfg, required=["images"], split_file=SPLIT_FILE)
+        self.find_dataset_dir(cfg)
         self.image_dir = os.path.join(self.dataset_dir, "images")
-        self.split_path = os.path.join(self.dataset_dir, SPLIT_FILE)
+        self.split_path = os.path.join(self.dataset_dir, self.split_file)
 
         train, val, test = prepare_coop_splits(
             cfg,

@@ -4,8 +4,6 @@ import os
 from vlprompt.data.datasets import DATASET_REGISTRY, DatasetBase
 from vlprompt.data.splits import prepare_coop_splits, read_and_split_data
 
-SPLIT_FILE = "split_zhou_EuroSAT.json"
-
 # Folder name -> class name used in prompts (applied when a split is built).
 NEW_CNAMES = {
     "AnnualCrop": "Annual Crop Land",
@@ -26,7 +24,10 @@ class EuroSAT(DatasetBase):
     """10 land-use classes (Sentinel-2 RGB); CoOp's 50/20/30 folder split."""
 
     dataset_dir = "eurosat"
+    required_paths = ("2750",)
+    split_file = "split_zhou_EuroSAT.json"
     template = "a centered satellite photo of {}."
+    published_sizes = (13500, 5400, 8100)
     layout = """\
 eurosat/
   2750/AnnualCrop/AnnualCrop_1.jpg …
@@ -34,9 +35,9 @@ eurosat/
   split_fewshot/"""
 
     def __init__(self, cfg):
-        self.find_dataset_dir(cfg, required=["2750"], split_file=SPLIT_FILE)
+        self.find_dataset_dir(cfg)
         self.image_dir = os.path.join(self.dataset_dir, "2750")
-        self.split_path = os.path.join(self.dataset_dir, SPLIT_FILE)
+        self.split_path = os.path.join(self.dataset_dir, self.split_file)
 
         train, val, test = prepare_coop_splits(
             cfg,

@@ -5,8 +5,6 @@ from vlprompt.data import splits
 from vlprompt.data.datasets import DATASET_REGISTRY, DatasetBase
 from vlprompt.data.splits import build_datums, prepare_coop_splits
 
-SPLIT_FILE = "split_zhou_OxfordPets.json"
-
 
 @DATASET_REGISTRY.register()
 class OxfordPets(DatasetBase):
@@ -17,11 +15,15 @@ class OxfordPets(DatasetBase):
     """
 
     dataset_dir = "oxford_pets"
+    required_paths = ("images",)
+    split_file = "split_zhou_OxfordPets.json"
+    split_sources = ("annotations/trainval.txt", "annotations/test.txt")
     template = "a photo of a {}, a type of pet."
+    published_sizes = (2944, 736, 3669)
     layout = """\
 oxford_pets/
   images/Abyssinian_1.jpg …
-  annotations/trainval.txt, test.txt (and the rest of the official annotations)
+  annotations/trainval.txt, test.txt   (only needed to build the split)
   split_zhou_OxfordPets.json
   split_fewshot/"""
 
@@ -31,15 +33,10 @@ oxford_pets/
     subsample_classes = staticmethod(splits.subsample_classes)
 
     def __init__(self, cfg):
-        self.find_dataset_dir(
-            cfg,
-            required=["images"],
-            split_file=SPLIT_FILE,
-            split_sources=["annotations/trainval.txt", "annotations/test.txt"],
-        )
+        self.find_dataset_dir(cfg)
         self.image_dir = os.path.join(self.dataset_dir, "images")
         self.anno_dir = os.path.join(self.dataset_dir, "annotations")
-        self.split_path = os.path.join(self.dataset_dir, SPLIT_FILE)
+        self.split_path = os.path.join(self.dataset_dir, self.split_file)
 
         train, val, test = prepare_coop_splits(
             cfg, self.dataset_dir, self._build_split, self.split_path, self.image_dir

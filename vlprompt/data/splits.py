@@ -10,14 +10,15 @@ objects); we read those with a restricted unpickler and write our own as
 with the dataset folder are rewritten on load.
 """
 import builtins
+import json
 import math
 import os
 import pickle
 import random
 import warnings
 
-from vlprompt.data.datasets.base_dataset import Datum, MissingImagesError, generate_fewshot_dataset
-from vlprompt.utils import listdir_nohidden, mkdir_if_missing, read_json, write_json
+from vlprompt.data.datasets.base_dataset import DATASETS_DOC, Datum, MissingImagesError, generate_fewshot_dataset
+from vlprompt.utils import atomic_write, listdir_nohidden, mkdir_if_missing, read_json, write_json
 
 SUBSAMPLE_CHOICES = ("all", "base", "new")
 FEWSHOT_DIRNAME = "split_fewshot"
@@ -28,7 +29,8 @@ def _missing_images_message(missing, total, source):
     shown = "\n".join(f"  {path}" for path in missing[:_MAX_LISTED_PATHS])
     return (
         f"{len(missing)} of {total} images listed in {source} do not exist (an incomplete download, "
-        f"or DATASET.ROOT pointing at another copy?). First {min(len(missing), _MAX_LISTED_PATHS)}:\n{shown}"
+        f"or DATASET.ROOT pointing at another copy? {DATASETS_DOC} gives each dataset's layout). "
+        f"First {min(len(missing), _MAX_LISTED_PATHS)}:\n{shown}"
     )
 
 
@@ -312,13 +314,20 @@ def read_datum_json(path):
     return data
 
 
-def write_datum_json(data, path):
-    """Atomically write {split name: [Datum, ...]} as JSON lists [impath, label, domain, classname]."""
+def write_datum_json(data, path, compact=False):
+    """Atomically write {split name: [Datum, ...]} as JSON lists [impath, label, domain, classname].
+
+    `compact` drops the indentation (for large lists such as ImageNet's).
+    """
     payload = {
         name: [[item.impath, item.label, item.domain, item.classname] for item in items]
         for name, items in data.items()
     }
-    write_json(payload, path)
+    if compact:
+        with atomic_write(path, "w") as f:
+            json.dump(payload, f, separators=(",", ":"))
+    else:
+        write_json(payload, path)
 
 
 def _relocated_path(impath, dataset_dir):
@@ -384,6 +393,25 @@ def fewshot_cache_stem(dataset_dir, num_shots, seed):
     return os.path.join(dataset_dir, FEWSHOT_DIRNAME, f"shot_{num_shots}-seed_{seed}")
 
 
+def load_datum_cache(stem, dataset_dir, announce=None):
+    """Load `<stem>.pkl` (Dassl's pickle) or else `<stem>.json` (ours), with moved paths rewritten.
+
+    The pickle is read with the restricted unpickler (`read_datum_pickle`), so only
+    Datum objects in dicts and lists load; paths that moved with the dataset folder
+    are rewritten (`relocate_datums`). `announce`, if given, is printed before the
+    file's path.
+
+    Returns:
+        (str, dict[str, list[Datum]]) | None: the file read and its lists; None if neither file exists.
+    """
+    for path, reader in ((stem + ".pkl", read_datum_pickle), (stem + ".json", read_datum_json)):
+        if os.path.isfile(path):
+            if announce:
+                print(f"{announce} {path}")
+            return path, relocate_datums(reader(path), dataset_dir, path)
+    return None
+
+
 def load_fewshot_cache(dataset_dir, num_shots, seed):
     """Load the cached few-shot lists, or return None if there is no cache.
 
@@ -393,11 +421,8 @@ def load_fewshot_cache(dataset_dir, num_shots, seed):
         dict[str, list[Datum]] | None: {"train": [...], "val": [...]} ({"train"} for ImageNet).
     """
     stem = fewshot_cache_stem(dataset_dir, num_shots, seed)
-    for path, reader in ((stem + ".pkl", read_datum_pickle), (stem + ".json", read_datum_json)):
-        if os.path.isfile(path):
-            print(f"Loading preprocessed few-shot data from {path}")
-            return relocate_datums(reader(path), dataset_dir, path)
-    return None
+    loaded = load_datum_cache(stem, dataset_dir, announce="Loading preprocessed few-shot data from")
+    return None if loaded is None else loaded[1]
 
 
 def save_fewshot_cache(dataset_dir, num_shots, seed, data):

@@ -136,31 +136,77 @@ def generate_fewshot_dataset(*data_sources, num_shots=-1, repeat=False):
     return outputs[0] if len(outputs) == 1 else outputs
 
 
-def _format_layout_error(dataset_name, root_setting, root, problem, layout):
-    """One paragraph naming the dataset, DATASET.ROOT and the problem, then the expected tree."""
-    if root_setting:
-        root_text = f'DATASET.ROOT is "{root_setting}" (resolved to {root})'
-    else:
-        root_text = f"DATASET.ROOT is empty, so the current folder {root} was searched (set --root)"
-    message = f"Dataset {dataset_name}: {problem}; {root_text}."
+DATASETS_DOC = "DATASETS.md"
+
+
+def dataset_root(cfg):
+    """DATASET.ROOT with "~" expanded, made absolute (the current folder when empty)."""
+    return os.path.abspath(os.path.expanduser(cfg.DATASET.ROOT))
+
+
+def _root_text(cfg):
+    """How DATASET.ROOT was resolved, for layout errors."""
+    if cfg.DATASET.ROOT:
+        return f'DATASET.ROOT is "{cfg.DATASET.ROOT}" (resolved to {dataset_root(cfg)})'
+    return f"DATASET.ROOT is empty, so the current folder {dataset_root(cfg)} was searched (set --root)"
+
+
+def _format_layout_error(dataset_name, problem, layout, root_text=None):
+    """One paragraph naming the dataset, the problem, DATASET.ROOT and DATASETS.md, then the expected tree."""
+    where = f"; {root_text}" if root_text else ""
+    message = (
+        f"Dataset {dataset_name}: {problem}{where}. {DATASETS_DOC} says where to get the dataset and "
+        "how to lay it out (python tools/check_datasets.py --root DATA checks a data folder)."
+    )
     if layout:
         message += f"\nExpected layout under DATASET.ROOT:\n{layout}"
     return message
 
 
+def layout_gaps(dataset_dir, required=(), split_file=None, split_sources=()):
+    """What a dataset folder lacks, as short phrases ([] when complete).
+
+    Args:
+        dataset_dir (str): the dataset folder.
+        required (sequence[str]): relative paths that must exist.
+        split_file (str | None): the split JSON; when it is missing, every path
+            in `split_sources` must exist (the split is then built from them).
+        split_sources (sequence[str]): relative paths needed to build the split.
+    """
+    missing = [p for p in required if not os.path.exists(os.path.join(dataset_dir, p))]
+    if split_file is not None and not os.path.isfile(os.path.join(dataset_dir, split_file)):
+        missing_sources = [p for p in split_sources if not os.path.exists(os.path.join(dataset_dir, p))]
+        if missing_sources:
+            missing.append(f"{split_file} (or, to build it, {', '.join(missing_sources)})")
+    return missing
+
+
 class DatasetBase:
     """A dataset: the train_x / train_u / val / test lists of Datum.
 
-    Class attributes of subclasses:
+    Class attributes of subclasses (the expected layout, read by `find_dataset_dir`
+    and by tools/check_datasets.py):
         dataset_dir (str): folder name under DATASET.ROOT (an instance attribute
             of the same name holds the absolute folder once constructed).
-        domains (list[str]): domain names (DA/DG datasets only).
+        dataset_dir_aliases (tuple[str]): other folder names, tried in order after `dataset_dir`.
+        required_paths (tuple[str]): paths relative to the dataset folder that must exist.
+        split_file (str | None): the split JSON (`split_zhou_<Name>.json`), if the dataset has one.
+        split_sources (tuple[str]): relative paths the split is built from when `split_file` is missing.
         layout (str): the expected folder tree, printed by layout errors.
+        template (str): the zero-shot prompt template, one "{}" for the class name.
+        published_sizes (tuple | None): (train, val, test) image counts of the published
+            split (val None when there is none), for installation checks.
+        domains (list[str]): domain names (DA/DG datasets only).
     """
 
     dataset_dir = ""
-    domains = []
+    dataset_dir_aliases = ()
+    required_paths = ()
+    split_file = None
+    split_sources = ()
     layout = ""
+    published_sizes = None
+    domains = []
 
     def __init__(self, train_x=None, train_u=None, val=None, test=None):
         if not train_x:
@@ -238,7 +284,21 @@ class DatasetBase:
         """See the module function `generate_fewshot_dataset`."""
         return generate_fewshot_dataset(*data_sources, num_shots=num_shots, repeat=repeat)
 
-    def find_dataset_dir(self, cfg, required=(), split_file=None, split_sources=(), folders=None):
+    @classmethod
+    def folder_names(cls):
+        """Folder names the dataset may have under DATASET.ROOT, in lookup order."""
+        return [cls.dataset_dir, *cls.dataset_dir_aliases]
+
+    @classmethod
+    def locate(cls, root, folders=None):
+        """The first of `folders` (default `folder_names()`) that is a folder under `root`, or None."""
+        for folder in folders or cls.folder_names():
+            path = os.path.join(root, folder)
+            if os.path.isdir(path):
+                return path
+        return None
+
+    def find_dataset_dir(self, cfg, required=None, split_file=None, split_sources=None, folders=None):
         """Find the dataset folder under DATASET.ROOT and check its layout.
 
         Sets the instance attribute `dataset_dir` to the absolute folder, as Dassl's
@@ -246,41 +306,43 @@ class DatasetBase:
 
         Args:
             cfg (CfgNode): reads DATASET.ROOT ("~" expanded, made absolute).
-            required (sequence[str]): paths relative to the dataset folder that must exist.
-            split_file (str | None): name of the split JSON; when it is missing, every
-                path in `split_sources` must exist (the split is built from them).
-            split_sources (sequence[str]): relative paths needed to build the split.
+            required, split_file, split_sources: override the class attributes
+                `required_paths`, `split_file`, `split_sources` (see `layout_gaps`).
             folders (sequence[str] | None): candidate folder names, tried in order;
-                default: the class attribute `dataset_dir`.
+                default: `folder_names()`.
 
         Returns:
             str: the absolute dataset folder.
 
         Raises:
             DatasetLayoutError: the folder or a required file/folder is missing; the
-                message names the dataset, DATASET.ROOT, what is missing and shows `layout`.
+                message names the dataset, DATASET.ROOT, what is missing, points to
+                DATASETS.md and shows `layout`.
         """
-        name = type(self).__name__
-        root_setting = cfg.DATASET.ROOT
-        root = os.path.abspath(os.path.expanduser(root_setting))
-        folders = list(folders) if folders else [type(self).dataset_dir]
+        cls = type(self)
+        name = cls.__name__
+        root = dataset_root(cfg)
+        folders = list(folders) if folders else cls.folder_names()
 
-        dataset_dir = next(
-            (os.path.join(root, f) for f in folders if os.path.isdir(os.path.join(root, f))), None
-        )
+        dataset_dir = cls.locate(root, folders)
         if dataset_dir is None:
             tried = " or ".join(f'"{f}"' for f in folders)
             problem = f"no folder {tried} found"
-            raise DatasetLayoutError(_format_layout_error(name, root_setting, root, problem, self.layout))
+            raise DatasetLayoutError(_format_layout_error(name, problem, self.layout, _root_text(cfg)))
 
-        missing = [p for p in required if not os.path.exists(os.path.join(dataset_dir, p))]
-        if split_file is not None and not os.path.isfile(os.path.join(dataset_dir, split_file)):
-            missing_sources = [p for p in split_sources if not os.path.exists(os.path.join(dataset_dir, p))]
-            if missing_sources:
-                missing.append(f"{split_file} (or, to build it, {', '.join(missing_sources)})")
+        missing = layout_gaps(
+            dataset_dir,
+            cls.required_paths if required is None else required,
+            cls.split_file if split_file is None else split_file,
+            cls.split_sources if split_sources is None else split_sources,
+        )
         if missing:
             problem = f"the folder {dataset_dir} lacks {'; '.join(missing)}"
-            raise DatasetLayoutError(_format_layout_error(name, root_setting, root, problem, self.layout))
+            raise DatasetLayoutError(_format_layout_error(name, problem, self.layout, _root_text(cfg)))
 
         self.dataset_dir = dataset_dir
         return dataset_dir
+
+    def layout_error(self, problem):
+        """A DatasetLayoutError for `problem` (a phrase naming the path), in `find_dataset_dir`'s form."""
+        return DatasetLayoutError(_format_layout_error(type(self).__name__, problem, self.layout))
