@@ -1,15 +1,28 @@
 """DataManager, DatasetWrapper and build_data_loader (engine.md §4.6).
 
+Speed: images are decoded and augmented in DATALOADER.NUM_WORKERS worker
+processes (never in the training process when NUM_WORKERS > 0); batches go to
+pinned memory when CUDA is used; the training loader keeps its workers alive
+between epochs (persistent workers), which matters for few-shot epochs of a few
+batches, where starting the workers would otherwise dominate.
+
 Randomness: the train loader's RandomSampler and the augmentations draw from
-torch's generators. With NUM_WORKERS = 0 that is torch's global generator; with
-workers, torch draws one base seed per epoch from the global generator and seeds
-torch, `random` and NumPy in worker i with base_seed + i. Either way, seeding
-torch (or restoring a checkpointed torch RNG state) reproduces an epoch.
+torch's generators, so seeding torch (or restoring a checkpointed torch RNG
+state) reproduces an epoch. With NUM_WORKERS = 0 everything draws from torch's
+global generator in order, exactly as Dassl does. With workers, the sampler
+also draws one 64-bit seed per epoch from the global generator, and the item at
+dataset index i is read with torch, `random` and NumPy seeded from (that seed, i),
+in whichever worker reads it: an epoch then depends only on the global generator's
+state, not on the number of workers or on what the persistent workers did before.
 """
+import random
+
+import numpy as np
 import torch
 import torchvision.transforms as T
 from tabulate import tabulate
 from torch.utils.data import Dataset as TorchDataset
+from torch.utils.data import Sampler
 
 from vlprompt.utils import read_image
 
@@ -65,14 +78,61 @@ def build_data_loader(
         n_ins=n_ins,
     )
     wrapper_cls = DatasetWrapper if dataset_wrapper is None else dataset_wrapper
+    dataset = wrapper_cls(cfg, data_source, transform=tfm, is_train=is_train)
+    num_workers = cfg.DATALOADER.NUM_WORKERS
+    extra = {}
+    if num_workers > 0:
+        dataset, sampler = SeededItems(dataset), SeededSampler(sampler)
+        # The loader's own per-iterator seed comes from a private generator, so that keeping the
+        # workers alive does not change how many numbers an epoch draws from the global one.
+        extra = {"persistent_workers": is_train, "generator": torch.Generator()}
     return torch.utils.data.DataLoader(
-        wrapper_cls(cfg, data_source, transform=tfm, is_train=is_train),
+        dataset,
         batch_size=batch_size,
         sampler=sampler,
-        num_workers=cfg.DATALOADER.NUM_WORKERS,
+        num_workers=num_workers,
         drop_last=is_train and len(data_source) >= batch_size,
         pin_memory=torch.cuda.is_available() and cfg.USE_CUDA,
+        **extra,
     )
+
+
+class SeededSampler(Sampler):
+    """Pairs each index of `sampler` with a seed derived from one draw of torch's global generator per epoch.
+
+    Yields (index, seed) with seed = (epoch seed + index) mod 2**63.
+    """
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def __len__(self):
+        return len(self.sampler)
+
+    def __iter__(self):
+        epoch_seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        for index in self.sampler:
+            yield index, (epoch_seed + index) % 2**63
+
+
+class SeededItems(TorchDataset):
+    """Reads item `index` of `dataset` with torch, `random` and NumPy seeded by the seed sent with it.
+
+    Used inside worker processes, whose generators are private to them.
+    """
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, key):
+        index, seed = key
+        torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        return self.dataset[index]
 
 
 class DataManager:
