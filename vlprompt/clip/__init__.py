@@ -8,3 +8,7 @@ from .templates import DEFAULT_TEMPLATE, IMAGENET_TEMPLATES, IMAGENET_TEMPLATES_
 from .tokenizer import PromptTooLongError, Tokenizer
 from .prompts import CLASS_TOKEN_POSITIONS, TextContext
 from .model import PromptedCLIP
+from .deep_prompts import (
+    MAX_WORD_INIT, check_context_init, check_prompt_depth, prompt_parameters, read_reference_checkpoints,
+    text_prompt_plan, tower_depths, vision_prompt_plan,
+)

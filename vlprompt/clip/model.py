@@ -41,6 +41,16 @@ class PromptedCLIP(nn.Module):
         self._eval_text_features = None
         return super().train(mode)
 
+    def encode_sentences(self, token_ids):
+        """Frozen-CLIP text features [N, E] (not normalised) of tokenized sentences [N, L].
+
+        For one-off targets (hand-crafted or template-ensemble classifiers): the plain text
+        tower runs once and, unlike ``clip.encode_text``, keeps nothing in the runner's
+        prefix cache (which would hold [N, L, D] hidden states per call).
+        """
+        text = self.clip.text
+        return text(embeddings=text.embed(token_ids), eot=text.eot_positions(token_ids)).features
+
     @property
     def logit_scale(self):
         """CLIP's temperature exp(logit_scale) (frozen; 100 for OpenAI weights)."""

@@ -11,6 +11,7 @@ Typical set-up (train.py)::
 """
 from .defaults import _C as _CFG_DEFAULT
 from .merge import ConfigError, merge_from_file, merge_from_list
+from .checks import check_choice, check_range
 
 __all__ = [
     "get_cfg_default",
@@ -20,6 +21,8 @@ __all__ = [
     "ConfigError",
     "merge_from_file",
     "merge_from_list",
+    "check_choice",
+    "check_range",
 ]
 
 # Functions fn(cfg) that add a trainer's config node, in registration order.
