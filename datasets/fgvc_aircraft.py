@@ -36,7 +36,10 @@ fgvc_aircraft/            (the data/ folder of fgvc-aircraft-2013b, renamed)
         return tuple(self.read_data(cname2lab, SPLIT_LISTS[name]) for name in ("train", "val", "test"))
 
     def read_data(self, cname2lab, list_file):
-        """Read lines "IMAGEID VARIANT NAME": image images/IMAGEID.jpg, label = line of the name in variants.txt."""
+        """Read lines "IMAGEID VARIANT NAME".
+
+        Image images/IMAGEID.jpg; label = the line of VARIANT NAME in variants.txt.
+        """
         filepath = os.path.join(self.dataset_dir, list_file)
         records = []
         with open(filepath) as f:

@@ -62,14 +62,14 @@ imagenet/
             missing = sorted(set(folders) - set(val_folders))[:5]
             extra = sorted(set(val_folders) - set(folders))[:5]
             raise self.layout_error(
-                f"{self.image_dir}/val/ must hold the same class folders as {self.image_dir}/train/ (the official val "
-                f"archive is flat: sort its images into WNID folders first); val lacks {missing or 'none'}, "
-                f"has extra {extra or 'none'}",
+                f"{self.image_dir}/val/ must hold the same class folders as {self.image_dir}/train/ (the "
+                f"official val archive is flat: sort its images into WNID folders first); val lacks "
+                f"{missing or 'none'}, has extra {extra or 'none'}",
             )
         train = read_class_folders(os.path.join(self.image_dir, "train"), classnames, classnames_file, folders)
         test = read_class_folders(os.path.join(self.image_dir, "val"), classnames, classnames_file, folders)
         try:
             write_datum_json({"train": train, "test": test}, self.preprocessed + ".json", compact=True)
         except OSError as error:
-            print(f"Could not write {self.preprocessed}.json ({error}); the folders will be listed again next time")
+            print(f"Could not write {self.preprocessed}.json ({error}); the folders are listed again next time")
         return train, None, test

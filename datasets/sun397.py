@@ -44,7 +44,10 @@ sun397/
         super().__init__(train_x=train, val=val, test=test)
 
     def _build_split(self):
-        """ClassName.txt ("/a/abbey" lines) gives the label order; Training_01 -> 80/20 train/val; Testing_01 -> test."""
+        """Label = line of the category in ClassName.txt ("/a/abbey" lines).
+
+        Training_01 is split 80 % / 20 % into train / val; Testing_01 is test.
+        """
         with open(os.path.join(self.dataset_dir, CLASS_FILE)) as f:
             categories = [line.strip()[1:] for line in f]
         cname2lab = {category: label for label, category in enumerate(categories)}

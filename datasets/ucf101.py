@@ -46,7 +46,10 @@ ucf101/
         super().__init__(train_x=train, val=val, test=test)
 
     def _build_split(self):
-        """classInd.txt ("INDEX ACTION") gives label = INDEX - 1; trainlist01 -> 80/20 train/val; testlist01 -> test."""
+        """Label = INDEX - 1 from classInd.txt ("INDEX ACTION" lines).
+
+        trainlist01 is split 80 % / 20 % into train / val; testlist01 is test.
+        """
         cname2lab = {}
         with open(os.path.join(self.dataset_dir, CLASS_INDEX)) as f:
             for line in f:

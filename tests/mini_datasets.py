@@ -16,12 +16,26 @@ from collections import namedtuple
 
 from PIL import Image
 
+from vlprompt.config import get_cfg_default
+
 PER_CLASS = {"train": 3, "val": 2, "test": 2}
 TEST_ONLY_PER_CLASS = 2
 
 Mini = namedtuple("Mini", "classnames sizes")
 
 _JPEG_CACHE = {}
+
+
+def cfg_for(root, name, shots=-1, subsample="all", seed=1):
+    """A default config reading dataset `name` under `root` (quiet)."""
+    cfg = get_cfg_default()
+    cfg.DATASET.ROOT = str(root)
+    cfg.DATASET.NAME = name
+    cfg.DATASET.NUM_SHOTS = shots
+    cfg.DATASET.SUBSAMPLE_CLASSES = subsample
+    cfg.SEED = seed
+    cfg.VERBOSE = False
+    return cfg
 
 
 def jpeg_bytes(shade):
@@ -152,7 +166,8 @@ FLOWER_NAMES = {"1": "pink primrose", "2": "hard-leaved pocket orchid", "3": "ca
 
 
 def write_oxford_flowers(root):
-    classes = [(FLOWER_NAMES[str(k)], [f"image_{7 * (k - 1) + i:05d}.jpg" for i in range(1, 8)]) for k in range(1, 6)]
+    classes = [(FLOWER_NAMES[str(k)], [f"image_{7 * (k - 1) + i:05d}.jpg" for i in range(1, 8)])
+               for k in range(1, 6)]
     mini = _split_dataset(root, "oxford_flowers", "jpg", "split_zhou_OxfordFlowers.json", classes)
     write_json(os.path.join(root, "oxford_flowers", "cat_to_name.json"), FLOWER_NAMES)
     return mini

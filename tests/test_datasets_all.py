@@ -12,8 +12,7 @@ import pytest
 import yaml
 
 import datasets  # noqa: F401  (registers the dataset classes)
-from mini_datasets import WRITERS
-from vlprompt.config import get_cfg_default
+from mini_datasets import WRITERS, cfg_for
 from vlprompt.data.datasets import DATASET_REGISTRY, build_dataset
 from vlprompt.data.datasets.base_dataset import generate_fewshot_dataset
 
@@ -38,17 +37,6 @@ TEMPLATES = {
     "ImageNetR": "a photo of a {}.",
 }
 TEST_ONLY = {"ImageNetV2", "ImageNetSketch", "ImageNetA", "ImageNetR"}
-
-
-def cfg_for(root, name, shots=-1, subsample="all", seed=1):
-    cfg = get_cfg_default()
-    cfg.DATASET.ROOT = str(root)
-    cfg.DATASET.NAME = name
-    cfg.DATASET.NUM_SHOTS = shots
-    cfg.DATASET.SUBSAMPLE_CLASSES = subsample
-    cfg.SEED = seed
-    cfg.VERBOSE = False
-    return cfg
 
 
 def _sizes(dataset):

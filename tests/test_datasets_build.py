@@ -1,4 +1,4 @@
-"""Per-dataset rules: splits built from raw annotations, name rules, caches and layout errors (datasets.md §3–4)."""
+"""Per-dataset rules: splits built from raw annotations, name rules, caches, layout errors (datasets.md §3–4)."""
 import json
 import os
 import pickle
@@ -16,6 +16,7 @@ from datasets.sun397 import scene_name
 from datasets.ucf101 import renamed_action
 from mini_datasets import (
     IMAGENET_CLASSES,
+    cfg_for,
     write_caltech101,
     write_classnames,
     write_image,
@@ -25,7 +26,6 @@ from mini_datasets import (
     write_imagenetv2,
     write_text,
 )
-from test_datasets_all import cfg_for
 from vlprompt.data.datasets import DatasetLayoutError, Datum, build_dataset
 from vlprompt.data.splits import read_split
 
@@ -97,7 +97,8 @@ def test_stanford_cars_builds_split_from_mat_files(tmp_path, capsys):
     assert "Splitting trainval into 80% train and 20% val" in capsys.readouterr().out
     assert dataset.classnames == ["2000 AM General Hummer SUV", "2012 Acura RL Sedan", "1994 Audi V8 Sedan"]
     assert (len(dataset.train_x), len(dataset.val), len(dataset.test)) == (12, 3, 6)
-    assert [(d.label, os.path.basename(d.impath)) for d in dataset.test[:2]] == [(1, "00001.jpg"), (2, "00002.jpg")]
+    first_two = [(d.label, os.path.basename(d.impath)) for d in dataset.test[:2]]
+    assert first_two == [(1, "00001.jpg"), (2, "00002.jpg")]
     stored = _split_json(base / "split_zhou_StanfordCars.json")
     assert stored["test"][0] == ["cars_test/00001.jpg", 1, "2012 Acura RL Sedan"]
     assert all(e[0].startswith("cars_train/") for e in stored["train"] + stored["val"])
@@ -241,17 +242,17 @@ def test_imagenet_lists_folders_once_then_reads_its_cache(tmp_path):
 def dassl_datum(monkeypatch):
     """A class that pickles as dassl.data.datasets.base_dataset.Datum (Dassl's instance attributes)."""
 
-    class Datum:  # noqa: F811  (the name pickle records)
+    class DasslDatum:
         def __init__(self, impath, label, classname):
             self._impath, self._label, self._domain, self._classname = impath, label, 0, classname
 
-    Datum.__module__ = "dassl.data.datasets.base_dataset"
-    Datum.__qualname__ = "Datum"
+    DasslDatum.__module__ = "dassl.data.datasets.base_dataset"
+    DasslDatum.__qualname__ = DasslDatum.__name__ = "Datum"
     names = ["dassl", "dassl.data", "dassl.data.datasets", "dassl.data.datasets.base_dataset"]
     for name in names:
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    sys.modules["dassl.data.datasets.base_dataset"].Datum = Datum
-    return Datum
+    sys.modules["dassl.data.datasets.base_dataset"].Datum = DasslDatum
+    return DasslDatum
 
 
 def _dassl_pickle(path, payload):
@@ -336,3 +337,24 @@ def test_imagenet_r_missing_everywhere_names_both_folders(tmp_path):
     with pytest.raises(DatasetLayoutError, match=r"class folder\(s\) of .*imagenet-r have no line in "
                                                  r".*classnames.txt \(first: n01491361\)"):
         build_dataset(cfg_for(tmp_path, "ImageNetR"))
+
+
+# ---------------------------------------------------------------- errors at train time
+
+@pytest.mark.parametrize("moved, named", [
+    ("caltech-101", 'no folder "caltech-101" found'),  # dataset missing
+    ("caltech-101/101_ObjectCategories/Leopards", "101_ObjectCategories/Leopards/image_0001.jpg"),  # partial
+])
+def test_train_py_names_the_missing_path_and_datasets_md(tmp_path, tiny_clip_files, capsys, moved, named):
+    import train
+
+    write_caltech101(str(tmp_path))
+    os.rename(tmp_path / moved, tmp_path / "elsewhere")
+    config, weights = tiny_clip_files
+    argv = ["--root", str(tmp_path), "--trainer", "ZeroshotCLIP", "--dataset-config-file",
+            "configs/datasets/caltech101.yaml", "--config-file", "configs/trainers/CoOp/toy.yaml",
+            "--output-dir", str(tmp_path / "out"), "--eval-only",
+            "MODEL.BACKBONE.NAME", config, "MODEL.BACKBONE.WEIGHTS", weights]
+    assert train.run(argv) == 2
+    err = capsys.readouterr().err
+    assert named in err and "DATASETS.md" in err and "Traceback" not in err
