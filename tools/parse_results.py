@@ -7,6 +7,14 @@ Usage::
                                   [--multi-exp] [--full-precision] [--json OUT.json]
     python tools/parse_results.py output/base2new          # Base / Novel / HM tables
     python tools/parse_results.py --base DIR --new DIR      # the same for an explicit pair
+    python tools/parse_results.py output --protocol base2new [--format markdown|latex|csv]
+                                  [--trainers ZeroshotCLIP,CoOp,DeAR] [--published] [--seeds 1 2 3]
+    python tools/parse_results.py output --protocol fewshot cross_dataset dg
+
+``--protocol`` prints the paper tables of the protocol runner's output root
+(``tools/run_protocol.py``, layout in ``vlprompt/protocols/layout.py``): methods side by
+side, mean ± std over seeds, missing seeds flagged, optionally the published numbers
+(``configs/published/*.yaml``) with our difference; see ``vlprompt/protocols/tables.py``.
 
 A *run folder* is a folder that directly holds ``log.txt``, timestamped logs of later
 runs (``log.txt-YYYY-MM-DD-HH-MM-SS``) or a ``results.json``. Run folders named
@@ -25,7 +33,8 @@ the Average row is the HM of the mean Base and the mean Novel over datasets.
 
 The module imports neither torch nor numpy so that it starts fast and can be reused
 (``parse_log``, ``find_runs``, ``read_run``, ``aggregate``, ``harmonic_mean``,
-``collect_experiments``, ``collect_base2new``) by the protocol runner.
+``collect_experiments``, ``collect_base2new``, ``collect_measurements``, ``protocol_tables``),
+e.g. by ``tools/plot_results.py``.
 """
 from __future__ import annotations
 
@@ -41,6 +50,20 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from tabulate import tabulate
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from vlprompt.protocols.benchmark import PROTOCOLS, BenchmarkError, load_benchmark  # noqa: E402
+from vlprompt.protocols.layout import BASE2NEW_DIR, parse_run_path  # noqa: E402
+from vlprompt.protocols.published import (  # noqa: E402
+    PUBLISHED_PROTOCOLS, PublishedError, load_published, published_path,
+)
+from vlprompt.protocols.tables import (  # noqa: E402
+    BASE, BASE_RELEASED, FORMATS, NOVEL, Measurements, Table, base2new_table, fewshot_table,
+    harmonic_mean, mean_std, render, transfer_table,
+)
 
 TRAIN_END_SIGNALS: Tuple[str, ...] = ("Finish training", "Finished training")
 TEST_END_SIGNALS: Tuple[str, ...] = ("=> result",)
@@ -378,15 +401,8 @@ def aggregate(values: Sequence[float], ci95: bool = False) -> Tuple[float, float
     """
     if not values:
         raise ValueError("aggregate() needs at least one value, got an empty sequence.")
-    n = len(values)
-    mean = sum(values) / n
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / n)
-    return mean, (CI95_Z * std / math.sqrt(n) if ci95 else std)
-
-
-def harmonic_mean(base: float, novel: float) -> float:
-    """Harmonic mean 2·B·N/(B+N) of two accuracies (0 when both are 0)."""
-    return 0.0 if base + novel == 0 else 2.0 * base * novel / (base + novel)
+    mean, std = mean_std(values)
+    return mean, (CI95_Z * std / math.sqrt(len(values)) if ci95 else std)
 
 
 # ---------------------------------------------------------------------- experiments
@@ -523,6 +539,120 @@ def _sorted_values(values: Dict[str, float]) -> Dict[str, float]:
     return dict(sorted(values.items(), key=lambda kv: _label_sort_key(kv[0])))
 
 
+# ------------------------------------------------------------------------ protocols
+
+_EVALUATION_KINDS = ("test_base", "test_new", "evaluation")
+_B2N_COLUMNS = {"train_base": BASE, "test_base": BASE_RELEASED, "test_new": NOVEL}
+TRANSFER_TITLES = {"cross_dataset": "Cross-dataset transfer (train on the source, test on the targets)",
+                   "dg": "Domain generalization (train on the source, test on its variants)"}
+
+
+@dataclass
+class ProtocolResults:
+    """The per-seed values of one protocol under a directory.
+
+    Attributes:
+        protocol: base2new, fewshot, cross_dataset or dg.
+        directory: the parsed folder.
+        measurements: (trainer, cfg, dataset, column) -> seed -> value of completed runs.
+        runs: RunResult of every run folder of the protocol (complete or not).
+    """
+
+    protocol: str
+    directory: Path
+    measurements: Measurements
+    runs: List[RunResult]
+
+    @property
+    def incomplete(self) -> List[RunResult]:
+        return [r for r in self.runs if r.value is None]
+
+
+@dataclass(frozen=True)
+class ProtocolScope:
+    """Which runs of a protocol to read.
+
+    Attributes:
+        datasets: base2new/fewshot: only these datasets (None: all); cross_dataset/dg: the
+            target datasets (required).
+        shots: only these shot counts (None: all).
+        source: the training dataset of cross_dataset/dg.
+        order: preferred row order of base2new/fewshot datasets.
+    """
+
+    datasets: Optional[Tuple[str, ...]] = None
+    shots: Optional[Tuple[int, ...]] = None
+    source: Optional[str] = None
+    order: Tuple[str, ...] = ()
+
+
+def _protocol_cell(protocol: str, key, scope: ProtocolScope) -> Optional[Tuple[str, str]]:
+    """(dataset, column) under which the run ``key`` counts for ``protocol``, or None."""
+    if scope.shots is not None and key.shots not in scope.shots:
+        return None
+    if protocol in TRANSFER_TITLES:
+        if key.kind == "train" and key.dataset == scope.source:
+            return key.dataset, ""
+        if key.kind == "evaluation" and key.dataset in scope.datasets:
+            return key.dataset, ""
+        return None
+    if scope.datasets is not None and key.dataset not in scope.datasets:
+        return None
+    if protocol == "base2new":
+        column = _B2N_COLUMNS.get(key.kind)
+        return None if column is None else (key.dataset, column)
+    return (key.dataset, str(key.shots)) if key.kind == "train" else None
+
+
+def collect_measurements(directory, protocol: str, scope: ProtocolScope = ProtocolScope(),
+                         seeds: Optional[Sequence[str]] = None, keyword: str = "accuracy",
+                         full_precision: bool = False) -> ProtocolResults:
+    """Read the run folders of ``protocol`` under ``directory`` (the runner's output root,
+    or its ``base2new`` folder); ``seeds``, when given, skips runs of other seeds.
+
+    Raises:
+        ResultsDirectoryError: ``directory`` is missing.
+        ValueError: cross_dataset/dg without ``scope.source`` and ``scope.datasets``.
+    """
+    if protocol in TRANSFER_TITLES and (not scope.source or not scope.datasets):
+        raise ValueError(f"collect_measurements({protocol!r}) needs scope.source and scope.datasets")
+    root = require_directory(directory)
+    prefix = (BASE2NEW_DIR,) if root.name == BASE2NEW_DIR or is_base2new_dir(root) else ()
+    measurements, runs = Measurements(), []
+    for run in find_runs(root):
+        key = parse_run_path(prefix + run.path.relative_to(root).parts)
+        if key is None or (seeds is not None and key.seed not in seeds):
+            continue
+        cell = _protocol_cell(protocol, key, scope)
+        if cell is None:
+            continue
+        signals = TEST_END_SIGNALS if key.kind in _EVALUATION_KINDS else TRAIN_END_SIGNALS
+        result = read_run(run, keyword, signals, full_precision)
+        runs.append(result)
+        if result.value is not None:
+            measurements.add(key.trainer, key.cfg, cell[0], cell[1], key.seed, result.value)
+    return ProtocolResults(protocol, root, measurements, runs)
+
+
+def protocol_table(results: ProtocolResults, seeds: Sequence[str], scope: ProtocolScope = ProtocolScope(),
+                   select: Optional[Sequence[str]] = None, published=None) -> Table:
+    """The paper table of ``results`` (conventions in vlprompt/protocols/tables.py).
+
+    Args:
+        seeds: the expected seeds (cells with fewer are flagged).
+        scope: row order (base2new/fewshot), source and targets (cross_dataset/dg).
+        select: TRAINER or TRAINER:CFG entries picking and ordering the methods.
+        published: method -> Published (base2new, cross_dataset, dg).
+    """
+    meas = results.measurements
+    if results.protocol == "base2new":
+        return base2new_table(meas, seeds, scope.order, select, published)
+    if results.protocol == "fewshot":
+        return fewshot_table(meas, seeds, scope.order, select)
+    return transfer_table(meas, seeds, scope.source, scope.datasets,
+                          TRANSFER_TITLES[results.protocol], select, published)
+
+
 # ------------------------------------------------------------------------ rendering
 
 
@@ -637,6 +767,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--full-precision", action="store_true",
                         help="use results.json values unrounded (default: one decimal, as logged)")
     parser.add_argument("--json", metavar="OUT.json", help="also write the results as JSON")
+    tables = parser.add_argument_group(
+        "paper tables (--protocol; DIRECTORY is the output root of tools/run_protocol.py)")
+    tables.add_argument("--protocol", nargs="+", choices=PROTOCOLS, metavar="NAME",
+                        help=f"print the tables of these protocols ({', '.join(PROTOCOLS)})")
+    tables.add_argument("--format", choices=FORMATS, default="terminal",
+                        help="terminal (default), markdown, latex (booktabs) or csv (one line per cell)")
+    tables.add_argument("--trainers", nargs="+", metavar="TRAINER[:CFG]",
+                        help="methods to show, in this order (comma- or space-separated)")
+    tables.add_argument("--benchmark", default="paper",
+                        help="benchmark giving dataset order, sources and targets (default: paper)")
+    tables.add_argument("--datasets", nargs="+",
+                        help="only these datasets (cross_dataset/dg: the targets)")
+    tables.add_argument("--source", help="source dataset of cross_dataset/dg")
+    tables.add_argument("--shots", nargs="+", type=int, help="only these shot counts")
+    tables.add_argument("--seeds", nargs="+",
+                        help="expected seeds (default: every seed found); cells lacking one are flagged")
+    tables.add_argument("--published", nargs="?", const="", metavar="FILE",
+                        help="add the published numbers (default file: configs/published/PROTOCOL.yaml) "
+                             "and our difference")
+    tables.add_argument("--decimals", type=int, default=2, help="decimals shown (default 2)")
+    tables.add_argument("--output", metavar="FILE", help="write the tables to FILE instead of stdout")
     return parser
 
 
@@ -709,6 +860,61 @@ def _base2new_dirs(args) -> Optional[Tuple[Path, Path, Tuple[str, ...]]]:
     return base_dir, new_dir, (TEST_END_SIGNALS if eval_only_base else TRAIN_END_SIGNALS)
 
 
+def _split_commas(values: Optional[Sequence[str]]) -> List[str]:
+    return [item for value in values or () for item in str(value).split(",") if item]
+
+
+def _protocol_scope(args, protocol: str, benchmark) -> ProtocolScope:
+    """The benchmark's definition of ``protocol`` with the command line's overrides."""
+    defined = benchmark.protocols.get(protocol)
+    datasets = tuple(_split_commas(args.datasets)) or None
+    shots = tuple(args.shots) if args.shots else None
+    order = defined.datasets if defined else ()
+    if protocol not in TRANSFER_TITLES:
+        return ProtocolScope(datasets, shots, order=datasets or order)
+    source = args.source or (defined.source if defined else None)
+    targets = datasets or (defined.datasets if defined else None)
+    if not source or not targets:
+        raise BenchmarkError(f"Benchmark '{benchmark.name}' does not define {protocol}; give "
+                             "--source and --datasets (the targets).")
+    return ProtocolScope(targets, shots or (defined.shots if defined else None), source)
+
+
+def _run_protocols(args) -> int:
+    benchmark = load_benchmark(args.benchmark, REPO / "configs")
+    select = _split_commas(args.trainers) or None
+    tables, incomplete = [], []
+    for protocol in args.protocol:
+        scope = _protocol_scope(args, protocol, benchmark)
+        results = collect_measurements(args.directory, protocol, scope, args.seeds, args.keyword,
+                                       args.full_precision)
+        _print_notes(results.runs)
+        incomplete += results.incomplete
+        if not results.measurements.values:
+            print(f"warning: no completed {protocol} run under {results.directory}", file=sys.stderr)
+            continue
+        published = None
+        if args.published is not None and protocol in PUBLISHED_PROTOCOLS:
+            path = args.published or published_path(protocol, REPO / "configs")
+            published = load_published(path, protocol)
+        seeds = list(args.seeds) if args.seeds else results.measurements.seeds()
+        tables.append(protocol_table(results, seeds, scope, select, published))
+    if incomplete:
+        print(format_incomplete(incomplete), file=sys.stderr)
+    if not tables:
+        raise NoResultsError(f"No completed run of {', '.join(args.protocol)} under "
+                             f"'{args.directory}' (see the layout in vlprompt/protocols/layout.py).")
+    text = render(tables, args.format, args.decimals)
+    if args.output:
+        out = Path(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n", encoding="utf-8")
+        print(f"Wrote {len(tables)} table(s) to {out}")
+    else:
+        print(text)
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Command-line entry point; returns the exit status (0 ok, 1 nothing found, 2 bad input)."""
     parser = build_parser()
@@ -720,14 +926,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error("give DIRECTORY, or --base DIR --new DIR for a base-to-novel pair.")
     if args.base is not None and args.directory is not None:
         parser.error("give either DIRECTORY or --base/--new, not both.")
+    if args.protocol and args.directory is None:
+        parser.error("--protocol needs DIRECTORY (the output root of tools/run_protocol.py).")
     try:
         if args.directory is not None:
             require_directory(args.directory)
+        if args.protocol:
+            return _run_protocols(args)
         b2n = _base2new_dirs(args)
         if b2n is not None:
             return _run_base2new(args, *b2n)
         return _run_experiments(args, TEST_END_SIGNALS if args.test_log else TRAIN_END_SIGNALS)
     except ResultsDirectoryError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (BenchmarkError, PublishedError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except NoResultsError as exc:

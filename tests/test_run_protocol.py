@@ -1,0 +1,382 @@
+"""tools/run_protocol.py and vlprompt.protocols: grid expansion, skipping, failures, backends.
+
+The end-to-end grid is ZeroshotCLIP + CoOp x OxfordPets + DTD (toy trees, tiny random CLIP,
+one epoch) x seeds 1, 2 of the base-to-novel protocol, run in-process to keep it fast.
+"""
+import json
+
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from vlprompt.config import ConfigError
+from vlprompt.protocols import BenchmarkError, GridSpec, Method, build_grid, load_benchmark
+from vlprompt.protocols.benchmark import ProtocolDatasets
+from vlprompt.protocols.execute import (
+    BLOCKED, FAILED, OK, SKIPPED, Launcher, execute_chain, is_completed, run_queue, summarize,
+)
+from vlprompt.protocols.grid import Chain, Run, resolve_method
+from vlprompt.protocols.layout import parse_run_path
+from vlprompt.testing import write_oxford_pets_tree, write_tiny_clip
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import run_protocol  # noqa: E402
+
+CONFIGS = ROOT / "configs"
+DTD_TOY_CLASSES = ("banded", "dotted", "striped", "zigzagged")
+
+
+def write_dtd_tree(root, per_class=10):
+    """A miniature DTD folder (images/<category>/<category>_NNNN.jpg); the split is built on use."""
+    for label, category in enumerate(DTD_TOY_CLASSES):
+        folder = Path(root, "dtd", "images", category)
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            shade = (40 + 50 * label + 3 * i) % 256
+            Image.new("RGB", (40, 40), (shade, 255 - shade, (shade * 7) % 256)).save(
+                folder / f"{category}_{i:04d}.jpg")
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    base = tmp_path_factory.mktemp("protocol")
+    config, weights = write_tiny_clip(str(base), name="tiny-clip-protocol")
+    write_oxford_pets_tree(str(base / "data"), train=6, val=2, test=4)
+    write_dtd_tree(base / "data")
+    return base, config, weights
+
+
+def toy_argv(toy, output, *extra, trainers=("ZeroshotCLIP:configs/trainers/CoOp/toy.yaml", "CoOp:toy"),
+             datasets="oxford_pets,dtd", seeds=("1", "2")):
+    base, config, weights = toy
+    return ["--protocol", "base2new", "--trainers", *trainers, "--datasets", datasets,
+            "--seeds", *seeds, "--root", str(base / "data"), "--output", str(output),
+            "--opts", "MODEL.BACKBONE.NAME", config, "MODEL.BACKBONE.WEIGHTS", weights,
+            "OPTIM.MAX_EPOCH", "1", *extra]
+
+
+def results_mtimes(output):
+    return {p.parent.relative_to(output).as_posix(): p.stat().st_mtime_ns
+            for p in Path(output).rglob("results.json")}
+
+
+def progress_labels(out):
+    """Run labels of the progress lines '[k/N] status seconds label'."""
+    return [line.split()[-1] for line in out.splitlines() if line.startswith("[")]
+
+
+# ------------------------------------------------------------------- end to end
+
+
+def test_base2new_grid_skips_completed_reruns_deleted_and_reports_failures(toy, tmp_path, capsys):
+    output = tmp_path / "out"
+    b2n = output / "base2new"
+    broken = b2n / "train_base/dtd/shots_16/CoOp/toy/seed2"
+    (broken / "prompt_learner").mkdir(parents=True)
+    (broken / "prompt_learner" / "model.pth.tar-1").write_text("not a checkpoint")  # resume fails
+
+    assert run_protocol.main(toy_argv(toy, output, "--in-process")) == 1
+    out = capsys.readouterr().out
+    assert "16 runs in 8 chains; 0 completed already, 16 to run in 8 chains" in out
+    assert len(progress_labels(out)) == 16 and "[16/16]" in out
+    assert "Finished: 14 ok, 1 failed, 1 blocked (their training run failed), 0 already completed." in out
+    failed_line = next(line for line in out.splitlines() if line.startswith("  FAILED"))
+    assert failed_line.split()[-1] == "base2new/train_base/dtd/shots_16/CoOp/toy/seed2"
+    assert "not run: " + str(broken) + " did not complete" in out
+    console = (broken / "console.txt").read_text()
+    assert console.count("==== exit status ") == 1 and "==== exit status 0" not in console
+    completed = results_mtimes(output)
+    assert len(completed) == 14
+    zs = json.loads((b2n / "test_new/oxford_pets/shots_16/ZeroshotCLIP/toy/seed1/results.json").read_text())
+    assert zs["eval_only"] and zs["model_dir"] == "" and zs["subsample_classes"] == "new"
+    coop_new = json.loads((b2n / "test_new/dtd/shots_16/CoOp/toy/seed1/results.json").read_text())
+    assert coop_new["load_epoch"] == 1 and coop_new["epoch"] == 1 and coop_new["num_classes"] == 2
+    assert coop_new["model_dir"] == str(b2n / "train_base/dtd/shots_16/CoOp/toy/seed1")
+
+    # the cause is fixed: exactly the failed chain runs, resuming in place
+    shutil.rmtree(broken / "prompt_learner")
+    assert run_protocol.main(toy_argv(toy, output, "--in-process")) == 0
+    out = capsys.readouterr().out
+    assert progress_labels(out) == ["base2new/train_base/dtd/shots_16/CoOp/toy/seed2",
+                                    "base2new/test_new/dtd/shots_16/CoOp/toy/seed2"]
+    assert {k: v for k, v in results_mtimes(output).items() if k in completed} == completed
+
+    # the same command again runs nothing
+    before = results_mtimes(output)
+    assert run_protocol.main(toy_argv(toy, output, "--in-process")) == 0
+    assert "Nothing to run: all 16 runs of the grid are completed." in capsys.readouterr().out
+    assert results_mtimes(output) == before
+
+    # deleting one results file re-runs exactly that run
+    deleted = "base2new/test_new/oxford_pets/shots_16/CoOp/toy/seed1"
+    (output / deleted / "results.json").unlink()
+    assert run_protocol.main(toy_argv(toy, output, "--in-process")) == 0
+    out = capsys.readouterr().out
+    assert progress_labels(out) == [deleted]
+    assert "Finished: 1 ok, 0 failed, 0 blocked" in out
+    after = results_mtimes(output)
+    assert {k for k in after if after[k] != before.get(k)} == {deleted}
+
+    # the results tool reads the grid back: both trainers side by side
+    import parse_results
+
+    assert parse_results.main([str(output), "--protocol", "base2new"]) == 0
+    table = capsys.readouterr().out
+    assert "ZeroshotCLIP" in table and "CoOp" in table and "Average" in table
+
+
+FAKE_TRAIN = (
+    "import json, os, sys\n"
+    "out = sys.argv[sys.argv.index('--output-dir') + 1]\n"
+    "os.makedirs(out, exist_ok=True)\n"
+    "record = {'completed': True, 'argv': sys.argv[1:], 'pid': os.getpid(),\n"
+    "          'executor': os.environ.get('SUBMITIT_EXECUTOR'),\n"
+    "          'device': os.environ.get('CUDA_VISIBLE_DEVICES')}\n"
+    "print('training on', record['device'])\n"
+    "if out.endswith('bad'):\n"
+    "    sys.exit('Error: broken on purpose')\n"
+    "json.dump(record, open(os.path.join(out, 'results.json'), 'w'))\n")
+
+
+def test_slurm_backend_submits_a_job_array_through_submitit_local(toy, tmp_path, capsys, monkeypatch):
+    """The CLI's Slurm path with submitit's local executor; the jobs run a stand-in for
+    train.py (the real one is exercised by the sequential grid above)."""
+    pytest.importorskip("submitit")
+    fake_train = tmp_path / "fake_train.py"
+    fake_train.write_text(FAKE_TRAIN)
+    monkeypatch.setattr(run_protocol, "TRAIN_SCRIPT", fake_train)
+    output = tmp_path / "out"
+    argv = toy_argv(toy, output, "--backend", "slurm", "--slurm-cluster", "local", "--slurm-gpus", "0",
+                    "--slurm-cpus", "1", "--wait", "--poll-seconds", "0.2", datasets="oxford_pets")
+    assert run_protocol.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "Submitted 4 jobs" in out
+    assert "Finished: 8 ok, 0 failed, 0 blocked" in out
+    records = {path.parent.relative_to(output).as_posix(): json.loads(path.read_text())
+               for path in output.rglob("results.json")}
+    assert len(records) == 8 and {r["executor"] for r in records.values()} == {"local"}
+    train = records["base2new/train_base/oxford_pets/shots_16/CoOp/toy/seed2"]
+    test = records["base2new/test_new/oxford_pets/shots_16/CoOp/toy/seed2"]
+    assert train["pid"] != test["pid"] and "--load-epoch" in test["argv"]
+    assert len(list((output / ".submitit").glob("*/*_result.pkl"))) == 4
+    assert run_protocol.main(argv) == 0
+    assert "Nothing to run" in capsys.readouterr().out
+
+
+# -------------------------------------------------------------------- the queue
+
+
+def fake_chain(tmp_path, name, n_runs=2):
+    runs, previous = [], None
+    for i in range(n_runs):
+        output_dir = str(tmp_path / name / f"run{i}")
+        runs.append(Run(output_dir, (name, str(i)), previous, f"{name}/run{i}"))
+        previous = output_dir
+    return Chain(tuple(runs))
+
+
+class FakeLauncher:
+    """Records (device, run label, start, end); 'fails' the runs whose label is in ``fail``."""
+
+    def __init__(self, fail=()):
+        self.fail = set(fail)
+        self.calls = []
+        self.lock = threading.Lock()
+
+    def __call__(self, run, env, console):
+        start = time.monotonic()
+        time.sleep(0.02)
+        if run.label not in self.fail:
+            Path(run.output_dir, "results.json").write_text('{"completed": true}')
+        with self.lock:
+            self.calls.append((env["CUDA_VISIBLE_DEVICES"], run.label, start, time.monotonic()))
+        return 1 if run.label in self.fail else 0
+
+
+def test_queue_gives_each_device_one_chain_at_a_time_and_keeps_chain_order(tmp_path):
+    chains = [fake_chain(tmp_path, f"c{i}") for i in range(7)]
+    launcher = FakeLauncher(fail={"c3/run0"})
+    outcomes = run_queue(chains, launcher, ["0", "1", "2"])
+    assert len(launcher.calls) == 13  # c3/run1 is blocked
+    by_label = {o.run.label: o for o in outcomes}
+    assert by_label["c3/run0"].status == FAILED and by_label["c3/run1"].status == BLOCKED
+    assert sum(o.status == OK for o in outcomes) == 12
+    assert {device for device, *_ in launcher.calls} == {"0", "1", "2"}
+    for device in ("0", "1", "2"):
+        spans = sorted((s, e) for d, _, s, e in launcher.calls if d == device)
+        assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:]))
+    for chain in chains:
+        calls = [c for c in launcher.calls if c[1].startswith(chain.runs[0].label.split("/")[0] + "/")]
+        assert [c[1] for c in sorted(calls, key=lambda c: c[2])] == [r.label for r in chain.runs][:len(calls)]
+        assert len({c[0] for c in calls}) == 1  # a chain stays on its device
+
+
+def test_queue_slots_share_a_device_and_finished_work_is_skipped(tmp_path):
+    chains = [fake_chain(tmp_path, f"c{i}", n_runs=1) for i in range(4)]
+    Path(chains[0].head).mkdir(parents=True)
+    Path(chains[0].head, "results.json").write_text('{"completed": true}')
+    launcher = FakeLauncher()
+    outcomes = run_queue(chains, launcher, ["7", "7"])
+    assert sorted(o.status for o in outcomes) == [OK, OK, OK, SKIPPED]
+    spans = sorted((s, e) for _, _, s, e in launcher.calls)
+    assert any(end > next_start for (_, end), (next_start, _) in zip(spans, spans[1:]))  # 2 at once
+
+
+def test_subprocess_launcher_sets_the_device_of_each_run(tmp_path, capsys):
+    script = tmp_path / "fake_train.py"
+    script.write_text(FAKE_TRAIN)
+    chains = [Chain((Run(str(tmp_path / name), ("--output-dir", str(tmp_path / name)), None, name),))
+              for name in ("a", "b", "bad")]
+    outcomes = run_queue(chains, Launcher(str(script)), ["3", "5"])
+    status = {o.run.label: o for o in outcomes}
+    devices = {json.loads((tmp_path / n / "results.json").read_text())["device"] for n in "ab"}
+    assert devices <= {"3", "5"} and status["a"].status == status["b"].status == OK
+    assert status["bad"].status == FAILED
+    assert status["bad"].detail.startswith("exit status 1: Error: broken on purpose (see ")
+    assert "training on" in (tmp_path / "bad" / "console.txt").read_text()
+    assert summarize(outcomes) == 1
+    assert "FAILED  bad" in capsys.readouterr().out
+
+
+def test_partial_results_file_is_not_completed(tmp_path):
+    assert not is_completed(tmp_path)
+    (tmp_path / "results.json").write_text('{"completed": false, "metrics": {}}')
+    assert not is_completed(tmp_path)
+    (tmp_path / "results.json").write_text('{"completed": tr')
+    assert not is_completed(tmp_path)
+    (tmp_path / "results.json").write_text('{"completed": true}')
+    assert is_completed(tmp_path)
+    run = Run(str(tmp_path), (), None, "x")
+    assert [o.status for o in execute_chain(Chain((run,)), FakeLauncher())] == [SKIPPED]
+
+
+# ------------------------------------------------------------------------- grid
+
+
+def grid(protocols, methods, output="out", seeds=(1,), **kwargs):
+    spec = GridSpec(data_root="DATA", output_root=output, methods=methods, seeds=seeds,
+                    configs_dir=str(CONFIGS), **kwargs)
+    return build_grid(spec, protocols)
+
+
+COOP = Method("CoOp", "configs/trainers/CoOp/toy.yaml", "toy")
+ZS = Method("ZeroshotCLIP", "configs/trainers/CoOp/toy.yaml", "toy", learns=False)
+
+
+def test_base2new_phases_and_load_epoch_from_the_merged_config():
+    import trainers  # noqa: F401  (config nodes)
+
+    chains = grid({"base2new": ProtocolDatasets(("dtd",), (16,))}, [COOP, ZS],
+                  train_opts=["OPTIM.MAX_EPOCH", "7"], test_opts=["TEST.SPLIT", "test"])
+    (train, test), (zs_base, zs_new) = [c.runs for c in chains]
+    assert train.output_dir == "out/base2new/train_base/dtd/shots_16/CoOp/toy/seed1"
+    assert train.argv == (
+        "--root", "DATA", "--seed", "1", "--trainer", "CoOp",
+        "--dataset-config-file", "configs/datasets/dtd.yaml", "--config-file",
+        "configs/trainers/CoOp/toy.yaml", "--output-dir", train.output_dir,
+        "DATASET.NUM_SHOTS", "16", "DATASET.SUBSAMPLE_CLASSES", "base", "OPTIM.MAX_EPOCH", "7")
+    assert test.argv[10:] == (
+        "--output-dir", "out/base2new/test_new/dtd/shots_16/CoOp/toy/seed1", "--eval-only",
+        "--model-dir", train.output_dir, "--load-epoch", "7",
+        "DATASET.NUM_SHOTS", "16", "DATASET.SUBSAMPLE_CLASSES", "new", "TEST.SPLIT", "test")
+    assert test.requires == train.output_dir and test.label == "base2new/test_new/dtd/shots_16/CoOp/toy/seed1"
+    assert zs_base.argv[12:] == ("--eval-only", "DATASET.NUM_SHOTS", "16",
+                                 "DATASET.SUBSAMPLE_CLASSES", "base", "TEST.SPLIT", "test")
+    assert zs_new.requires is None and "--model-dir" not in zs_new.argv
+    assert parse_run_path(Path(test.label).parts).kind == "test_new"
+    # without overrides --load-epoch is toy.yaml's MAX_EPOCH (3)
+    (_, default), = [c.runs for c in grid({"base2new": ProtocolDatasets(("dtd",), (16,))}, [COOP])]
+    assert default.argv[default.argv.index("--load-epoch") + 1] == "3"
+
+
+def test_fewshot_and_transfer_layouts_with_shared_source_training():
+    import trainers  # noqa: F401
+
+    protocols = {
+        "fewshot": ProtocolDatasets(("imagenet", "dtd"), (4, 16)),
+        "cross_dataset": ProtocolDatasets(("dtd", "eurosat"), (16,), "imagenet"),
+        "dg": ProtocolDatasets(("imagenetv2",), (16,), "imagenet"),
+    }
+    chains = grid(protocols, [COOP, ZS], seeds=(2,))
+    heads = [c.head for c in chains]
+    assert heads == ["out/imagenet/CoOp/toy_4shots/seed2", "out/imagenet/CoOp/toy_16shots/seed2",
+                     "out/dtd/CoOp/toy_4shots/seed2", "out/dtd/CoOp/toy_16shots/seed2",
+                     "out/imagenet/ZeroshotCLIP/toy_0shots/seed2", "out/dtd/ZeroshotCLIP/toy_0shots/seed2",
+                     "out/imagenet/ZeroshotCLIP/toy_16shots/seed2"]
+    transfer = chains[1].runs
+    assert [r.output_dir for r in transfer[1:]] == [
+        f"out/evaluation/CoOp/toy_16shots/{d}/seed2" for d in ("dtd", "eurosat", "imagenetv2")]
+    assert all(r.requires == transfer[0].output_dir for r in transfer[1:])
+    assert transfer[0].argv[-2:] == ("DATASET.NUM_SHOTS", "16")
+    assert transfer[3].argv[-5:] == ("--eval-only", "--model-dir", transfer[0].output_dir,
+                                     "--load-epoch", "3")
+    zs_fewshot = chains[4].runs[0]
+    assert zs_fewshot.argv[-1] == "--eval-only"  # all classes, no shot count
+    assert all(r.requires is None for r in chains[6].runs) and len(chains[6].runs) == 4
+    keys = [parse_run_path(Path(r.label).parts) for c in chains for r in c.runs]
+    assert [(k.kind, k.dataset, k.cfg, k.shots) for k in keys[:3]] == [
+        ("train", "imagenet", "toy", 4), ("train", "imagenet", "toy", 16), ("evaluation", "dtd", "toy", 16)]
+
+
+def test_bad_grid_input_gets_one_clear_message(tmp_path):
+    with pytest.raises(ConfigError, match="DATASET.NUM_SHOTS, which the protocol sets itself"):
+        grid({}, [COOP], opts=["DATASET.NUM_SHOTS", "4"])
+    with pytest.raises(ConfigError, match="odd number"):
+        grid({}, [COOP], test_opts=["TEST.SPLIT"])
+    with pytest.raises(ConfigError, match="Dataset 'nope' has no config file"):
+        grid({"base2new": ProtocolDatasets(("nope",), (16,))}, [COOP])
+    with pytest.raises(ConfigError, match="Configs in .*CoOp: .*vit_b16_ctxv1"):
+        resolve_method("CoOp:vit_b99", None, CONFIGS, lambda name: True)
+    with pytest.raises(ConfigError, match="No config for trainer CoOp"):
+        resolve_method("CoOp", None, CONFIGS, lambda name: True)
+    method = resolve_method("CoOp", "toy", CONFIGS, lambda name: False)
+    assert (method.cfg, method.learns) == ("toy", False)
+    assert method.config_file.endswith("configs/trainers/CoOp/toy.yaml")
+
+
+def test_cli_errors_exit_2_without_traceback(toy, tmp_path, capsys):
+    assert run_protocol.main(toy_argv(toy, tmp_path, trainers=("NoSuchTrainer:toy",))) == 2
+    assert "Unknown trainer 'NoSuchTrainer'; registered:" in capsys.readouterr().err
+    assert run_protocol.main(toy_argv(toy, tmp_path, "--benchmark", "nope")) == 2
+    assert "Benchmark file 'configs/benchmarks/nope.yaml' does not exist" in capsys.readouterr().err.replace(
+        str(CONFIGS), "configs")
+    assert run_protocol.main(toy_argv(toy, tmp_path, "--backend", "gpus", "--in-process")) == 2
+    assert "--in-process cannot be combined with --backend gpus" in capsys.readouterr().err
+
+
+def test_dry_run_lists_pending_commands(toy, tmp_path, capsys):
+    assert run_protocol.main(toy_argv(toy, tmp_path / "out", "--dry-run", trainers=("CoOp:toy",),
+                                      datasets="dtd", seeds=("3",))) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(line.startswith("python ") and "train.py" in line for line in lines)
+    assert "--load-epoch 1 DATASET.NUM_SHOTS 16 DATASET.SUBSAMPLE_CLASSES new" in lines[1]
+    assert lines[1].endswith("# after " + str(tmp_path / "out/base2new/train_base/dtd/shots_16/CoOp/toy/seed3"))
+    assert not (tmp_path / "out").exists()
+
+
+# -------------------------------------------------------------------- benchmark
+
+
+def test_benchmarks_load_and_validate(tmp_path):
+    paper = load_benchmark("paper", CONFIGS)
+    assert paper.seeds == (1, 2, 3) and len(paper.protocol("base2new").datasets) == 11
+    assert paper.protocol("dg").source == "imagenet" and paper.protocol("fewshot").shots == (1, 2, 4, 8, 16)
+    for name in [d for p in paper.protocols.values() for d in p.datasets]:
+        assert (CONFIGS / "datasets" / f"{name}.yaml").is_file(), name
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("seeds: [1]\nbase2new: {datasets: dtd, shots: 16}\n")
+    with pytest.raises(BenchmarkError, match="base2new.datasets must be a non-empty list"):
+        load_benchmark(str(bad), CONFIGS)
+    bad.write_text("seeds: [1]\ndg: {source: imagenet, targets: [imagenetv2]}\n")
+    with pytest.raises(BenchmarkError, match=r"section 'dg' must have exactly the keys \['shots', 'source', 'targets'\]"):
+        load_benchmark(str(bad), CONFIGS)
+    bad.write_text("seeds: [1]\nfewshot: {datasets: [dtd], shots: [1, 2]}\n")
+    with pytest.raises(BenchmarkError, match="does not define the protocol 'base2new'"):
+        load_benchmark(str(bad), CONFIGS).protocol("base2new")

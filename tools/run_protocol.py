@@ -1,0 +1,243 @@
+#!/usr/bin/env python
+"""Run an evaluation protocol over methods x datasets x seeds with train.py.
+
+    python tools/run_protocol.py --protocol base2new --root $DATA \\
+        --trainers CoOp:vit_b16_ctxv1 MaPLe:vit_b16_c2_ep5_batch4_2ctx --seeds 1 2 3
+    python tools/run_protocol.py --protocol base2new --benchmark synthetic --root output/data \\
+        --trainers CoOp,DeAR --config synthetic --backend gpus --gpus 0,1
+    python tools/run_protocol.py --protocol cross_dataset dg --trainers DeAR:vit_b16 \\
+        --test-opts TRAINER.DEAR.INFERENCE cls --backend slurm --slurm-partition gpu
+
+Protocols (``--protocol``, several allowed): ``base2new``, ``fewshot``, ``cross_dataset``,
+``dg``; their datasets, shots and seeds come from ``--benchmark`` (configs/benchmarks/*.yaml,
+default ``paper``) unless given. Runs write to the reference repositories' folders under
+``--output`` (vlprompt/protocols/layout.py). A run whose results.json says it completed is
+skipped, so the same command resumes a grid; ``--dry-run`` lists what would run.
+
+Exit status: 0 when every run completed, 1 when some failed, 2 for bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from vlprompt.config import ConfigError  # noqa: E402
+from vlprompt.protocols import PROTOCOLS, BenchmarkError, GridSpec, build_grid, load_benchmark  # noqa: E402
+from vlprompt.protocols.benchmark import ProtocolDatasets  # noqa: E402
+from vlprompt.protocols.execute import (  # noqa: E402
+    Launcher, Progress, SlurmOptions, pending_runs, run_queue, run_sequential, submit_slurm,
+    summarize, wait_for_jobs,
+)
+from vlprompt.protocols.grid import resolve_method  # noqa: E402
+
+CONFIGS = REPO / "configs"
+TRAIN_SCRIPT = REPO / "train.py"
+BACKENDS = ("sequential", "gpus", "slurm")
+
+
+def _split_commas(values: Optional[Sequence[str]]) -> List[str]:
+    return [item for value in values or () for item in value.split(",") if item]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Run base-to-novel, few-shot, cross-dataset or domain-generalisation "
+                    "grids with train.py (skips completed runs, lists failures at the end).")
+    grid = parser.add_argument_group("grid")
+    grid.add_argument("--protocol", nargs="+", required=True, choices=PROTOCOLS, metavar="NAME",
+                      help=f"one or more of {', '.join(PROTOCOLS)}")
+    grid.add_argument("--trainers", nargs="+", required=True, metavar="TRAINER[:CONFIG]",
+                      help="trainers, comma- or space-separated, each with an optional config "
+                           "(a name under configs/trainers/TRAINER/ or a .yaml path)")
+    grid.add_argument("--config", help="config name for trainers given without one "
+                                       "(e.g. synthetic -> configs/trainers/TRAINER/synthetic.yaml)")
+    grid.add_argument("--benchmark", default="paper",
+                      help="benchmark name under configs/benchmarks/ or a YAML path (default: paper)")
+    grid.add_argument("--datasets", nargs="+", metavar="DATASET",
+                      help="dataset YAML stems (comma- or space-separated; 'all' = the benchmark's); "
+                           "for cross_dataset/dg these are the targets")
+    grid.add_argument("--source", help="training dataset of cross_dataset/dg (default: the benchmark's)")
+    grid.add_argument("--shots", nargs="+", type=int, help="shot counts (default: the benchmark's)")
+    grid.add_argument("--seeds", nargs="+", type=int, help="seeds (default: the benchmark's)")
+    grid.add_argument("--root", required=True, help="datasets folder (train.py --root)")
+    grid.add_argument("--output", default="output", help="output root (default: output)")
+    grid.add_argument("--opts", nargs="+", default=[], metavar="KEY_VALUE",
+                      help="KEY VALUE config overrides for every run")
+    grid.add_argument("--train-opts", nargs="+", default=[], metavar="KEY_VALUE",
+                      help="KEY VALUE overrides for training runs only")
+    grid.add_argument("--test-opts", nargs="+", default=[], metavar="KEY_VALUE",
+                      help="KEY VALUE overrides for evaluation-only runs only "
+                           "(e.g. TRAINER.DEAR.INFERENCE cls)")
+    grid.add_argument("--dry-run", action="store_true",
+                      help="print the pending runs as train.py commands and exit")
+
+    execution = parser.add_argument_group("execution")
+    execution.add_argument("--backend", choices=BACKENDS, default="sequential",
+                           help="sequential (default), gpus (one run per GPU slot) or slurm")
+    execution.add_argument("--in-process", action="store_true",
+                           help="call train.run() in this process instead of a python subprocess "
+                                "per run (saves the start-up time; sequential and slurm backends)")
+    execution.add_argument("--gpus", default="all",
+                           help="gpus backend: comma-separated device ids, or 'all' (default)")
+    execution.add_argument("--runs-per-gpu", type=int, default=1,
+                           help="gpus backend: concurrent runs per device (default 1)")
+
+    slurm = parser.add_argument_group("slurm (one job per training run and its evaluations)")
+    slurm.add_argument("--slurm-partition")
+    slurm.add_argument("--slurm-account")
+    slurm.add_argument("--slurm-qos")
+    slurm.add_argument("--slurm-constraint")
+    slurm.add_argument("--slurm-time", type=int, default=24 * 60, help="minutes per job (default 1440)")
+    slurm.add_argument("--slurm-gpus", type=int, default=1, help="GPUs per job (default 1)")
+    slurm.add_argument("--slurm-cpus", type=int, default=8, help="CPUs per job (default 8)")
+    slurm.add_argument("--slurm-mem-gb", type=int, help="memory per job in GB")
+    slurm.add_argument("--slurm-array-parallelism", type=int, default=256,
+                       help="jobs of the array running at once (default 256)")
+    slurm.add_argument("--slurm-extra", nargs="+", default=[], metavar="KEY=VALUE",
+                       help="further #SBATCH options, e.g. exclude=node3")
+    slurm.add_argument("--slurm-folder", help="submitit's folder (default: OUTPUT/.submitit)")
+    slurm.add_argument("--slurm-cluster", choices=("slurm", "local", "debug"),
+                       help="force submitit's executor: local/debug run the jobs on this machine")
+    slurm.add_argument("--wait", action="store_true",
+                       help="wait for the jobs and list failures (default: submit and exit)")
+    slurm.add_argument("--poll-seconds", type=float, default=30.0,
+                       help="with --wait: seconds between job status checks (default 30)")
+    return parser
+
+
+def _trainer_learns(name: str) -> bool:
+    """Whether the registered trainer trains (class attribute ``learns``); ConfigError if unknown."""
+    from vlprompt.engine import TRAINER_REGISTRY
+
+    registered = TRAINER_REGISTRY.registered_names()
+    if name not in registered:
+        raise ConfigError(f"Unknown trainer '{name}'; registered: {', '.join(sorted(registered))}.")
+    return bool(getattr(TRAINER_REGISTRY.get(name), "learns", True))
+
+
+def protocol_datasets(args, benchmark) -> dict:
+    """Protocol name -> ProtocolDatasets, the benchmark's with the command line's overrides."""
+    datasets = _split_commas(args.datasets)
+    chosen = {}
+    for name in args.protocol:
+        base = benchmark.protocol(name) if name in benchmark.protocols else None
+        names = tuple(datasets) if datasets and datasets != ["all"] else (base and base.datasets)
+        shots = tuple(args.shots) if args.shots else (base and base.shots)
+        source = args.source or (base and base.source)
+        missing = [what for what, value in (("--datasets", names), ("--shots", shots)) if not value]
+        if name in ("cross_dataset", "dg") and not source:
+            missing.append("--source")
+        if missing:
+            raise BenchmarkError(f"Protocol {name}: benchmark '{benchmark.name}' does not define it; "
+                                 f"give {', '.join(missing)}.")
+        if name != "fewshot" and len(shots) != 1:
+            raise BenchmarkError(f"Protocol {name} takes one shot count, got --shots {list(shots)}.")
+        chosen[name] = ProtocolDatasets(tuple(names), tuple(shots),
+                                        source if name in ("cross_dataset", "dg") else None)
+    return chosen
+
+
+def _devices(spec: str, runs_per_gpu: int) -> List[str]:
+    if spec == "all":
+        import torch
+
+        count = torch.cuda.device_count()
+        if count == 0:
+            raise ConfigError("--backend gpus found no CUDA device; pass --gpus 0,1,... or use "
+                              "--backend sequential.")
+        ids = [str(i) for i in range(count)]
+    else:
+        ids = _split_commas([spec])
+    if runs_per_gpu < 1:
+        raise ConfigError(f"--runs-per-gpu must be at least 1, got {runs_per_gpu}.")
+    return [device for device in ids for _ in range(runs_per_gpu)]
+
+
+def _slurm_options(args, output: str) -> SlurmOptions:
+    extra = {}
+    for item in args.slurm_extra:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--slurm-extra takes KEY=VALUE items, got '{item}'.")
+        extra[key] = value
+    return SlurmOptions(
+        folder=args.slurm_folder or os.path.join(output, ".submitit", "%j"),
+        cluster=args.slurm_cluster, timeout_min=args.slurm_time, gpus_per_node=args.slurm_gpus,
+        cpus_per_task=args.slurm_cpus, mem_gb=args.slurm_mem_gb, partition=args.slurm_partition,
+        account=args.slurm_account, qos=args.slurm_qos, constraint=args.slurm_constraint,
+        array_parallelism=args.slurm_array_parallelism, additional=extra)
+
+
+def _print_dry_run(chains, launcher: Launcher) -> None:
+    import shlex
+
+    for run in pending_runs(chains):
+        needs = f"   # after {run.requires}" if run.requires else ""
+        print(f"python {shlex.quote(launcher.train_script)} {shlex.join(run.argv)}{needs}")
+
+
+def _execute(args, chains, launcher: Launcher) -> int:
+    runs = pending_runs(chains)
+    total = sum(len(chain.runs) for chain in chains)
+    if not runs:
+        print(f"Nothing to run: all {total} runs of the grid are completed.")
+        return 0
+    pending = set(runs)
+    todo = [chain for chain in chains if any(run in pending for run in chain.runs)]
+    print(f"Grid: {total} runs in {len(chains)} chains; {total - len(runs)} completed already, "
+          f"{len(runs)} to run in {len(todo)} chains (backend: {args.backend}).", flush=True)
+    progress = Progress(runs)
+    if args.backend == "sequential":
+        return summarize(run_sequential(todo, launcher, progress))
+    if args.backend == "gpus":
+        devices = _devices(args.gpus, args.runs_per_gpu)
+        print(f"Device slots: {', '.join(devices)}", flush=True)
+        return summarize(run_queue(todo, launcher, devices, progress))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    options = _slurm_options(args, os.path.abspath(args.output))
+    jobs = submit_slurm(todo, launcher, options)
+    print(f"Submitted {len(jobs)} jobs (job ids {jobs[0].job_id} ... {jobs[-1].job_id}); "
+          f"submitit files in {options.folder}.", flush=True)
+    if not args.wait:
+        print("Run the same command again later: completed runs are skipped and the rest "
+              "resubmitted (do so only once these jobs have ended).")
+        return 0
+    return summarize(wait_for_jobs(jobs, todo, progress, args.poll_seconds))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.backend == "gpus" and args.in_process:
+        print("error: --in-process cannot be combined with --backend gpus (each run needs its "
+              "own CUDA_VISIBLE_DEVICES, so runs are subprocesses).", file=sys.stderr)
+        return 2
+    try:
+        import trainers  # noqa: F401  (registers the trainers and their config nodes)
+
+        benchmark = load_benchmark(args.benchmark, CONFIGS)
+        protocols = protocol_datasets(args, benchmark)
+        methods = [resolve_method(spec, args.config, CONFIGS, _trainer_learns)
+                   for spec in _split_commas(args.trainers)]
+        spec = GridSpec(data_root=args.root, output_root=args.output, methods=methods,
+                        seeds=args.seeds or benchmark.seeds, configs_dir=str(CONFIGS),
+                        opts=args.opts, train_opts=args.train_opts, test_opts=args.test_opts)
+        chains = build_grid(spec, protocols)
+    except (ConfigError, BenchmarkError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    launcher = Launcher(str(TRAIN_SCRIPT), in_process=args.in_process)
+    if args.dry_run:
+        _print_dry_run(chains, launcher)
+        return 0
+    return _execute(args, chains, launcher)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,382 @@
+"""Run the chains of a grid: sequentially, one chain per GPU slot, or as a Slurm job array.
+
+A run is skipped only when its ``results.json`` says ``"completed": true``; anything else
+(no folder, a crashed run, a run killed mid-training) is launched again, and train.py
+resumes from the checkpoints it finds. A failing run never stops the grid: its chain's
+later runs (which need its checkpoint) are marked *blocked*, every other chain goes on, and
+:func:`summarize` lists the failures at the end.
+
+Each attempt appends the run's console output (stdout and stderr, tracebacks included) to
+``OUTPUT_DIR/console.txt``; ``log.txt`` stays train.py's own log.
+
+Backends:
+
+* :func:`run_sequential`: chains one after the other in this process's machine.
+* :func:`run_queue`: one worker per device slot (``CUDA_VISIBLE_DEVICES`` set per run),
+  each taking the next chain from a shared queue.
+* :func:`submit_slurm`: one submitit job per chain, submitted as a job array
+  (``submitit`` is an optional dependency: ``pip install -e ".[slurm]"``).
+"""
+from __future__ import annotations
+
+import datetime
+import gc
+import importlib
+import json
+import os
+import queue
+import shlex
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, TextIO
+
+from .grid import Chain, Run
+
+__all__ = [
+    "RESULTS_NAME", "CONSOLE_NAME", "OK", "FAILED", "SKIPPED", "BLOCKED", "Outcome", "Launcher",
+    "SlurmOptions", "is_completed", "pending_runs", "execute_chain", "Progress", "run_sequential",
+    "run_queue", "submit_slurm", "run_chain_job", "wait_for_jobs", "summarize",
+]
+
+RESULTS_NAME = "results.json"  # written by vlprompt.engine.results for every final evaluation
+CONSOLE_NAME = "console.txt"
+
+OK, FAILED, SKIPPED, BLOCKED = "ok", "FAILED", "skipped", "blocked"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to one run.
+
+    Attributes:
+        run: the run.
+        status: OK, FAILED, SKIPPED (already completed) or BLOCKED (the training run it
+            needs did not complete).
+        seconds: wall time of the attempt (0 when not launched).
+        detail: for FAILED/BLOCKED, one line saying why.
+        where: the worker that ran it (e.g. "gpu 1"), or "".
+    """
+
+    run: Run
+    status: str
+    seconds: float = 0.0
+    detail: str = ""
+    where: str = ""
+
+
+def is_completed(output_dir) -> bool:
+    """True when ``output_dir/results.json`` is a JSON object with ``"completed": true``."""
+    path = Path(output_dir, RESULTS_NAME)
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(content, dict) and content.get("completed") is True
+
+
+def pending_runs(chains: Sequence[Chain]) -> List[Run]:
+    """The runs of ``chains`` that are not completed, in order."""
+    return [run for chain in chains for run in chain.runs if not is_completed(run.output_dir)]
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """How a run's ``train.py`` is started (picklable, so Slurm jobs receive it).
+
+    Attributes:
+        train_script: absolute path of train.py (its folder goes on sys.path in-process).
+        in_process: call ``train.run(argv)`` in this process (no interpreter start-up per
+            run; CUDA_VISIBLE_DEVICES cannot be set per run) instead of a subprocess.
+        python: interpreter for subprocess runs.
+        cwd: working directory of the runs (relative paths in configs are read from it).
+    """
+
+    train_script: str
+    in_process: bool = False
+    python: str = sys.executable
+    cwd: str = field(default_factory=os.getcwd)
+
+    def __call__(self, run: Run, env: Dict[str, str], console: TextIO) -> int:
+        """Run ``run`` with extra environment ``env``, writing its output to ``console``;
+        return its exit status."""
+        if self.in_process:
+            if env:
+                raise ValueError(f"in-process runs cannot set environment variables ({env}); "
+                                 "use subprocess runs for per-run devices.")
+            return _run_in_process(self.train_script, run.argv, console)
+        console.flush()
+        return subprocess.run([self.python, self.train_script, *run.argv], cwd=self.cwd,
+                              env={**os.environ, **env}, stdout=console,
+                              stderr=subprocess.STDOUT).returncode
+
+
+def _train_module(train_script: str):
+    """The ``train`` module of ``train_script`` (imported once; its folder put on sys.path)."""
+    folder = os.path.dirname(os.path.abspath(train_script))
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    module = importlib.import_module("train")
+    if os.path.abspath(module.__file__) != os.path.abspath(train_script):
+        raise RuntimeError(f"'import train' gives {module.__file__}, not {train_script}; "
+                           "run subprocesses instead of --in-process.")
+    return module
+
+
+def _run_in_process(train_script: str, argv: Sequence[str], console: TextIO) -> int:
+    train = _train_module(train_script)
+    from vlprompt.utils import close_logger
+
+    with redirect_stdout(console), redirect_stderr(console):
+        try:
+            return train.run(list(argv))
+        except SystemExit as exc:  # argparse errors
+            return exc.code if isinstance(exc.code, int) else 1
+        except Exception:  # noqa: BLE001  (a failing run must not stop the grid)
+            traceback.print_exc(file=console)
+            return 1
+        finally:
+            close_logger()
+            _release_memory()
+
+
+def _release_memory() -> None:
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines()]
+    except OSError:
+        return ""
+    lines = [line for line in lines if line and not line.startswith("====")]
+    return lines[-1] if lines else ""
+
+
+def _attempt(run: Run, launcher: Callable, env: Dict[str, str], where: str) -> Outcome:
+    output_dir = Path(run.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    console_path = output_dir / CONSOLE_NAME
+    started = time.time()
+    with open(console_path, "a", encoding="utf-8") as console:
+        stamp = datetime.datetime.now().isoformat(timespec="seconds")
+        device = "".join(f"{k}={v} " for k, v in env.items())
+        console.write(f"==== {stamp}: {device}train.py {shlex.join(run.argv)}\n")
+        console.flush()
+        status = launcher(run, env, console)
+        console.write(f"==== exit status {status}\n")
+    seconds = time.time() - started
+    if is_completed(output_dir):
+        return Outcome(run, OK, seconds, where=where)
+    why = f"exit status {status}" if status else f'exit status 0 but no "completed" {RESULTS_NAME}'
+    last = _last_line(console_path)
+    detail = f"{why}: {last}" if last else why
+    return Outcome(run, FAILED, seconds, f"{detail} (see {console_path})", where)
+
+
+def execute_chain(chain: Chain, launcher: Callable, env: Optional[Dict[str, str]] = None,
+                  report: Optional[Callable[[Outcome], None]] = None, where: str = "") -> List[Outcome]:
+    """Run the chain's runs in order, skipping completed ones and blocking dependents of failures.
+
+    Args:
+        launcher: callable(run, env, console) -> exit status (a :class:`Launcher`).
+        env: extra environment of every run (e.g. CUDA_VISIBLE_DEVICES).
+        report: called with each Outcome as soon as it is known.
+        where: worker label stored in the outcomes.
+    """
+    outcomes = []
+    for run in chain.runs:
+        if is_completed(run.output_dir):
+            outcome = Outcome(run, SKIPPED, where=where)
+        elif run.requires is not None and not is_completed(run.requires):
+            outcome = Outcome(run, BLOCKED, detail=f"not run: {run.requires} did not complete",
+                              where=where)
+        else:
+            outcome = _attempt(run, launcher, env or {}, where)
+        outcomes.append(outcome)
+        if report is not None:
+            report(outcome)
+    return outcomes
+
+
+class Progress:
+    """Prints one line per finished run: ``[k/N] status seconds [worker] run folder``.
+
+    Thread-safe. ``pending`` are the runs that were not completed when the grid started
+    (N = their number); a completed run of a chain that is skipped is not a step.
+    """
+
+    def __init__(self, pending: Sequence[Run], stream: Optional[TextIO] = None):
+        self.pending = set(pending)
+        self.total = len(self.pending)
+        self.done = 0
+        self.stream = stream
+        self._lock = threading.Lock()
+        self._width = len(str(self.total))
+
+    def __call__(self, outcome: Outcome) -> None:
+        if outcome.status == SKIPPED and outcome.run not in self.pending:
+            return
+        with self._lock:
+            self.done += 1
+            where = f" [{outcome.where}]" if outcome.where else ""
+            timing = f"{outcome.seconds:7.1f}s" if outcome.seconds else " " * 8
+            line = (f"[{self.done:>{self._width}}/{self.total}] {outcome.status:<7} {timing}"
+                    f"{where} {outcome.run.label}")
+            if outcome.status in (FAILED, BLOCKED):
+                line += f"\n    {outcome.detail}"
+            print(line, file=self.stream or sys.stdout, flush=True)
+
+
+def run_sequential(chains: Sequence[Chain], launcher: Callable,
+                   report: Optional[Callable[[Outcome], None]] = None) -> List[Outcome]:
+    """Every chain in order on this machine."""
+    return [outcome for chain in chains for outcome in execute_chain(chain, launcher, {}, report)]
+
+
+def run_queue(chains: Sequence[Chain], launcher: Callable, devices: Sequence[str],
+              report: Optional[Callable[[Outcome], None]] = None) -> List[Outcome]:
+    """Chains spread over device slots: a worker per entry of ``devices`` (an entry may repeat
+    to run several chains on one GPU) takes the next chain as soon as its previous one ends;
+    its runs see ``CUDA_VISIBLE_DEVICES=<entry>``.
+    """
+    if not devices:
+        raise ValueError("run_queue needs at least one device")
+    todo: "queue.SimpleQueue[Chain]" = queue.SimpleQueue()
+    for chain in chains:
+        todo.put(chain)
+    outcomes: List[Outcome] = []
+    lock = threading.Lock()
+    errors: List[BaseException] = []
+
+    def worker(slot: int, device: str) -> None:
+        label = f"gpu {device}" if devices.count(device) == 1 else f"gpu {device}#{slot}"
+        while True:
+            try:
+                chain = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                done = execute_chain(chain, launcher, {"CUDA_VISIBLE_DEVICES": device}, report, label)
+            except BaseException as exc:  # noqa: BLE001  (re-raised in the main thread)
+                errors.append(exc)
+                return
+            with lock:
+                outcomes.extend(done)
+
+    slots = [devices[:i].count(d) for i, d in enumerate(devices)]
+    threads = [threading.Thread(target=worker, args=(slot, device), daemon=True)
+               for slot, device in zip(slots, devices)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return outcomes
+
+
+@dataclass
+class SlurmOptions:
+    """Resources of each job (one chain per job) and where submitit keeps its files.
+
+    ``cluster`` None lets submitit pick Slurm when ``sbatch`` exists; "local" runs the jobs
+    as local processes and "debug" in this process (both for testing the submission path).
+    ``additional`` holds extra ``#SBATCH`` options (name -> value, e.g. {"exclude": "node3"}).
+    """
+
+    folder: str
+    cluster: Optional[str] = None
+    job_name: str = "vlprompt"
+    timeout_min: int = 24 * 60
+    gpus_per_node: int = 1
+    cpus_per_task: int = 8
+    mem_gb: Optional[int] = None
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    array_parallelism: int = 256
+    additional: Dict[str, str] = field(default_factory=dict)
+
+
+def _import_submitit():
+    try:
+        import submitit
+    except ImportError:
+        raise ImportError(
+            "The Slurm backend needs submitit, an optional dependency: "
+            'pip install -e ".[slurm]" (or pip install submitit).') from None
+    return submitit
+
+
+def run_chain_job(chain: Chain, launcher: Launcher) -> List[Outcome]:
+    """The function each Slurm job runs: the chain, in the submitting directory."""
+    os.chdir(launcher.cwd)
+    return execute_chain(chain, launcher, {}, where=f"job {os.environ.get('SLURM_JOB_ID', os.getpid())}")
+
+
+def submit_slurm(chains: Sequence[Chain], launcher: Launcher, options: SlurmOptions) -> list:
+    """Submit one job per chain as a job array; return the submitit jobs (same order)."""
+    submitit = _import_submitit()
+    executor = submitit.AutoExecutor(folder=options.folder, cluster=options.cluster)
+    parameters = dict(name=options.job_name, timeout_min=options.timeout_min,
+                      gpus_per_node=options.gpus_per_node, cpus_per_task=options.cpus_per_task,
+                      slurm_array_parallelism=options.array_parallelism)
+    if options.mem_gb is not None:
+        parameters["mem_gb"] = options.mem_gb
+    for key in ("partition", "account", "qos", "constraint"):
+        if getattr(options, key) is not None:
+            parameters[f"slurm_{key}"] = getattr(options, key)
+    if options.additional:
+        parameters["slurm_additional_parameters"] = dict(options.additional)
+    executor.update_parameters(**parameters)
+    return executor.map_array(run_chain_job, list(chains), [launcher] * len(chains))
+
+
+def wait_for_jobs(jobs: Sequence, chains: Sequence[Chain],
+                  report: Optional[Callable[[Outcome], None]] = None,
+                  poll_seconds: float = 30.0) -> List[Outcome]:
+    """Wait for every job; a job that died (timeout, node failure) fails its unfinished runs."""
+    submitit = _import_submitit()
+    chain_of = {job.job_id: chain for job, chain in zip(jobs, chains)}
+    outcomes: List[Outcome] = []
+    for job in submitit.helpers.as_completed(list(jobs), poll_frequency=poll_seconds):
+        try:
+            done = job.result()
+        except Exception as exc:  # noqa: BLE001  (job-level failure)
+            reason = str(exc).strip().splitlines()
+            detail = f"job {job.job_id} failed: {reason[-1] if reason else type(exc).__name__}"
+            done = [Outcome(run, SKIPPED if is_completed(run.output_dir) else FAILED,
+                            detail=f"{detail} (see {job.paths.stderr})", where=f"job {job.job_id}")
+                    for run in chain_of[job.job_id].runs]
+        for outcome in done:
+            if report is not None:
+                report(outcome)
+        outcomes.extend(done)
+    return outcomes
+
+
+def summarize(outcomes: Sequence[Outcome], stream: Optional[TextIO] = None) -> int:
+    """Print the counts and every failed or blocked run; return 0 if none, else 1."""
+    out = stream or sys.stdout
+    counts = {status: sum(o.status == status for o in outcomes)
+              for status in (OK, FAILED, BLOCKED, SKIPPED)}
+    print(f"Finished: {counts[OK]} ok, {counts[FAILED]} failed, {counts[BLOCKED]} blocked "
+          f"(their training run failed), {counts[SKIPPED]} already completed.", file=out)
+    problems = sorted((o for o in outcomes if o.status in (FAILED, BLOCKED)),
+                      key=lambda o: o.run.label)
+    if problems:
+        print("Runs that did not complete:", file=out)
+        for outcome in problems:
+            print(f"  {outcome.status:<7} {outcome.run.label}\n          {outcome.detail}", file=out)
+        print("Fix the cause and run the same command again: completed runs are skipped.", file=out)
+    return 1 if problems else 0
