@@ -35,14 +35,23 @@ class TemplateCLIP(PromptedCLIP):
         features = [F.normalize(self.clip.encode_text(ids), dim=-1) for ids in self.token_ids]
         return torch.stack(features).mean(dim=0)
 
+    def encode_image_features(self, images):
+        """Features [B, E] of the frozen image encoder (not normalised; what FEATURE_CACHE stores)."""
+        return self.clip.encode_image(images)
+
+    def forward_features(self, image_features):
+        """Logits [B, C] from features of ``encode_image_features``."""
+        return self.cosine_logits(F.normalize(image_features, dim=-1), self.class_text_features())
+
     def forward(self, images):
-        image_features = F.normalize(self.clip.encode_image(images), dim=-1)
-        return self.cosine_logits(image_features, self.class_text_features())
+        return self.forward_features(self.encode_image_features(images))
 
 
 @TRAINER_REGISTRY.register()
 class ZeroshotCLIP(ClipTrainer):
     """Zero-shot CLIP with the dataset's hand-crafted template."""
+
+    frozen_image_encoder = True  # FEATURE_CACHE.ENABLED True caches the test images' features
 
     def templates(self):
         return [getattr(type(self.dm.dataset), "template", DEFAULT_TEMPLATE)]

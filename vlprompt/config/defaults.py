@@ -136,6 +136,16 @@ _C.TRAIN.SAVE_FROZEN_WEIGHTS = False
 _C.TRAIN.CHECKPOINT_ITERS = 0
 
 ###########################
+# Feature cache (project keys; vlprompt/data/feature_cache.py)
+###########################
+_C.FEATURE_CACHE = CN()
+# Encode the images once and train/evaluate on features; only for trainers whose image
+# encoder is frozen (RAda EFT, CLIPAdapter, ZeroshotCLIP, ...)
+_C.FEATURE_CACHE.ENABLED = False
+_C.FEATURE_CACHE.DIR = ""  # "": <DATASET.ROOT>/feature_cache
+_C.FEATURE_CACHE.BATCH_SIZE = 256  # images per encoder call while filling the cache
+
+###########################
 # Test
 ###########################
 _C.TEST = CN()

@@ -8,9 +8,15 @@ parameters; this class does the rest the CoOp-family trainers repeat:
 * ``forward_backward``: autocast forward of ``model.loss(images, labels)``, (scaled)
   backward and step, the ``loss``/``acc`` summary (plus the method's named terms), and
   the once-per-epoch ``update_lr()`` of the Dassl contract;
-* ``register_learner``: optimizer + scheduler for a module, optional MODEL.INIT_WEIGHTS.
+* ``register_learner``: optimizer + scheduler for a module, optional MODEL.INIT_WEIGHTS;
+* with FEATURE_CACHE.ENABLED (trainers whose image encoder is frozen), training and
+  evaluation read image features from :mod:`vlprompt.data.feature_cache`: the model then
+  provides ``encode_image_features(images)``, ``forward_features(features)`` and, to train,
+  ``loss_features(features, labels)``.
 """
 from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
+from vlprompt.config import ConfigError
+from vlprompt.data.feature_cache import FeatureCache
 from vlprompt.metrics import compute_accuracy
 from vlprompt.optim import build_lr_scheduler, build_optimizer
 from vlprompt.utils import count_num_param, load_pretrained_weights
@@ -28,7 +34,47 @@ class ClipTrainer(TrainerX):
         clip, tokenizer = self.build_clip()
         self.model = MyModel(clip, tokenizer, self.classnames, cfg.TRAINER.MY).to(self.device)
         self.register_learner("prompt_learner", self.model.prompt_learner)
+
+    Attributes:
+        frozen_image_encoder (bool, class attribute): the model never changes its image
+            encoder, so FEATURE_CACHE may be enabled (override ``uses_frozen_image_encoder``
+            when it depends on the config).
+        feature_cache (FeatureCache or None): set when FEATURE_CACHE.ENABLED.
     """
+
+    frozen_image_encoder = False
+
+    def __init__(self, cfg):
+        self.feature_cache = None
+        if cfg.FEATURE_CACHE.ENABLED:
+            self._check_feature_cache_cfg(cfg)
+        super().__init__(cfg)
+        if cfg.FEATURE_CACHE.ENABLED:
+            # Models that inherit the same encode_image_features share cached features.
+            encoder_id = type(self.model).encode_image_features.__qualname__
+            self.feature_cache = FeatureCache(
+                cfg, self.model.encode_image_features, encoder_id, self.device, self.autocast, str(self.amp.dtype)
+            )
+
+    @classmethod
+    def uses_frozen_image_encoder(cls, cfg):
+        """Whether this trainer, with this config, keeps its image encoder frozen."""
+        return cls.frozen_image_encoder
+
+    def _check_feature_cache_cfg(self, cfg):
+        if not self.uses_frozen_image_encoder(cfg):
+            raise ConfigError(
+                f"FEATURE_CACHE.ENABLED is True, but {type(self).__name__} changes what its image encoder "
+                "computes (prompts, fine-tuning or test-time views), so its image features cannot be cached; "
+                "set FEATURE_CACHE.ENABLED False."
+            )
+        if cfg.DATALOADER.K_TRANSFORMS != 1:
+            raise ConfigError(
+                f"FEATURE_CACHE.ENABLED needs one view per image and step (DATALOADER.K_TRANSFORMS 1), "
+                f"got K_TRANSFORMS {cfg.DATALOADER.K_TRANSFORMS}."
+            )
+        if cfg.FEATURE_CACHE.BATCH_SIZE < 1:
+            raise ConfigError(f"FEATURE_CACHE.BATCH_SIZE must be >= 1, got {cfg.FEATURE_CACHE.BATCH_SIZE}.")
 
     def build_clip(self):
         """Load the frozen CLIP of ``MODEL.BACKBONE`` onto the device.
@@ -64,13 +110,44 @@ class ClipTrainer(TrainerX):
         sched = build_lr_scheduler(optim, self.cfg.OPTIM)
         self.register_model(name, module, optim, sched)
 
+    def before_train(self):
+        super().before_train()
+        if self.feature_cache is not None:
+            self.train_loader_x = self.feature_cache.train_epochs(
+                self.dm.train_loader_x, self.start_epoch, self.max_epoch, lambda: self.epoch
+            )
+
+    def test(self, split=None):
+        if self.feature_cache is not None:
+            split = self.cfg.TEST.SPLIT if split is None else split
+            if split == "val" and self.val_loader is not None:
+                if self.val_loader is self.dm.val_loader:
+                    self.val_loader = self.feature_cache.eval_loader(self.dm.val_loader, "val")
+            elif self.test_loader is self.dm.test_loader:
+                self.test_loader = self.feature_cache.eval_loader(self.dm.test_loader, "test")
+        return super().test(split)
+
+    def _inputs(self, batch):
+        """Cached features when the feature cache is on, else the images."""
+        return batch["features" if self.feature_cache is not None else "img"].to(self.device)
+
     def parse_batch_train(self, batch):
-        return batch["img"].to(self.device), batch["label"].to(self.device)
+        return self._inputs(batch), batch["label"].to(self.device)
+
+    def parse_batch_test(self, batch):
+        return self._inputs(batch), batch["label"].to(self.device)
+
+    def model_inference(self, input):
+        if self.feature_cache is None:
+            return super().model_inference(input)
+        with self.autocast():
+            return self.model.forward_features(input)
 
     def forward_backward(self, batch):
         images, labels = self.parse_batch_train(batch)
+        model_loss = self.model.loss if self.feature_cache is None else self.model.loss_features
         with self.autocast():
-            loss, logits, terms = self.model.loss(images, labels)
+            loss, logits, terms = model_loss(images, labels)
         self.model_backward_and_update(loss)
         summary = {"loss": loss.item()}
         summary.update({name: float(value) for name, value in terms.items()})

@@ -1,0 +1,126 @@
+"""RAda: Rational Adaptation, efficient fine-tuning setting (Chen et al., ICCV 2025; rada.md).
+
+Both CLIP encoders stay frozen; class features come from a hand-crafted sentence ("a photo
+of a {}." by default). For every image the rational matrix R[c, d] = f_d t[c, d] is masked by
+M = ReLU(1 + dM) from one multi-query attention layer over the class axis (the mask
+generator, :mod:`vlprompt.clip.rational`), and logits = tau * sum_d M * R. Only the mask
+generator learns; loss = CE + ALPHA * L_mask (||M - 1||_2 per image by default). At step 0,
+M = 1 and RAda is zero-shot CLIP.
+
+The image encoder is frozen, so the configs enable FEATURE_CACHE: views are encoded once and
+training reads features. ``add_rada_keys`` and ``check_rada_node`` are shared by the other
+RAda trainers (FFT, TTT, Prompt, Adapter).
+"""
+import torch.nn.functional as F
+from yacs.config import CfgNode as CN
+
+from vlprompt.clip import DEFAULT_TEMPLATE
+from vlprompt.clip.rational import (
+    ATTN_NORMS, MASK_LOSSES, RationalMaskGenerator, mask_regularizer, rational_logits, rational_matrix,
+)
+from vlprompt.config import ConfigError, register_cfg_extension
+from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+
+from .zsclip import TemplateCLIP
+
+PRECISIONS = ("fp16", "fp32", "amp", "bf16")
+
+
+def add_rada_keys(node):
+    """Add the mask generator and mask-loss keys (paper defaults) to a trainer node."""
+    node.PREC = "fp16"  # fp16 = autocast with fp32 master weights on CUDA; fp32 on CPU
+    node.TEMPLATE = DEFAULT_TEMPLATE  # class sentence; "" = the dataset's own template
+    node.NUM_HEADS = 8
+    node.ATTN_NORM = "row"  # "row" (paper) or "global" (official code: softmax over K x K / TEMP, x K)
+    node.TEMP = 1.0  # attention temperature
+    node.CHUNK_SIZE = 0  # images per attention chunk; 0 = auto (K = 1000 fits)
+    node.ALPHA = 1.5  # weight of the mask regulariser
+    node.MASK_LOSS = "l2"  # "l2" (paper), "linf" (official), "l1", "mse"
+
+
+@register_cfg_extension
+def add_rada_config(cfg):
+    cfg.TRAINER.RADA = CN()
+    add_rada_keys(cfg.TRAINER.RADA)
+
+
+def check_rada_node(node, name):
+    """Raise ConfigError for invalid RAda keys of ``node`` (called ``name`` in messages)."""
+    choices = (("PREC", PRECISIONS), ("ATTN_NORM", ATTN_NORMS), ("MASK_LOSS", MASK_LOSSES))
+    for key, allowed in choices:
+        if node[key] not in allowed:
+            raise ConfigError(f"{name}.{key} must be one of {list(allowed)}, got '{node[key]}'.")
+    if node.NUM_HEADS < 1 or node.CHUNK_SIZE < 0 or node.TEMP <= 0 or node.ALPHA < 0:
+        raise ConfigError(
+            f"{name}: NUM_HEADS must be >= 1 (got {node.NUM_HEADS}), CHUNK_SIZE >= 0 (got {node.CHUNK_SIZE}), "
+            f"TEMP > 0 (got {node.TEMP}) and ALPHA >= 0 (got {node.ALPHA})."
+        )
+    if node.TEMPLATE and node.TEMPLATE.count("{}") != 1:
+        raise ConfigError(f"{name}.TEMPLATE must contain exactly one '{{}}' for the class name, got '{node.TEMPLATE}'.")
+
+
+def build_mask_generator(node, dim):
+    """The mask generator of ``node``'s settings for features of size ``dim``."""
+    if dim % node.NUM_HEADS:
+        raise ConfigError(
+            f"NUM_HEADS {node.NUM_HEADS} does not divide the CLIP feature size {dim}; pick a divisor of {dim}."
+        )
+    return RationalMaskGenerator(dim, node.NUM_HEADS, node.ATTN_NORM, node.TEMP, node.CHUNK_SIZE)
+
+
+class RAdaCLIP(TemplateCLIP):
+    """Frozen CLIP with a rational-matrix mask generator (EFT).
+
+    Args:
+        clip: CLIPRunner (frozen). tokenizer: Tokenizer. classnames: K names.
+        templates: sentence templates (their normalised features are averaged).
+        node: a trainer node with the keys of ``add_rada_keys``.
+    """
+
+    def __init__(self, clip, tokenizer, classnames, templates, node):
+        super().__init__(clip, tokenizer, classnames, templates)
+        self.mask_generator = build_mask_generator(node, clip.text.output_dim)
+        self.alpha, self.mask_loss = node.ALPHA, node.MASK_LOSS
+
+    def rational_forward(self, image_features, class_features):
+        """(logits [B, K], mask [B, K, D]) from normalised [B, D] and [K, D] features."""
+        mask = self.mask_generator(image_features, class_features, self.logit_scale)
+        return rational_logits(rational_matrix(image_features, class_features), mask, self.logit_scale), mask
+
+    def forward_features(self, image_features):
+        return self.rational_forward(F.normalize(image_features, dim=-1), self.class_text_features())[0]
+
+    def loss_features(self, image_features, labels):
+        """CE + ALPHA * L_mask from image features [B, E] (not normalised)."""
+        logits, mask = self.rational_forward(F.normalize(image_features, dim=-1), self.class_text_features())
+        ce = F.cross_entropy(logits, labels)
+        mask_loss = mask_regularizer(mask, self.mask_loss)
+        return ce + self.alpha * mask_loss, logits, {"ce": ce.detach(), "mask_loss": mask_loss.detach()}
+
+    def loss(self, images, labels):
+        return self.loss_features(self.encode_image_features(images), labels)
+
+
+class RAdaTrainerMixin:
+    """Template choice shared by the RAda trainers (needs ``self.dm`` and ``node``)."""
+
+    def rada_templates(self, node):
+        """[TEMPLATE], or the dataset's template when TEMPLATE is empty."""
+        return [node.TEMPLATE or getattr(type(self.dm.dataset), "template", DEFAULT_TEMPLATE)]
+
+
+@TRAINER_REGISTRY.register()
+class RAda(RAdaTrainerMixin, ClipTrainer):
+    """RAda (EFT); the checkpointed module is the mask generator."""
+
+    frozen_image_encoder = True
+
+    def check_cfg(self, cfg):
+        check_rada_node(cfg.TRAINER.RADA, "TRAINER.RADA")
+
+    def build_model(self):
+        node = self.cfg.TRAINER.RADA
+        clip, tokenizer = self.build_clip()
+        model = RAdaCLIP(clip, tokenizer, self.classnames, self.rada_templates(node), node)
+        self.model = model.to(self.device)
+        self.register_learner("mask_generator", self.model.mask_generator)
