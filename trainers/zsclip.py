@@ -51,6 +51,8 @@ class TemplateCLIP(PromptedCLIP):
 class ZeroshotCLIP(ClipTrainer):
     """Zero-shot CLIP with the dataset's hand-crafted template."""
 
+    learns = False
+
     frozen_image_encoder = True  # FEATURE_CACHE.ENABLED True caches the test images' features
 
     def templates(self):
