@@ -124,13 +124,12 @@ def test_depth_checks_name_the_key_and_the_limit():
 
 
 def test_context_init_needs_as_many_tokens_as_vectors():
-    tokenizer = Tokenizer("ViT-B/16")
-    check_context_init("N", 4, "INIT", "a photo of a", tokenizer)
-    check_context_init("N", 2, "INIT", "a photo of a", tokenizer)
-    check_context_init("N", 8, "INIT", "a photo", tokenizer)  # > 4: random init, phrase unused
-    check_context_init("N", 4, "INIT", "", tokenizer)
+    check_context_init("N", 4, "INIT", "a photo of a", "ViT-B/16")
+    check_context_init("N", 2, "INIT", "a photo of a", "ViT-B/16")
+    check_context_init("N", 8, "INIT", "a photo", "ViT-B/16")  # > 4: random init, phrase unused
+    check_context_init("N", 4, "INIT", "", "ViT-B/16")
     with pytest.raises(ConfigError, match='N is 3, but INIT "a photo" has only 2 tokens'):
-        check_context_init("N", 3, "INIT", "a photo", tokenizer)
+        check_context_init("N", 3, "INIT", "a photo", "ViT-B/16")
 
 
 def test_choice_and_range_checks():

@@ -1,3 +1,5 @@
 """Method trainers; importing this package registers them all."""
 from . import coop, zsclip  # noqa: F401
+from . import cocoop, ivlp, kgcoop, maple, promptsrc, vpt  # noqa: F401
 from . import dear  # noqa: F401
+from . import clip_adapter, rada  # noqa: F401

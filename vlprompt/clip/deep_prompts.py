@@ -15,6 +15,7 @@ Also here: the checks of prompt sizes and depths against the backbone (for train
 ``check_cfg``), and reading checkpoints of the reference implementations, which save the
 whole CLIP model with the deep prompts under other names.
 """
+import functools
 import re
 
 import open_clip
@@ -25,6 +26,7 @@ from vlprompt.config import ConfigError, check_range
 
 from .loading import resolve_model_name
 from .runner import EMPTY_PLAN, InsertTokens, Plan, ReplaceTokens
+from .tokenizer import Tokenizer
 
 __all__ = [
     "prompt_parameters", "vision_prompt_plan", "text_prompt_plan", "tower_depths",
@@ -110,17 +112,21 @@ def check_prompt_depth(key, depth, num_layers, minimum, tower, backbone):
     check_range(key, depth, minimum, num_layers, why)
 
 
-def check_context_init(n_key, n_ctx, init_key, ctx_init, tokenizer):
+def check_context_init(n_key, n_ctx, init_key, ctx_init, backbone):
     """ConfigError when an IVLP-family context cannot come from its init phrase.
 
     With a phrase and n <= MAX_WORD_INIT the context starts from the phrase's first n
     token embeddings and the whole phrase stays in the template, so the phrase needs at
     least n tokens (the reference would silently take end-of-text and padding embeddings
     and cut the class name short). n > MAX_WORD_INIT means random init (no check).
+
+    Args:
+        n_key, init_key: config keys of n and of the phrase (named in the message).
+        backbone: MODEL.BACKBONE.NAME, whose tokenizer counts the phrase's tokens.
     """
     if not ctx_init or n_ctx > MAX_WORD_INIT:
         return
-    available = tokenizer.num_tokens(ctx_init.replace("_", " ").strip())
+    available = _phrase_tokens(backbone, ctx_init.replace("_", " ").strip())
     if n_ctx > available:
         raise ConfigError(
             f'{n_key} is {n_ctx}, but {init_key} "{ctx_init}" has only {available} tokens. The '
@@ -128,6 +134,13 @@ def check_context_init(n_key, n_ctx, init_key, ctx_init, tokenizer):
             f"stays in the prompt, so it needs at least {n_ctx} tokens: use a longer phrase, a "
             f'smaller {n_key}, or {init_key} "" for random initialisation.'
         )
+
+
+@functools.lru_cache(maxsize=64)
+def _phrase_tokens(backbone, phrase):
+    """Number of BPE tokens of ``phrase`` for the backbone's tokenizer (cached: building a
+    tokenizer reads its whole vocabulary)."""
+    return Tokenizer(backbone).num_tokens(phrase)
 
 
 # Checkpoints of the MaPLe/PromptSRC repositories hold the whole CLIP model: frozen weights

@@ -1,0 +1,131 @@
+"""CoCoOp: Conditional Context Optimization (Zhou et al., CVPR 2022).
+
+CoOp's context made image-conditional: a small meta-net maps the normalised image
+feature f_b to a shift pi_b, added to every context vector, so each image gets its own
+prompts ctx + pi_b for all C classes. logits[b, c] = 100 cos(f_b, text(ctx + pi_b, c));
+loss = cross-entropy. CLIP stays frozen.
+
+The text tower therefore encodes B x C prompts per batch. They are encoded in chunks of
+at most TRAINER.COCOOP.TEXT_CHUNK_SIZE (image, class) prompts, so memory is bounded by
+the chunk, not by B x C (the reference encodes all C prompts of an image at once and
+keeps every image's features: 100 x 1000 prompts per ImageNet test batch). Results do not
+depend on the chunk size.
+"""
+from collections import OrderedDict
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from yacs.config import CfgNode as CN
+
+from vlprompt.clip import PromptedCLIP, TextContext
+from vlprompt.config import check_choice, check_range, register_cfg_extension
+from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.amp import PRECISIONS
+
+
+@register_cfg_extension
+def add_cocoop_config(cfg):
+    cfg.TRAINER.COCOOP = CN()
+    cfg.TRAINER.COCOOP.N_CTX = 16  # number of context vectors (ignored when CTX_INIT is set)
+    cfg.TRAINER.COCOOP.CTX_INIT = ""  # init phrase, e.g. "a photo of a" (n := its number of words)
+    cfg.TRAINER.COCOOP.PREC = "fp16"  # fp16 = autocast with fp32 master weights on CUDA
+    cfg.TRAINER.COCOOP.TEXT_CHUNK_SIZE = 2048  # max (image, class) prompts per text-encoder call
+
+
+class ConditionalContext(TextContext):
+    """CoOp's context plus the meta-net that shifts it per image.
+
+    Args:
+        text_tower, tokenizer, classnames, n_ctx, ctx_init: as TextContext ("coop" mode).
+        feature_dim: dimension E of CLIP's image features (input of the meta-net).
+
+    Attributes:
+        ctx: Parameter [n, D].
+        meta_net: linear1 (E -> E/16), ReLU, linear2 (E/16 -> D).
+    """
+
+    def __init__(self, text_tower, tokenizer, classnames, n_ctx, ctx_init, feature_dim):
+        super().__init__(text_tower, tokenizer, classnames, n_ctx=n_ctx, ctx_init=ctx_init)
+        hidden = feature_dim // 16
+        self.meta_net = nn.Sequential(OrderedDict([
+            ("linear1", nn.Linear(feature_dim, hidden)),
+            ("relu", nn.ReLU(inplace=True)),
+            ("linear2", nn.Linear(hidden, text_tower.width)),
+        ]))
+
+    def conditioned(self, image_features):
+        """Per-image contexts [B, n, D] from normalised image features [B, E]."""
+        return self.ctx.unsqueeze(0) + self.meta_net(image_features).unsqueeze(1)
+
+    def pair_embeddings(self, contexts, classes):
+        """Prompt embeddings [N, L, D] of N (context, class) pairs.
+
+        Args:
+            contexts: [N, n, D], one context per pair.
+            classes: [N] class indices.
+        """
+        contexts = contexts.to(self.token_prefix.dtype)
+        return torch.cat([self.token_prefix[classes], contexts, self.token_suffix[classes]], dim=1)
+
+
+class CoCoOpCLIP(PromptedCLIP):
+    """Frozen CLIP with CoCoOp's image-conditional text context.
+
+    Args:
+        clip: CLIPRunner. tokenizer: Tokenizer. classnames: C names.
+        node: cfg.TRAINER.COCOOP.
+    """
+
+    def __init__(self, clip, tokenizer, classnames, node):
+        super().__init__(clip)
+        self.prompt_learner = ConditionalContext(
+            clip.text, tokenizer, classnames, n_ctx=node.N_CTX, ctx_init=node.CTX_INIT,
+            feature_dim=clip.text.output_dim,  # image and text features share CLIP's embedding
+        )
+        self.chunk_size = node.TEXT_CHUNK_SIZE
+
+    def forward(self, images):
+        image_features = F.normalize(self.clip.encode_image(images), dim=-1)
+        contexts = self.prompt_learner.conditioned(image_features)
+        return self.logit_scale * self.conditional_similarities(image_features, contexts)
+
+    def conditional_similarities(self, image_features, contexts):
+        """cos(f_b, text(contexts_b, c)) for all images b and classes c: [B, C].
+
+        The B x C prompts are encoded ``chunk_size`` at a time (flattened image-major).
+        """
+        prompts = self.prompt_learner
+        num_images, num_classes = image_features.shape[0], prompts.num_classes
+        pairs = torch.arange(num_images * num_classes, device=image_features.device)
+        similarities = []
+        for chunk in pairs.split(self.chunk_size):
+            images, classes = chunk // num_classes, chunk % num_classes
+            embeddings = prompts.pair_embeddings(contexts[images], classes)
+            text = self.clip.text(embeddings=embeddings, eot=prompts.eot[classes]).features
+            similarities.append((image_features[images] * F.normalize(text, dim=-1)).sum(dim=-1))
+        return torch.cat(similarities).view(num_images, num_classes)
+
+    def loss(self, images, labels):
+        logits = self(images)
+        return F.cross_entropy(logits, labels), logits, {}
+
+
+@TRAINER_REGISTRY.register()
+class CoCoOp(ClipTrainer):
+    """CoCoOp trainer; the checkpointed module is the prompt learner (context + meta-net)."""
+
+    def check_cfg(self, cfg):
+        node = cfg.TRAINER.COCOOP
+        check_choice("TRAINER.COCOOP.PREC", node.PREC, PRECISIONS)
+        check_range("TRAINER.COCOOP.N_CTX", node.N_CTX, minimum=1)
+        check_range("TRAINER.COCOOP.TEXT_CHUNK_SIZE", node.TEXT_CHUNK_SIZE, minimum=1)
+
+    def build_model(self):
+        clip, tokenizer = self.build_clip()
+        self.model = CoCoOpCLIP(clip, tokenizer, self.classnames, self.cfg.TRAINER.COCOOP).to(self.device)
+        self.register_learner("prompt_learner", self.model.prompt_learner)
+
+    def get_class_dependent_keys(self, name):
+        # Reference CoCoOp checkpoints also hold the class-dependent embeddings.
+        return ["token_prefix", "token_suffix"]

@@ -1,0 +1,120 @@
+"""MaPLe: Multi-modal Prompt Learning (Khattak et al., CVPR 2023).
+
+Text prompts are learned; the vision prompts are derived from them by coupling
+functions, V_k = F_k(T_k) with F_k: Linear(D_t -> D_v), for every prompted layer
+k = 1..J. T_1 [n, D_t] starts from the first n tokens of "a photo of a" (n = 2: "a photo",
+"of a" stays as fixed tokens before the class name), T_2..T_J ~ N(0, 0.02); F_2..F_J
+start as identical copies of one default-initialised Linear, F_1 is a separate one.
+Gradients reach the text prompts through both towers. logits = 100 cos(image, text);
+loss = cross-entropy; CLIP stays frozen.
+"""
+import copy
+
+import torch.nn.functional as F
+from torch import nn
+from yacs.config import CfgNode as CN
+
+from vlprompt.clip import (
+    PromptedCLIP, TextContext, check_context_init, check_prompt_depth, prompt_parameters,
+    read_reference_checkpoints, text_prompt_plan, tower_depths, vision_prompt_plan,
+)
+from vlprompt.config import check_choice, check_range, register_cfg_extension
+from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.amp import PRECISIONS
+
+
+@register_cfg_extension
+def add_maple_config(cfg):
+    cfg.TRAINER.MAPLE = CN()
+    cfg.TRAINER.MAPLE.N_CTX = 2  # prompt tokens per layer (both towers)
+    cfg.TRAINER.MAPLE.CTX_INIT = "a photo of a"  # init phrase of T_1
+    cfg.TRAINER.MAPLE.PREC = "fp16"  # fp16 = autocast with fp32 master weights on CUDA
+    cfg.TRAINER.MAPLE.PROMPT_DEPTH = 9  # layers with prompts in both towers (1 = shallow MaPLe)
+
+
+class MultiModalPromptLearner(TextContext):
+    """MaPLe's learnable part: the text context T_1, deep text prompts and the couplings.
+
+    Args:
+        text_tower, tokenizer, classnames, n_ctx, ctx_init: as TextContext ("ivlp" mode).
+        depth: J, number of prompted layers.
+        vision_width: D_v of the image tower.
+
+    Attributes (names as in the reference, so its checkpoints load):
+        ctx: T_1 [n, D_t].
+        proj: F_1, Linear(D_t, D_v).
+        compound_prompts_text: T_2..T_J, J-1 Parameters [n, D_t].
+        compound_prompt_projections: F_2..F_J, J-1 Linear(D_t, D_v).
+    """
+
+    def __init__(self, text_tower, tokenizer, classnames, n_ctx, ctx_init, depth, vision_width):
+        super().__init__(text_tower, tokenizer, classnames, n_ctx=n_ctx, ctx_init=ctx_init, init_mode="ivlp")
+        width = text_tower.width
+        self.proj = nn.Linear(width, vision_width)
+        self.compound_prompts_text = prompt_parameters(depth - 1, n_ctx, width)
+        coupling = nn.Linear(width, vision_width)
+        self.compound_prompt_projections = nn.ModuleList(copy.deepcopy(coupling) for _ in range(depth - 1))
+
+    def vision_prompts(self):
+        """V_1..V_J = F_k(T_k): J tensors [n, D_v]."""
+        deep = zip(self.compound_prompt_projections, self.compound_prompts_text)
+        return [self.proj(self.ctx)] + [coupling(prompts) for coupling, prompts in deep]
+
+
+class MaPLeCLIP(PromptedCLIP):
+    """Frozen CLIP with MaPLe's coupled prompts.
+
+    Args:
+        clip: CLIPRunner. tokenizer: Tokenizer. classnames: C names.
+        node: cfg.TRAINER.MAPLE.
+    """
+
+    def __init__(self, clip, tokenizer, classnames, node):
+        super().__init__(clip)
+        self.prompt_learner = MultiModalPromptLearner(
+            clip.text, tokenizer, classnames, n_ctx=node.N_CTX, ctx_init=node.CTX_INIT,
+            depth=node.PROMPT_DEPTH, vision_width=clip.visual.width,
+        )
+        print(f'MaPLe: initial context "{self.prompt_learner.phrase}" ({node.N_CTX} learned tokens), '
+              f"prompt depth {node.PROMPT_DEPTH}")
+        read_reference_checkpoints(self)
+
+    def compute_text_features(self):
+        prompts = self.prompt_learner
+        plan = text_prompt_plan(prompts.compound_prompts_text)
+        return self.clip.text(embeddings=prompts(), eot=prompts.eot, plan=plan).features
+
+    def image_features(self, images):
+        """Normalised image features [B, E] with the coupled vision prompts."""
+        plan = vision_prompt_plan(self.prompt_learner.vision_prompts())
+        return F.normalize(self.clip.encode_image(images, plan), dim=-1)
+
+    def forward(self, images):
+        return self.cosine_logits(self.image_features(images), self.class_text_features())
+
+    def loss(self, images, labels):
+        logits = self(images)
+        return F.cross_entropy(logits, labels), logits, {}
+
+
+@TRAINER_REGISTRY.register()
+class MaPLe(ClipTrainer):
+    """MaPLe trainer; the whole model is registered (as the reference) under "MultiModalPromptLearner"."""
+
+    def check_cfg(self, cfg):
+        node, backbone = cfg.TRAINER.MAPLE, cfg.MODEL.BACKBONE.NAME
+        check_choice("TRAINER.MAPLE.PREC", node.PREC, PRECISIONS)
+        vision_layers, text_layers = tower_depths(backbone)
+        check_prompt_depth("TRAINER.MAPLE.PROMPT_DEPTH", node.PROMPT_DEPTH, text_layers, 1, "text", backbone)
+        check_prompt_depth("TRAINER.MAPLE.PROMPT_DEPTH", node.PROMPT_DEPTH, vision_layers, 1, "image", backbone)
+        check_range("TRAINER.MAPLE.N_CTX", node.N_CTX, minimum=1)
+        check_context_init("TRAINER.MAPLE.N_CTX", node.N_CTX, "TRAINER.MAPLE.CTX_INIT", node.CTX_INIT, backbone)
+
+    def build_model(self):
+        clip, tokenizer = self.build_clip()
+        self.model = MaPLeCLIP(clip, tokenizer, self.classnames, self.cfg.TRAINER.MAPLE).to(self.device)
+        self.register_learner("MultiModalPromptLearner", self.model)
+
+    def get_class_dependent_keys(self, name):
+        # Reference checkpoints also hold the class-dependent embeddings.
+        return ["prompt_learner.token_prefix", "prompt_learner.token_suffix"]
