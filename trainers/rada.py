@@ -14,7 +14,7 @@ RAda trainers (FFT, TTT, Prompt, Adapter).
 import torch.nn.functional as F
 from yacs.config import CfgNode as CN
 
-from vlprompt.clip import DEFAULT_TEMPLATE
+from vlprompt.clip.templates import DEFAULT_TEMPLATE, check_template, dataset_template
 from vlprompt.clip.rational import (
     ATTN_NORMS, MASK_LOSSES, RationalMaskGenerator, mask_regularizer, rational_logits, rational_matrix,
 )
@@ -55,8 +55,7 @@ def check_rada_node(node, name):
             f"{name}: NUM_HEADS must be >= 1 (got {node.NUM_HEADS}), CHUNK_SIZE >= 0 (got {node.CHUNK_SIZE}), "
             f"TEMP > 0 (got {node.TEMP}) and ALPHA >= 0 (got {node.ALPHA})."
         )
-    if node.TEMPLATE and node.TEMPLATE.count("{}") != 1:
-        raise ConfigError(f"{name}.TEMPLATE must contain exactly one '{{}}' for the class name, got '{node.TEMPLATE}'.")
+    check_template(node.TEMPLATE, f"{name}.TEMPLATE")
 
 
 def build_mask_generator(node, dim):
@@ -101,16 +100,8 @@ class RAdaCLIP(TemplateCLIP):
         return self.loss_features(self.encode_image_features(images), labels)
 
 
-class RAdaTrainerMixin:
-    """Template choice shared by the RAda trainers (needs ``self.dm`` and ``node``)."""
-
-    def rada_templates(self, node):
-        """[TEMPLATE], or the dataset's template when TEMPLATE is empty."""
-        return [node.TEMPLATE or getattr(type(self.dm.dataset), "template", DEFAULT_TEMPLATE)]
-
-
 @TRAINER_REGISTRY.register()
-class RAda(RAdaTrainerMixin, ClipTrainer):
+class RAda(ClipTrainer):
     """RAda (EFT); the checkpointed module is the mask generator."""
 
     frozen_image_encoder = True
@@ -121,6 +112,6 @@ class RAda(RAdaTrainerMixin, ClipTrainer):
     def build_model(self):
         node = self.cfg.TRAINER.RADA
         clip, tokenizer = self.build_clip()
-        model = RAdaCLIP(clip, tokenizer, self.classnames, self.rada_templates(node), node)
-        self.model = model.to(self.device)
+        templates = [dataset_template(self.dm.dataset, node.TEMPLATE)]
+        self.model = RAdaCLIP(clip, tokenizer, self.classnames, templates, node).to(self.device)
         self.register_learner("mask_generator", self.model.mask_generator)

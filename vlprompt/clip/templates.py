@@ -5,7 +5,12 @@ attribute); this module holds only the cross-dataset lists.
 """
 from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES
 
-__all__ = ["IMAGENET_TEMPLATES", "IMAGENET_TEMPLATES_SELECT", "DEFAULT_TEMPLATE", "fill_template"]
+from vlprompt.config import ConfigError
+
+__all__ = [
+    "IMAGENET_TEMPLATES", "IMAGENET_TEMPLATES_SELECT", "DEFAULT_TEMPLATE", "fill_template", "check_template",
+    "dataset_template",
+]
 
 # CLIP's 80 ImageNet prompt templates, in CLIP's order, as format strings.
 IMAGENET_TEMPLATES = tuple(template("{}") for template in OPENAI_IMAGENET_TEMPLATES)
@@ -27,3 +32,14 @@ DEFAULT_TEMPLATE = "a photo of a {}."
 def fill_template(template, classname):
     """Sentence for one class: underscores of the class name become spaces."""
     return template.format(classname.replace("_", " "))
+
+
+def check_template(template, key):
+    """Raise ConfigError unless ``template`` (config key ``key``) is empty or has exactly one "{}"."""
+    if template and template.count("{}") != 1:
+        raise ConfigError(f"{key} must contain exactly one '{{}}' for the class name (or be empty), got '{template}'.")
+
+
+def dataset_template(dataset, template=""):
+    """``template`` if given, else the dataset class's ``template`` attribute, else DEFAULT_TEMPLATE."""
+    return template or getattr(type(dataset), "template", DEFAULT_TEMPLATE)
