@@ -81,7 +81,7 @@ def test_default_embedder_hdbscan_and_heat_map(setup, capsys):
     (["--quantile", "0.7"], "--quantile must be in (0, 0.5]"),
     (["--first-layer", "4"], "--first-layer must be in 1..3"),
     (["--corpus", "nowhere.tsv"], "neither a built-in corpus"),
-    (["--concepts", "labels", "--embedder", "clip", "--corpus", "UNLABELLED"], "needs a labelled corpus"),
+    (["--concepts", "labels", "--embedder", "clip", "--corpus", "UNLABELLED"], "groups phrases by their corpus labels, but the corpus"),
 ])
 def test_bad_input_ends_with_one_clear_message(setup, capsys, tmp_path, extra, message):
     folder, corpus, clip_files = setup

@@ -251,3 +251,14 @@ def test_synthetic_corpus_describes_single_attributes():
     assert set(corpus.labels) == {"shape", "color", "texture", "location", "size", "background"}
     assert "a red shape" in corpus.texts and "a star" in corpus.texts
     assert len(set(corpus.texts)) == len(corpus.texts)
+
+
+@pytest.mark.slow
+def test_decomposition_is_exact_on_vit_b16_architecture():
+    """The paper's setting: the last 4 of 12 layers, 12 heads each (random weights)."""
+    torch.manual_seed(0)
+    model, _ = load_clip("ViT-B/16", "random")
+    images = torch.randn(2, 3, 224, 224)
+    parts = decompose_image_features(CLIPRunner(model).visual, images, 4)
+    assert parts.heads.shape == (2, 4, 12, 512)
+    assert torch.allclose(parts.total(), model.encode_image(images), atol=1e-4)

@@ -150,6 +150,11 @@ def main(args):
     cfg = setup_cfg(args)
     device = "cuda" if torch.cuda.is_available() and cfg.USE_CUDA else "cpu"
     corpus = load_corpus(args.corpus)
+    if args.concepts == "labels" and corpus.labels is None:
+        raise ConfigError(
+            f"--concepts labels groups phrases by their corpus labels, but the corpus {corpus.source} has none "
+            "(use a .tsv file with concept<TAB>description lines, or --concepts hdbscan)."
+        )
     model, info = load_clip(cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.WEIGHTS, device=device)
     runner, tokenizer = CLIPRunner(model), Tokenizer(cfg.MODEL.BACKBONE.NAME)
     if runner.visual is None:

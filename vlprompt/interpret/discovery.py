@@ -42,7 +42,8 @@ class HeadSummary:
         distribution: concept -> fraction of the phrases (every concept of the space).
         entropy: Concept Entropy (nats); weighted_entropy: entropy of the concept shares
             weighted by each phrase's variance share (breaks entropy ties between heads).
-        dominant: most frequent concept; role: HeadRole.
+        dominant: most frequent concept.
+        role: HeadRole, assigned once the entropies of all heads are known.
     """
 
     layer: int
@@ -54,7 +55,7 @@ class HeadSummary:
     entropy: float
     weighted_entropy: float
     dominant: str
-    role: HeadRole
+    role: Optional[HeadRole] = None
 
 
 @dataclass
@@ -169,7 +170,7 @@ def discover_roles(contributions, layers: Sequence[int], corpus: Corpus, text_em
             explained=list(span.explained), phrase_concepts=[space.names[a] for a in assigned],
             distribution={name: float(p) for name, p in zip(space.names, distribution)},
             entropy=concept_entropy(distribution), weighted_entropy=concept_entropy(weighted),
-            dominant=dominant, role=HeadRole("M"),
+            dominant=dominant,
         ))
     roles = quantile_roles([h.entropy for h in heads], [h.dominant for h in heads], attributes, quantile,
                            tie_breaks=[h.weighted_entropy for h in heads])
