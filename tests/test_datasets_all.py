@@ -7,6 +7,7 @@ under Dassl's file name), the zero-shot template and the YAML config.
 import math
 import os
 import random
+import re
 
 import pytest
 import yaml
@@ -121,3 +122,19 @@ def test_dataset_on_miniature_layout(stem, mini_root, tmp_path):
 def test_registered_names_are_the_fifteen():
     assert set(TEMPLATES) <= set(DATASET_REGISTRY.registered_names())
     assert {name for name, _ in WRITERS.values()} == set(TEMPLATES)
+
+
+def test_datasets_md_table_matches_the_classes():
+    """Every row of DATASETS.md's table names an existing YAML, the class's folder(s) and its published sizes."""
+    with open(os.path.join(ROOT, "DATASETS.md")) as f:
+        rows = [line.split("|")[1:-1] for line in f if line.startswith("| ") and ".yaml" in line]
+    assert len(rows) == 15
+    for row in rows:
+        yaml_path = row[1].strip().strip("`")
+        with open(os.path.join(ROOT, yaml_path)) as f:
+            cls = DATASET_REGISTRY.get(yaml.safe_load(f)["DATASET"]["NAME"])
+        assert f"`{cls.dataset_dir}/`" in row[2]
+        assert all(f"`{alias}/`" in row[2] for alias in cls.dataset_dir_aliases)
+        assert cls.layout.startswith(cls.dataset_dir + "/")
+        sizes = [int(n.replace(",", "")) for n in re.findall(r"\d[\d,]*", row[4])]
+        assert sizes == [n for n in cls.published_sizes if n is not None]

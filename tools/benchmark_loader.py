@@ -1,0 +1,148 @@
+"""Training-loader throughput (images/s) of a dataset for several worker counts.
+
+    python tools/benchmark_loader.py --root DATA --dataset-config-file configs/datasets/imagenet.yaml \
+        --workers 0 4 8 --shots 16
+    python tools/benchmark_loader.py --synthetic output/loader_bench --workers 0 2 4
+
+The loader is the one training uses (vlprompt.data.build_data_loader) with the CLIP
+training transform: random resized crop to 224 (bicubic), flip, normalisation.
+`--synthetic DIR` first writes a DTD-layout dataset of ImageNet-sized JPEGs (500x375)
+to DIR (reused if present) and measures on it. Epoch 1 includes starting the worker
+processes (what every epoch would cost without persistent workers); later epochs
+reuse them. Trailing KEY VALUE pairs override the config (e.g. INPUT.SIZE "(336, 336)").
+"""
+import argparse
+import contextlib
+import io
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+from PIL import Image
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import datasets  # noqa: E402,F401  (registers the dataset classes)
+from vlprompt.config import get_cfg_default, merge_from_file, merge_from_list  # noqa: E402
+from vlprompt.data import build_data_loader  # noqa: E402
+from vlprompt.data.datasets import build_dataset  # noqa: E402
+from vlprompt.data.transforms import build_transform  # noqa: E402
+
+CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
+CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+
+
+def write_synthetic(root, classes=10, per_class=64, size=(500, 375), seed=0):
+    """Write `root/dtd/` (images/<class>/<class>_NNNN.jpg + split JSON, every image in train) unless present.
+
+    Images are smooth random colour fields with fine noise, saved as JPEG quality 90,
+    which gives file sizes and decode costs close to ImageNet photos.
+    """
+    base = os.path.join(root, "dtd")
+    split_path = os.path.join(base, "split_zhou_DescribableTextures.json")
+    if os.path.isfile(split_path):
+        return
+    rng = np.random.default_rng(seed)
+    width, height = size
+    train = []
+    for label in range(classes):
+        name = f"class{label:02d}"
+        os.makedirs(os.path.join(base, "images", name), exist_ok=True)
+        for i in range(per_class):
+            coarse = Image.fromarray(rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)).resize(size, Image.BICUBIC)
+            pixels = np.asarray(coarse, dtype=np.int16) + rng.integers(-12, 13, (height, width, 3))
+            relative = f"{name}/{name}_{i:04d}.jpg"
+            Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(
+                os.path.join(base, "images", relative), quality=90
+            )
+            train.append([relative, label, name])
+    with open(split_path, "w") as f:
+        json.dump({"train": train, "val": train[:1], "test": train[:1]}, f)
+
+
+def build_cfg(args):
+    cfg = get_cfg_default()
+    merge_from_file(cfg, args.dataset_config_file)
+    cfg.DATASET.ROOT = args.root
+    cfg.DATASET.NUM_SHOTS = args.shots
+    cfg.SEED = 1
+    cfg.INPUT.SIZE = (224, 224)
+    cfg.INPUT.INTERPOLATION = "bicubic"
+    cfg.INPUT.TRANSFORMS = ["random_resized_crop", "random_flip", "normalize"]
+    cfg.INPUT.PIXEL_MEAN = CLIP_MEAN
+    cfg.INPUT.PIXEL_STD = CLIP_STD
+    cfg.DATALOADER.TRAIN_X.BATCH_SIZE = args.batch_size
+    cfg.VERBOSE = False
+    merge_from_list(cfg, args.opts)
+    return cfg
+
+
+def measure(cfg, train_x, tfm, workers, epochs, max_batches):
+    """Images/s of each epoch (at most `max_batches` batches each) of a train loader with `workers` workers.
+
+    Returns:
+        (list[float], DataLoader): one rate per epoch, and the loader measured.
+    """
+    cfg.DATALOADER.NUM_WORKERS = workers
+    loader = build_data_loader(
+        cfg,
+        sampler_type=cfg.DATALOADER.TRAIN_X.SAMPLER,
+        data_source=train_x,
+        batch_size=cfg.DATALOADER.TRAIN_X.BATCH_SIZE,
+        tfm=tfm,
+        is_train=True,
+    )
+    rates = []
+    for _ in range(epochs):
+        images, start = 0, time.perf_counter()
+        for step, batch in enumerate(loader):
+            images += batch["img"].shape[0]
+            if step + 1 == max_batches:
+                break
+        rates.append(images / (time.perf_counter() - start))
+    return rates, loader
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--root", default="", help="DATASET.ROOT (ignored with --synthetic)")
+    parser.add_argument("--dataset-config-file", default="configs/datasets/dtd.yaml")
+    parser.add_argument("--synthetic", metavar="DIR", help="write (or reuse) a synthetic DTD-layout dataset in DIR")
+    parser.add_argument("--synthetic-images", type=int, nargs=2, default=(10, 64), metavar=("CLASSES", "PER_CLASS"))
+    parser.add_argument("--synthetic-size", type=int, nargs=2, default=(500, 375), metavar=("W", "H"))
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2, 4, 8])
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--shots", type=int, default=-1, help="DATASET.NUM_SHOTS (default: all images)")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--max-batches", type=int, default=50, help="batches per epoch at most")
+    parser.add_argument("opts", nargs=argparse.REMAINDER, help="KEY VALUE config overrides")
+    args = parser.parse_args(argv)
+
+    if args.synthetic:
+        classes, per_class = args.synthetic_images
+        write_synthetic(args.synthetic, classes, per_class, tuple(args.synthetic_size))
+        args.root, args.dataset_config_file = args.synthetic, "configs/datasets/dtd.yaml"
+    cfg = build_cfg(args)
+    with contextlib.redirect_stdout(io.StringIO()):
+        train_x = build_dataset(cfg).train_x
+        tfm = build_transform(cfg, is_train=True)
+
+    print(
+        f"Train loader of {cfg.DATASET.NAME} ({len(train_x):,} images), batch {args.batch_size}, "
+        f"{'+'.join(cfg.INPUT.TRANSFORMS)} at {cfg.INPUT.SIZE[0]}x{cfg.INPUT.SIZE[1]} ({cfg.INPUT.INTERPOLATION}), "
+        f"at most {args.max_batches} batches per epoch; {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}"
+    )
+    print("workers  " + "  ".join(f"epoch {e + 1} img/s" for e in range(args.epochs)) + "  persistent  pin_memory")
+    for workers in args.workers:
+        torch.manual_seed(0)
+        rates, loader = measure(cfg, train_x, tfm, workers, args.epochs, args.max_batches)
+        cells = "  ".join(f"{rate:>13.1f}" for rate in rates)
+        print(f"{workers:>7}  {cells}  {str(loader.persistent_workers):>10}  {str(loader.pin_memory):>10}")
+        del loader
+
+
+if __name__ == "__main__":
+    main()
