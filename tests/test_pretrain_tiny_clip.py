@@ -1,0 +1,35 @@
+"""tools/pretrain_tiny_clip.py: a few steps write a checkpoint that loads like real CLIP weights."""
+import os
+import sys
+
+import torch
+
+from vlprompt.clip import load_clip
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+
+import pretrain_tiny_clip  # noqa: E402
+
+
+def test_pretraining_writes_a_loadable_fp16_checkpoint_and_its_record(tmp_path, tiny_clip_files):
+    config, _ = tiny_clip_files
+    out = tmp_path / "weights" / "tiny.pt"
+    pretrain_tiny_clip.main([
+        "--model-config", config, "--out", str(out), "--seed", "3", "--steps", "3", "--batch-size", "8",
+        "--workers", "0", "--threads", "1", "--log-every", "1", "--probe-every", "0", "--probe-images", "16",
+    ])
+    stored = torch.load(out, map_location="cpu", weights_only=True)["state_dict"]
+    assert all(value.dtype == torch.float16 for value in stored.values() if value.is_floating_point())
+    model, info = load_clip(config, str(out))
+    assert info["weights"] == str(out)
+    torch.testing.assert_close(model.state_dict()["visual.proj"], stored["visual.proj"].float())
+    record = (tmp_path / "weights" / "tiny.txt").read_text()
+    assert "--seed 3 --steps 3" in record and "seed: 3\n" in record and "sha256" in record
+
+
+def test_learning_rate_warms_up_then_decays_to_zero():
+    args = pretrain_tiny_clip.build_parser().parse_args(["--out", "x.pt", "--steps", "100", "--lr", "1e-3"])
+    rates = [pretrain_tiny_clip.learning_rate(step, args) for step in range(100)]
+    assert rates[0] == 1e-3 / 3 and rates[2] == 1e-3  # 3 warm-up steps (3 % of 100)
+    assert all(a >= b for a, b in zip(rates[2:], rates[3:])) and rates[-1] < 1e-6

@@ -1,0 +1,108 @@
+"""Synthetic downstream sets: rendered on first use in the CoOp layout, read like real datasets."""
+import json
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import datasets  # noqa: F401  (registers the datasets)
+from vlprompt.config import get_cfg_default
+from vlprompt.data.datasets import DATASET_REGISTRY, DatasetLayoutError
+from vlprompt.synthetic.downstream import (
+    COLOR_SHAPE_CLASSES, SETS, SetSpec, StaleSyntheticDataError, SynthClass, ensure_dataset,
+)
+from vlprompt.synthetic.world import COLORS, SHAPES, RenderStyle
+
+SMALL = SetSpec(
+    "SmallSynth", "small_synth",
+    (SynthClass("red star", {"color": "red", "shape": "star"}),
+     SynthClass("blue ring", {"color": "blue", "shape": "ring"})),
+    RenderStyle(backgrounds=("bright",)), counts=(3, 1, 2), seed=5,
+)
+
+
+def make_cfg(root, name, shots=-1, subsample="all", seed=1):
+    cfg = get_cfg_default()
+    cfg.DATASET.ROOT = str(root)
+    cfg.DATASET.NAME = name
+    cfg.DATASET.NUM_SHOTS = shots
+    cfg.DATASET.SUBSAMPLE_CLASSES = subsample
+    cfg.SEED = seed
+    return cfg
+
+
+def test_ensure_dataset_writes_the_coop_layout_once(tmp_path):
+    folder = ensure_dataset(str(tmp_path), SMALL)
+    assert folder == str(tmp_path / "small_synth")
+    split = json.load(open(tmp_path / "small_synth" / "split_zhou_SmallSynth.json"))
+    assert [len(split[p]) for p in ("train", "val", "test")] == [6, 2, 4]
+    assert split["train"][0] == ["red_star/train_000.png", 0, "red star"]
+    assert split["test"][-1] == ["blue_ring/test_001.png", 1, "blue ring"]
+    image = Image.open(tmp_path / "small_synth" / "images" / "red_star" / "train_000.png")
+    assert image.size == (32, 32) and image.mode == "RGB"
+    stamp = os.path.getmtime(tmp_path / "small_synth" / "split_zhou_SmallSynth.json")
+    ensure_dataset(str(tmp_path), SMALL)  # already there: not rendered again
+    assert os.path.getmtime(tmp_path / "small_synth" / "split_zhou_SmallSynth.json") == stamp
+    assert not [name for name in os.listdir(tmp_path) if ".tmp-" in name]
+
+
+def test_sets_are_identical_on_every_render(tmp_path):
+    ensure_dataset(str(tmp_path / "a"), SMALL)
+    ensure_dataset(str(tmp_path / "b"), SMALL)
+    for name in ("red_star/train_002.png", "blue_ring/test_001.png"):
+        a = np.asarray(Image.open(tmp_path / "a" / "small_synth" / "images" / name))
+        b = np.asarray(Image.open(tmp_path / "b" / "small_synth" / "images" / name))
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_set_from_another_generator_is_refused(tmp_path):
+    ensure_dataset(str(tmp_path), SMALL)
+    with pytest.raises(StaleSyntheticDataError, match=r"seed 5 \(now 6\)\. Delete the folder"):
+        ensure_dataset(str(tmp_path), SetSpec(SMALL.name, SMALL.folder, SMALL.classes, SMALL.style,
+                                              counts=SMALL.counts, seed=6))
+
+
+def test_main_set_base_and_new_halves_share_every_word():
+    names = [c.name for c in COLOR_SHAPE_CLASSES]
+    assert len(names) == len(set(names)) == len(COLORS) * len(SHAPES) == 80
+    for half in (COLOR_SHAPE_CLASSES[:40], COLOR_SHAPE_CLASSES[40:]):
+        assert {c.attributes["color"] for c in half} == set(COLORS)
+        assert {c.attributes["shape"] for c in half} == set(SHAPES)
+
+
+@pytest.fixture(scope="module")
+def synthetic_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("synthetic_data")
+
+
+def test_main_set_loads_through_the_registry_with_few_shot_and_subsampling(synthetic_root):
+    base = DATASET_REGISTRY.get("SyntheticShapes")(make_cfg(synthetic_root, "SyntheticShapes", 16, "base"))
+    assert base.classnames == [c.name for c in COLOR_SHAPE_CLASSES[:40]]
+    assert (len(base.train_x), len(base.val), len(base.test)) == (16 * 40, 4 * 40, 25 * 40)
+    assert os.path.isfile(synthetic_root / "synthetic_shapes" / "split_fewshot" / "shot_16-seed_1.json")
+    new = DATASET_REGISTRY.get("SyntheticShapes")(make_cfg(synthetic_root, "SyntheticShapes", 16, "new"))
+    assert new.classnames == [c.name for c in COLOR_SHAPE_CLASSES[40:]]
+    assert new.test[0].label == 0 and new.test[0].classname == COLOR_SHAPE_CLASSES[40].name
+
+
+def test_domain_generalisation_sets_are_test_only(synthetic_root):
+    for name in ("SyntheticShapesV2", "SyntheticShapesSketch"):
+        dataset = DATASET_REGISTRY.get(name)(make_cfg(synthetic_root, name))
+        assert dataset.classnames == [c.name for c in COLOR_SHAPE_CLASSES]
+        assert len(dataset.test) == 15 * 80 and not dataset.val
+        assert [d.impath for d in dataset.train_x] == [d.impath for d in dataset.test]
+
+
+def test_cross_dataset_set_has_its_own_vocabulary(synthetic_root):
+    dataset = DATASET_REGISTRY.get("SyntheticPatterns")(make_cfg(synthetic_root, "SyntheticPatterns"))
+    assert len(dataset.classnames) == 40 and "striped star" in dataset.classnames
+    assert not set(dataset.classnames) & {c.name for c in COLOR_SHAPE_CLASSES}
+    assert set(SETS) == {"SyntheticShapes", "SyntheticPatterns", "SyntheticShapesV2", "SyntheticShapesSketch"}
+
+
+def test_an_incomplete_set_names_the_fix(tmp_path):
+    folder = ensure_dataset(str(tmp_path), SETS["SyntheticShapesSketch"])
+    os.remove(os.path.join(folder, "split_zhou_SyntheticShapesSketch.json"))
+    with pytest.raises(DatasetLayoutError, match="Delete that folder"):
+        DATASET_REGISTRY.get("SyntheticShapesSketch")(make_cfg(tmp_path, "SyntheticShapesSketch"))
