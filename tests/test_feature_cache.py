@@ -88,6 +88,16 @@ def test_cached_training_equals_uncached_training(uncached, cached):
         assert torch.equal(*states)
 
 
+def test_cached_training_equals_uncached_training_with_loader_workers(data_root, tiny_clip_files, tmp_path):
+    """With workers, each item is read with its own seed drawn from the global generator."""
+    runs = [
+        trained_run(data_root, tmp_path / enabled, tiny_clip_files, tmp_path / "cache",
+                    "FEATURE_CACHE.ENABLED", enabled, "DATALOADER.NUM_WORKERS", "1", "OPTIM.MAX_EPOCH", "1")
+        for enabled in ("False", "True")
+    ]
+    assert_same_generator(*runs)
+
+
 def test_a_second_run_reads_the_cache(data_root, tiny_clip_files, cached, monkeypatch, tmp_path):
     first, base = cached
     files = cache_files(base / "cache")

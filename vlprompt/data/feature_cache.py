@@ -55,9 +55,17 @@ def _file_identity(path):
     return path
 
 
+def _dataset_wrapper(loader):
+    """The DatasetWrapper behind a loader of ``build_data_loader`` (also inside its worker-seeding wrapper)."""
+    dataset = loader.dataset
+    while not hasattr(dataset, "data_source"):
+        dataset = dataset.dataset
+    return dataset
+
+
 def _loader_items(loader):
     """Digest of the (path, label) items behind a loader built by ``build_data_loader``."""
-    items = [[item.impath, item.label] for item in loader.dataset.data_source]
+    items = [[item.impath, item.label] for item in _dataset_wrapper(loader).data_source]
     return {"count": len(items), "sha256": _digest(items)}
 
 
@@ -204,7 +212,7 @@ class FeatureCache:
             kind="train",
             split="train_x",
             items=_loader_items(loader),
-            transform=repr(loader.dataset.transform),
+            transform=repr(_dataset_wrapper(loader).transform),
             loader=[type(loader.sampler).__name__, loader.batch_size, loader.drop_last, loader.num_workers,
                     self.cfg.DATALOADER.K_TRANSFORMS],
             seed=self.cfg.SEED,
@@ -252,7 +260,7 @@ class FeatureCache:
         """Cached stand-in for an evaluation ``loader`` (sequential sampler) of ``split``."""
         key = dict(
             self.common_key, kind="eval", split=split, items=_loader_items(loader),
-            transform=repr(loader.dataset.transform),
+            transform=repr(_dataset_wrapper(loader).transform),
         )
         entry = self._read(key, split)
         if entry is None:

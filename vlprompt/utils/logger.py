@@ -76,12 +76,15 @@ def close_logger():
 
 
 def _log_file_path(output):
-    """The log file for ``output``: itself if it ends in .txt/.log, else ``output/log.txt``;
-    if that file exists, the same name plus "-YYYY-MM-DD-HH-MM-SS"."""
+    """The log file for ``output``: itself if it ends in .txt/.log, else ``output/log.txt``
+    (``output/log-rank<R>.txt`` in the process of rank R > 0 of a torchrun job, so that the
+    processes never write one file); if that file exists, the same name plus
+    "-YYYY-MM-DD-HH-MM-SS"."""
+    rank = int(os.environ.get("RANK", "0"))
     if output.endswith(".txt") or output.endswith(".log"):
         fpath = output
     else:
-        fpath = osp.join(output, "log.txt")
+        fpath = osp.join(output, "log.txt" if rank == 0 else f"log-rank{rank}.txt")
     if osp.exists(fpath):
         fpath += time.strftime("-%Y-%m-%d-%H-%M-%S")
     return fpath
