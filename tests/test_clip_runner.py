@@ -237,3 +237,27 @@ def test_vit_b16_random_weights_equal_open_clip():
     with torch.no_grad():
         torch.testing.assert_close(runner.encode_image(images), reference.encode_image(images), **TOL)
         torch.testing.assert_close(runner.encode_text(ids), reference.encode_text(ids), **TOL)
+
+
+def test_rows_of_the_last_block_equal_the_full_computation(tiny):
+    """Computing only some rows in the last block (keys/values from all) is exact for them."""
+    model, _, tokenizer = tiny
+    runner = CLIPRunner(model)
+    images, _ = _inputs(tokenizer)
+    extra = torch.randn(3, 64)
+    mask = torch.zeros(4, 20, 20)
+    mask[1, :17, 17:] = float("-inf")
+    plan = Plan(layers={1: InsertTokens(extra)}, masks={2: mask})
+    with torch.no_grad():
+        full = runner.visual(images, plan)
+        some = runner.visual(images, plan, rows=[0, 17, 19])
+        pooled = runner.visual(images, rows=[0])
+        block = model.visual.transformer.resblocks[0]
+        x = torch.randn(2, 9, 64)
+        torch.testing.assert_close(attention_block(block, x, rows=[4, 1]), attention_block(block, x)[:, [4, 1]], **TOL)
+    assert some.tokens.shape == (3, 3, 64)
+    torch.testing.assert_close(some.tokens, full.tokens[:, [0, 17, 19]], **TOL)
+    torch.testing.assert_close(some.features, full.features, **TOL)
+    torch.testing.assert_close(pooled.features, runner.visual(images).features, **TOL)
+    with pytest.raises(ValueError, match="class token position 0"):
+        runner.visual(images, rows=[1, 0])

@@ -155,21 +155,26 @@ def test_beta_remixing_of_attribute_and_text_rows(tiny):
     torch.testing.assert_close(out[:, [0, *range(5, 32)]], t[:, [0, *range(5, 32)]], rtol=0, atol=0)
 
 
-def test_cached_text_prefix_equals_recomputing_all_layers(tiny):
+def test_cached_text_prefix_equals_recomputing_all_layers_at_full_length(tiny):
+    """DeAR's text features (cached prefix below J, padding trimmed) equal running every
+    layer on the full-length sentences with the same prompts."""
     dear = build(tiny, TEXT_INJECT_LAYER=2)
     randomise_prompts(dear)
     text = dear.clip.text
     text.clear_cache()
+    full_ids = dear.tokenizer([TEMPLATE.format(name) for name in CLASSES], reserve=4)
+    assert dear.token_ids.shape[1] < full_ids.shape[1] == 32
+    assert torch.equal(dear.token_ids, full_ids[:, : dear.token_ids.shape[1]])
     with torch.no_grad():
         cached = dear.compute_text_features()
         assert len(text._prefix_cache) == 1
         cached_again = dear.compute_text_features()
         assert len(text._prefix_cache) == 1
-        full = text(embeddings=text.embed(dear.token_ids), eot=dear.token_ids.argmax(-1), plan=dear.text_plan())
-    torch.testing.assert_close(cached, full.features, rtol=1e-6, atol=1e-6)
+        full = text(embeddings=text.embed(full_ids), eot=full_ids.argmax(-1), plan=dear.text_plan())
+    torch.testing.assert_close(cached, full.features, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(cached_again, cached, rtol=0, atol=0)
     # The prompts were inserted: the pooled position moved by N_CTX_TEXT.
-    assert torch.equal(full.eot, dear.token_ids.argmax(-1) + 4)
+    assert torch.equal(full.eot, full_ids.argmax(-1) + 4)
 
 
 def test_no_prompt_tokens_and_no_attribute_tokens_is_zero_shot_clip(tiny):

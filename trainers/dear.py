@@ -148,9 +148,16 @@ class DeARCLIP(PromptedCLIP):
         self.set_classnames(classnames)
 
     def set_classnames(self, classnames):
-        """Tokenize the template sentences of a class list (room left for the text prompts)."""
+        """Tokenize the template sentences of a class list (room left for the text prompts).
+
+        Padding beyond the longest sentence plus the inserted prompts is dropped: under the
+        causal mask it never reaches an end-of-text token, so the features are unchanged
+        and the text side costs several times less than at the full context length.
+        """
         sentences = [fill_template(self.template, name) for name in classnames]
-        ids = self.tokenizer(sentences, reserve=self.prompt_learner.text_tokens.shape[0])
+        n_ctx = self.prompt_learner.text_tokens.shape[0]
+        ids = self.tokenizer(sentences, reserve=n_ctx)
+        ids = ids[:, : int(self.clip.text.eot_positions(ids).max()) + 1 + n_ctx]
         self.register_buffer("token_ids", ids.to(self.logit_scale.device), persistent=False)
         self._frozen_text = self._eval_text_features = None
 
@@ -209,10 +216,13 @@ class DeARCLIP(PromptedCLIP):
         visual = self.clip.visual
         hidden = visual.run_prefix(images, self.vision_block)
         num_original = hidden.shape[1]
-        out = visual(hidden=hidden, start=self.vision_block, plan=self.vision_plan(num_original, hidden.device))
+        num_attr = len(self.attributes) * self.tokens_per_attribute
+        rows = [0, *range(num_original, num_original + num_attr)]  # the last block computes only these
+        out = visual(hidden=hidden, start=self.vision_block, plan=self.vision_plan(num_original, hidden.device),
+                     rows=rows)
         if not self.attributes:
             return out.features, out.features.new_zeros(out.features.shape[0], 0, out.features.shape[1]), hidden
-        attr = out.tokens[:, num_original:].unflatten(1, (len(self.attributes), self.tokens_per_attribute))
+        attr = out.tokens[:, 1:].unflatten(1, (len(self.attributes), self.tokens_per_attribute))
         return out.features, visual.ln_post(attr.mean(2)) @ self.prompt_learner.attr_proj, hidden
 
     def fusion_weights(self):
@@ -240,7 +250,7 @@ class DeARCLIP(PromptedCLIP):
         total, terms = ce, {"ce": ce.detach()}
         if self.lambda_reg > 0:
             with torch.no_grad():
-                frozen_image = self.clip.visual(hidden=hidden, start=self.vision_block).features
+                frozen_image = self.clip.visual(hidden=hidden, start=self.vision_block, rows=[0]).features
             reg = (1 - F.cosine_similarity(f_cls, frozen_image, dim=-1)).mean() + (
                 1 - F.cosine_similarity(text_features, self.frozen_text_features(), dim=-1)).mean()
             total, terms["reg"] = total + self.lambda_reg * reg, reg.detach()

@@ -159,27 +159,40 @@ class TowerOutput:
 
 # ----------------------------------------------------------------------------- blocks
 
-def attention_block(block, x, attn_mask=None):
+def attention_block(block, x, attn_mask=None, rows=None):
     """One pre-LN residual block of CLIP with an optional additive attention mask.
 
     Args:
         block: open_clip ResidualAttentionBlock (frozen weights used as they are).
         x: [B, L, D].
         attn_mask: None, [L, L] or [heads, L, L]; broadcast over the batch.
+        rows: None, or the positions (a list of indices) whose outputs are wanted: keys
+            and values still come from all L positions, but queries, residuals and the
+            MLP are computed for those rows only (e.g. the pooled token of a last block).
 
     Returns:
-        [B, L, D].
+        [B, L, D], or [B, R, D] for R ``rows``.
     """
     attn = block.attn
     h = block.ln_1(x)
     batch, length, width = h.shape
     heads = attn.num_heads
-    qkv = F.linear(h, attn.in_proj_weight, attn.in_proj_bias)
-    q, k, v = qkv.view(batch, length, 3, heads, width // heads).permute(2, 0, 3, 1, 4)
+    if rows is None:
+        qkv = F.linear(h, attn.in_proj_weight, attn.in_proj_bias)
+        q, k, v = qkv.view(batch, length, 3, heads, width // heads).permute(2, 0, 3, 1, 4)
+    else:
+        weight, bias = attn.in_proj_weight, attn.in_proj_bias
+        x = x[:, rows]
+        q = F.linear(h[:, rows], weight[:width], None if bias is None else bias[:width])
+        q = q.view(batch, -1, heads, width // heads).transpose(1, 2)
+        kv = F.linear(h, weight[width:], None if bias is None else bias[width:])
+        k, v = kv.view(batch, length, 2, heads, width // heads).permute(2, 0, 3, 1, 4)
+        if attn_mask is not None:
+            attn_mask = attn_mask[..., rows, :]
     if attn_mask is not None:
         attn_mask = attn_mask.to(q.dtype)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-    out = out.transpose(1, 2).reshape(batch, length, width)
+    out = out.transpose(1, 2).reshape(batch, -1, width)
     x = x + block.ls_1(attn.out_proj(out))
     return x + block.ls_2(block.mlp(block.ln_2(x)))
 
@@ -215,13 +228,15 @@ class _Tower(nn.Module):
         """The tower's own additive mask for a sequence of ``length`` (None: no mask)."""
         return None
 
-    def run_blocks(self, x, start, stop, plan=EMPTY_PLAN, state=None):
+    def run_blocks(self, x, start, stop, plan=EMPTY_PLAN, state=None, rows=None):
         """Run blocks ``start .. stop-1`` with the plan's edits and masks.
 
         Args:
             x: [N, L, D] hidden states at the input of block ``start``.
+            rows: positions whose outputs the last block computes (None: all; see
+                ``attention_block``).
         Returns:
-            [N, L', D] hidden states at the input of block ``stop``.
+            [N, L', D] hidden states at the input of block ``stop`` ([N, R, D] with rows).
         """
         state = state or _RunState()
         for index in range(start, stop):
@@ -231,7 +246,7 @@ class _Tower(nn.Module):
             extra = plan.masks.get(index)
             if extra is not None:
                 mask = extra if mask is None else extra + mask.to(extra.dtype)
-            x = attention_block(self.blocks[index], x, mask)
+            x = attention_block(self.blocks[index], x, mask, rows=rows if index == stop - 1 else None)
         return x
 
 
@@ -295,7 +310,7 @@ class VisionTower(_Tower):
         """``ln_post`` then the frozen projection: [..., D] -> [..., E]."""
         return self.ln_post(tokens) @ self.proj
 
-    def forward(self, images=None, plan=EMPTY_PLAN, hidden=None, start=0):
+    def forward(self, images=None, plan=EMPTY_PLAN, hidden=None, start=0, rows=None):
         """Encode images, or continue from hidden states.
 
         Args:
@@ -304,10 +319,16 @@ class VisionTower(_Tower):
             hidden: [B, L, D] hidden states at the input of block ``start`` (e.g. a
                 prefix shared between a prompted and a frozen branch).
             start: first block to run when ``hidden`` is given.
+            rows: None, or the token positions the last block computes, starting with
+                the class token 0 (e.g. ``[0]``, or ``[0]`` plus appended prompt tokens):
+                the other positions' final states are skipped, which is exact for them.
 
         Returns:
-            TowerOutput with features [B, E] (class token) and final tokens.
+            TowerOutput with features [B, E] (class token) and final tokens ([B, L, D],
+            or [B, R, D] in the order of ``rows``).
         """
+        if rows is not None and (len(rows) == 0 or int(rows[0]) != 0):
+            raise ValueError(f"rows must start with the class token position 0, got {list(rows)}.")
         if hidden is None:
             first = plan.first_layer(self.num_layers)
             if first < 0:
@@ -315,7 +336,7 @@ class VisionTower(_Tower):
             else:
                 hidden = self.run_prefix(images, first)
                 start = first
-        x = self.run_blocks(hidden, start, self.num_layers, plan)
+        x = self.run_blocks(hidden, start, self.num_layers, plan, rows=rows)
         return TowerOutput(features=self.project(x[:, 0]), tokens=x)
 
     def run_prefix(self, images, stop):

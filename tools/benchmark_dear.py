@@ -1,0 +1,132 @@
+"""Cost of a DeAR training step, with and without the self-regulariser L_reg.
+
+Builds the ViT-B/16 architecture with random weights (no download; the cost does not
+depend on the weight values) and DeAR with the paper's settings (role map of
+configs/head_roles/vit_b16_openai.yaml, J = 9, 5 attributes, 4 text tokens), then times
+on one batch:
+
+* ``frozen``: a plain frozen CLIP image forward of the batch (no autograd);
+* ``dear``: a DeAR training step (forward, loss, backward, AdamW step) with L_reg;
+* ``dear_noreg``: the same step with LAMBDA_REG 0 (no frozen branch).
+
+Measurements are interleaved round by round and the median is reported. On CUDA the
+step runs under autocast (PREC amp) and images/s and peak memory are printed too. On a
+CPU shared with other jobs wall-clock times are unreliable; ``--clock cpu`` times the
+process's CPU time instead (all its threads).
+
+    python tools/benchmark_dear.py                       # batch 16 at 224, 50 classes
+    python tools/benchmark_dear.py --batch 4 --rounds 5  # a quicker CPU run
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from trainers.dear import DeARCLIP, deep_head_roles  # noqa: E402
+from vlprompt.clip import CLIPRunner, Tokenizer, load_clip  # noqa: E402
+from vlprompt.config import extend_cfg, get_cfg_default  # noqa: E402
+from vlprompt.engine.amp import MixedPrecision  # noqa: E402
+
+
+def build_model(args, lambda_reg, device):
+    cfg = get_cfg_default()
+    extend_cfg(cfg)
+    node = cfg.TRAINER.DEAR
+    node.LAMBDA_REG = lambda_reg
+    node.MASK_STRATEGY = args.mask_strategy
+    model, _ = load_clip("ViT-B/16", "random", device=device)
+    clip = CLIPRunner(model)
+    roles = deep_head_roles(node, clip.visual.num_layers, clip.visual.num_heads)
+    classnames = [f"class number {i}" for i in range(args.num_classes)]
+    torch.manual_seed(0)
+    dear = DeARCLIP(clip, Tokenizer("ViT-B/16"), classnames, "a photo of a {}.", node, roles).to(device)
+    optimizer = torch.optim.AdamW([p for p in dear.parameters() if p.requires_grad], lr=1e-3)
+    return dear, optimizer
+
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main(args):
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    amp = MixedPrecision(args.prec, device)
+    images = torch.randn(args.batch, 3, args.image_size, args.image_size, device=device)
+    labels = torch.randint(0, args.num_classes, (args.batch,), device=device)
+    with_reg, optim_reg = build_model(args, 1.0, device)
+    without_reg, optim_noreg = build_model(args, 0.0, device)
+
+    def frozen():
+        with torch.no_grad(), amp.autocast():
+            with_reg.clip.visual(images)
+
+    def step(model, optimizer):
+        def run():
+            optimizer.zero_grad()
+            with amp.autocast():
+                loss, _, _ = model.loss(images, labels)
+            amp.backward(loss)
+            amp.step([optimizer])
+        return run
+
+    cases = {"frozen": frozen, "dear": step(with_reg, optim_reg), "dear_noreg": step(without_reg, optim_noreg)}
+    times = {name: [] for name in cases}
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    peak = {}
+    for round_index in range(args.warmup + args.rounds):
+        for name, fn in cases.items():
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            synchronize(device)
+            start = clock()
+            fn()
+            synchronize(device)
+            if round_index >= args.warmup:
+                times[name].append(clock() - start)
+            if device.type == "cuda":
+                peak[name] = torch.cuda.max_memory_allocated() / 2**20
+
+    median = {name: statistics.median(values) for name, values in times.items()}
+    print(f"device {device} ({torch.get_num_threads()} threads), precision {amp.prec}, batch {args.batch}, "
+          f"image {args.image_size}, {args.num_classes} classes, masks {args.mask_strategy}, "
+          f"{args.rounds} rounds after {args.warmup} warm-up, {args.clock} clock")
+    for name in cases:
+        line = f"{name:<11} median {1000 * median[name]:9.1f} ms  (min {1000 * min(times[name]):.1f}, max {1000 * max(times[name]):.1f})"
+        if args.clock == "wall":
+            line += f"  {args.batch / median[name]:8.1f} images/s"
+        if name in peak:
+            line += f"  peak memory {peak[name]:.0f} MiB"
+        print(line)
+    overhead = median["dear"] / median["dear_noreg"] - 1
+    print(f"L_reg adds {100 * overhead:.1f} % to the training step "
+          f"(target <= 15 %; the paper reports about 35 %)")
+    print(f"training step / frozen CLIP forward: with L_reg {median['dear'] / median['frozen']:.2f}x, "
+          f"without {median['dear_noreg'] / median['frozen']:.2f}x")
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--image-size", type=int, default=224, help="input resolution (a multiple of 16)")
+    parser.add_argument("--num-classes", type=int, default=50, help="classes whose text features are trained")
+    parser.add_argument("--rounds", type=int, default=10, help="timed rounds")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
+    parser.add_argument("--prec", default="amp", help="TRAINER.DEAR.PREC (CUDA only; CPU runs fp32)")
+    parser.add_argument("--mask-strategy", default="role")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall-clock time, or the process's CPU time (for a shared CPU)")
+    parser.add_argument("--cpu", action="store_true", help="stay on the CPU even if CUDA is available")
+    return parser
+
+
+if __name__ == "__main__":
+    main(build_parser().parse_args())
