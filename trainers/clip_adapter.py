@@ -130,5 +130,5 @@ class CLIPAdapter(ClipTrainer):
         node = self.cfg.TRAINER.CLIPADAPTER
         clip, tokenizer = self.build_clip()
         templates = [dataset_template(self.dm.dataset, node.TEMPLATE)]
-        self.model = CLIPAdapterCLIP(clip, tokenizer, self.classnames, templates, node).to(self.device)
+        self.model = CLIPAdapterCLIP(clip, tokenizer, self.classnames, templates, node).to(self.device).eval()
         self.register_learner("adapter", self.model.adapters)

@@ -26,16 +26,17 @@ from .zsclip import TemplateCLIP
 PRECISIONS = ("fp16", "fp32", "amp", "bf16")
 
 
-def add_rada_keys(node):
-    """Add the mask generator and mask-loss keys (paper defaults) to a trainer node."""
+def add_rada_keys(node, mask_loss=True):
+    """Add the mask generator keys and, with ``mask_loss``, the mask-loss keys (paper defaults)."""
     node.PREC = "fp16"  # fp16 = autocast with fp32 master weights on CUDA; fp32 on CPU
     node.TEMPLATE = DEFAULT_TEMPLATE  # class sentence; "" = the dataset's own template
     node.NUM_HEADS = 8
     node.ATTN_NORM = "row"  # "row" (paper) or "global" (official code: softmax over K x K / TEMP, x K)
     node.TEMP = 1.0  # attention temperature
     node.CHUNK_SIZE = 0  # images per attention chunk; 0 = auto (K = 1000 fits)
-    node.ALPHA = 1.5  # weight of the mask regulariser
-    node.MASK_LOSS = "l2"  # "l2" (paper), "linf" (official), "l1", "mse"
+    if mask_loss:
+        node.ALPHA = 1.5  # weight of the mask regulariser
+        node.MASK_LOSS = "l2"  # "l2" (paper), "linf" (official), "l1", "mse"
 
 
 @register_cfg_extension
@@ -48,12 +49,12 @@ def check_rada_node(node, name):
     """Raise ConfigError for invalid RAda keys of ``node`` (called ``name`` in messages)."""
     choices = (("PREC", PRECISIONS), ("ATTN_NORM", ATTN_NORMS), ("MASK_LOSS", MASK_LOSSES))
     for key, allowed in choices:
-        if node[key] not in allowed:
+        if key in node and node[key] not in allowed:
             raise ConfigError(f"{name}.{key} must be one of {list(allowed)}, got '{node[key]}'.")
-    if node.NUM_HEADS < 1 or node.CHUNK_SIZE < 0 or node.TEMP <= 0 or node.ALPHA < 0:
+    if node.NUM_HEADS < 1 or node.CHUNK_SIZE < 0 or node.TEMP <= 0 or node.get("ALPHA", 0.0) < 0:
         raise ConfigError(
             f"{name}: NUM_HEADS must be >= 1 (got {node.NUM_HEADS}), CHUNK_SIZE >= 0 (got {node.CHUNK_SIZE}), "
-            f"TEMP > 0 (got {node.TEMP}) and ALPHA >= 0 (got {node.ALPHA})."
+            f"TEMP > 0 (got {node.TEMP}) and ALPHA >= 0 (got {node.get('ALPHA')})."
         )
     check_template(node.TEMPLATE, f"{name}.TEMPLATE")
 
@@ -73,13 +74,17 @@ class RAdaCLIP(TemplateCLIP):
     Args:
         clip: CLIPRunner (frozen). tokenizer: Tokenizer. classnames: K names.
         templates: sentence templates (their normalised features are averaged).
-        node: a trainer node with the keys of ``add_rada_keys``.
+        node: a trainer node with the keys of ``add_rada_keys`` (without the mask-loss keys
+            ``loss_features`` is unavailable).
+
+    Build it in eval mode: trainers switch only the learned modules to training mode, and the
+    frozen class features are then computed once per evaluation.
     """
 
     def __init__(self, clip, tokenizer, classnames, templates, node):
         super().__init__(clip, tokenizer, classnames, templates)
         self.mask_generator = build_mask_generator(node, clip.text.output_dim)
-        self.alpha, self.mask_loss = node.ALPHA, node.MASK_LOSS
+        self.alpha, self.mask_loss = node.get("ALPHA"), node.get("MASK_LOSS")
 
     def rational_forward(self, image_features, class_features):
         """(logits [B, K], mask [B, K, D]) from normalised [B, D] and [K, D] features."""
@@ -113,5 +118,5 @@ class RAda(ClipTrainer):
         node = self.cfg.TRAINER.RADA
         clip, tokenizer = self.build_clip()
         templates = [dataset_template(self.dm.dataset, node.TEMPLATE)]
-        self.model = RAdaCLIP(clip, tokenizer, self.classnames, templates, node).to(self.device)
+        self.model = RAdaCLIP(clip, tokenizer, self.classnames, templates, node).to(self.device).eval()
         self.register_learner("mask_generator", self.model.mask_generator)
