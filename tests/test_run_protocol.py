@@ -368,14 +368,17 @@ def test_benchmarks_load_and_validate(tmp_path):
     paper = load_benchmark("paper", CONFIGS)
     assert paper.seeds == (1, 2, 3) and len(paper.protocol("base2new").datasets) == 11
     assert paper.protocol("dg").source == "imagenet" and paper.protocol("fewshot").shots == (1, 2, 4, 8, 16)
-    for name in [d for p in paper.protocols.values() for d in p.datasets]:
-        assert (CONFIGS / "datasets" / f"{name}.yaml").is_file(), name
+    for benchmark in (paper, load_benchmark("synthetic", CONFIGS)):
+        for protocol in benchmark.protocols.values():
+            for name in (*protocol.datasets, *([protocol.source] if protocol.source else [])):
+                assert (CONFIGS / "datasets" / f"{name}.yaml").is_file(), (benchmark.name, name)
     bad = tmp_path / "bad.yaml"
     bad.write_text("seeds: [1]\nbase2new: {datasets: dtd, shots: 16}\n")
     with pytest.raises(BenchmarkError, match="base2new.datasets must be a non-empty list"):
         load_benchmark(str(bad), CONFIGS)
     bad.write_text("seeds: [1]\ndg: {source: imagenet, targets: [imagenetv2]}\n")
-    with pytest.raises(BenchmarkError, match=r"section 'dg' must have exactly the keys \['shots', 'source', 'targets'\]"):
+    expected = r"section 'dg' must have exactly the keys \['shots', 'source', 'targets'\]"
+    with pytest.raises(BenchmarkError, match=expected):
         load_benchmark(str(bad), CONFIGS)
     bad.write_text("seeds: [1]\nfewshot: {datasets: [dtd], shots: [1, 2]}\n")
     with pytest.raises(BenchmarkError, match="does not define the protocol 'base2new'"):

@@ -183,6 +183,20 @@ def _print_dry_run(chains, launcher: Launcher) -> None:
         print(f"python {shlex.quote(launcher.train_script)} {shlex.join(run.argv)}{needs}")
 
 
+def _submit_with_repo_on_path(chains, launcher: Launcher, options: SlurmOptions) -> list:
+    """Submit with the repository on the jobs' PYTHONPATH (jobs inherit the environment at
+    submission), so that they can unpickle vlprompt's job function."""
+    previous = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), previous]))
+    try:
+        return submit_slurm(chains, launcher, options)
+    finally:
+        if previous is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = previous
+
+
 def _execute(args, chains, launcher: Launcher) -> int:
     runs = pending_runs(chains)
     total = sum(len(chain.runs) for chain in chains)
@@ -200,9 +214,8 @@ def _execute(args, chains, launcher: Launcher) -> int:
         devices = _devices(args.gpus, args.runs_per_gpu)
         print(f"Device slots: {', '.join(devices)}", flush=True)
         return summarize(run_queue(todo, launcher, devices, progress))
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     options = _slurm_options(args, os.path.abspath(args.output))
-    jobs = submit_slurm(todo, launcher, options)
+    jobs = _submit_with_repo_on_path(todo, launcher, options)
     print(f"Submitted {len(jobs)} jobs (job ids {jobs[0].job_id} ... {jobs[-1].job_id}); "
           f"submitit files in {options.folder}.", flush=True)
     if not args.wait:
