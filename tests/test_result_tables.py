@@ -168,7 +168,8 @@ def test_fewshot_table_per_shot_with_zero_shot_column(tmp_path, capsys):
             for seed, acc in enumerate(accs, start=1):
                 write_result(tmp_path / dataset / trainer / f"{cfg}_{shots}shots" / f"seed{seed}", acc)
     write_result(tmp_path / "evaluation" / "CoOp" / "vit_b16_16shots" / "dtd" / "seed1", 10.0)  # not few-shot
-    out, _ = cli(capsys, tmp_path, "--protocol", "fewshot")
+    out, err = cli(capsys, tmp_path, "--protocol", "fewshot", "--published")
+    assert "note: there are no published numbers for fewshot" in err
     rows = pipe_rows(out)
     assert rows["Dataset"] == ["CoOp 1-shot", "CoOp 16-shot", "ZeroshotCLIP 0-shot"]
     # dtd 1-shot: 42 ± 2; 16-shot 60.5 ± 0.5; Average 1-shot (42+61)/2 = 51.5, per seed 50, 53 -> ± 1.5;

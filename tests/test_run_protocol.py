@@ -383,3 +383,21 @@ def test_benchmarks_load_and_validate(tmp_path):
     bad.write_text("seeds: [1]\nfewshot: {datasets: [dtd], shots: [1, 2]}\n")
     with pytest.raises(BenchmarkError, match="does not define the protocol 'base2new'"):
         load_benchmark(str(bad), CONFIGS).protocol("base2new")
+
+
+def test_command_line_overrides_of_the_benchmark():
+    paper = load_benchmark("paper", CONFIGS)
+    parse = run_protocol.build_parser().parse_args
+    common = ["--trainers", "CoOp:toy", "--root", "DATA"]
+    chosen = run_protocol.protocol_datasets(
+        parse(["--protocol", "dg", "base2new", "--datasets", "all", *common]), paper)
+    assert chosen["dg"] == paper.protocol("dg") and chosen["base2new"] == paper.protocol("base2new")
+    chosen = run_protocol.protocol_datasets(
+        parse(["--protocol", "dg", "--datasets", "imagenet_a,imagenet_r", "--source", "dtd", *common]), paper)
+    assert chosen["dg"] == ProtocolDatasets(("imagenet_a", "imagenet_r"), (16,), "dtd")
+    with pytest.raises(BenchmarkError, match=r"Protocol base2new takes one shot count, got --shots \[4, 8\]"):
+        run_protocol.protocol_datasets(parse(["--protocol", "base2new", "--shots", "4", "8", *common]), paper)
+    synthetic = load_benchmark("synthetic", CONFIGS)
+    chosen = run_protocol.protocol_datasets(parse(["--protocol", "fewshot", "--shots", "2", *common]), synthetic)
+    assert chosen["fewshot"] == ProtocolDatasets(("synthetic_shapes", "synthetic_patterns"), (2,))
+    assert run_protocol._devices("0,1", 2) == ["0", "0", "1", "1"]

@@ -897,6 +897,9 @@ def _run_protocols(args) -> int:
         if args.published is not None and protocol in PUBLISHED_PROTOCOLS:
             path = args.published or published_path(protocol, REPO / "configs")
             published = load_published(path, protocol)
+        elif args.published is not None:
+            print(f"note: there are no published numbers for {protocol} "
+                  f"(only {', '.join(PUBLISHED_PROTOCOLS)})", file=sys.stderr)
         seeds = list(args.seeds) if args.seeds else results.measurements.seeds()
         tables.append(protocol_table(results, seeds, scope, select, published))
     if incomplete:

@@ -122,25 +122,32 @@ def _trainer_learns(name: str) -> bool:
     return bool(getattr(TRAINER_REGISTRY.get(name), "learns", True))
 
 
+TRANSFER = ("cross_dataset", "dg")
+
+
 def protocol_datasets(args, benchmark) -> dict:
-    """Protocol name -> ProtocolDatasets, the benchmark's with the command line's overrides."""
-    datasets = _split_commas(args.datasets)
+    """Protocol name -> ProtocolDatasets: the benchmark's, with the command line's overrides.
+
+    Raises:
+        BenchmarkError: the benchmark lacks the protocol and the command line does not fill
+            the gap, or a protocol other than fewshot gets several shot counts.
+    """
+    datasets = [d for d in _split_commas(args.datasets) if d != "all"]
     chosen = {}
     for name in args.protocol:
-        base = benchmark.protocol(name) if name in benchmark.protocols else None
-        names = tuple(datasets) if datasets and datasets != ["all"] else (base and base.datasets)
-        shots = tuple(args.shots) if args.shots else (base and base.shots)
-        source = args.source or (base and base.source)
-        missing = [what for what, value in (("--datasets", names), ("--shots", shots)) if not value]
-        if name in ("cross_dataset", "dg") and not source:
+        defined = benchmark.protocols.get(name)
+        names = tuple(datasets) or (defined.datasets if defined else ())
+        shots = tuple(args.shots or ()) or (defined.shots if defined else ())
+        source = (args.source or (defined.source if defined else None)) if name in TRANSFER else None
+        missing = [flag for flag, value in (("--datasets", names), ("--shots", shots)) if not value]
+        if name in TRANSFER and not source:
             missing.append("--source")
         if missing:
             raise BenchmarkError(f"Protocol {name}: benchmark '{benchmark.name}' does not define it; "
                                  f"give {', '.join(missing)}.")
         if name != "fewshot" and len(shots) != 1:
             raise BenchmarkError(f"Protocol {name} takes one shot count, got --shots {list(shots)}.")
-        chosen[name] = ProtocolDatasets(tuple(names), tuple(shots),
-                                        source if name in ("cross_dataset", "dg") else None)
+        chosen[name] = ProtocolDatasets(names, shots, source)
     return chosen
 
 
