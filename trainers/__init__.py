@@ -2,4 +2,4 @@
 from . import coop, zsclip  # noqa: F401
 from . import cocoop, ivlp, kgcoop, maple, promptsrc, vpt  # noqa: F401
 from . import dear  # noqa: F401
-from . import clip_adapter, rada, rada_fft, rada_ttt  # noqa: F401
+from . import clip_adapter, rada, rada_adapter, rada_fft, rada_prompt, rada_ttt  # noqa: F401

@@ -25,7 +25,7 @@ def add_adapter_keys(node, image_ratio, text_ratio, zero_init):
     node.REDUCTION = 4  # bottleneck D -> D / REDUCTION -> D
     node.IMAGE_RATIO = image_ratio  # a in f' = (1 - a) f + a A(f); 0 = no image adapter
     node.TEXT_RATIO = text_ratio  # the same for the class text features
-    node.ZERO_INIT = zero_init  # second layer starts at zero, so f' = (1 - a) f (= f after normalising)
+    node.ZERO_INIT = zero_init  # second layer starts at zero (no ReLU after it): f' = (1 - a) f at step 0
 
 
 @register_cfg_extension
@@ -48,11 +48,15 @@ def check_adapter_node(node, name):
 
 
 class Adapter(nn.Module):
-    """out = (1 - ratio) x + ratio * ReLU(W2 ReLU(W1 x)), W1: [D / r, D], W2: [D, D / r].
+    """out = (1 - ratio) x + ratio * A(x), A(x) = ReLU(W2 ReLU(W1 x)), W1: [D / r, D], W2: [D, D / r].
+
+    With ``zero_init``, W2 starts at zero and the last ReLU is left out, A(x) = W2 ReLU(W1 x):
+    the adapter then only rescales x at step 0 (nothing changes after normalisation) and still
+    learns. Behind a ReLU a zero layer would get no gradient at all (ReLU'(0) = 0), which is why
+    the official RAda + Adapter code, which keeps it, never updates its adapters.
 
     Args:
-        dim: D. reduction: r. ratio: the residual ratio.
-        zero_init: W2 starts at zero (the adapter then only rescales x at step 0).
+        dim: D. reduction: r. ratio: the residual ratio. zero_init: see above.
     """
 
     def __init__(self, dim, reduction, ratio, zero_init):
@@ -60,13 +64,17 @@ class Adapter(nn.Module):
         if dim // reduction < 1:
             raise ConfigError(f"REDUCTION {reduction} leaves no hidden unit for features of size {dim}.")
         self.ratio = ratio
+        self.zero_init = zero_init
         self.down = nn.Linear(dim, dim // reduction, bias=False)
         self.up = nn.Linear(dim // reduction, dim, bias=False)
         if zero_init:
             nn.init.zeros_(self.up.weight)
 
     def forward(self, x):
-        return (1 - self.ratio) * x + self.ratio * F.relu(self.up(F.relu(self.down(x))))
+        adapted = self.up(F.relu(self.down(x)))
+        if not self.zero_init:
+            adapted = F.relu(adapted)
+        return (1 - self.ratio) * x + self.ratio * adapted
 
 
 class FeatureAdapters(nn.Module):

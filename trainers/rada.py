@@ -8,8 +8,8 @@ generator learns; loss = CE + ALPHA * L_mask (||M - 1||_2 per image by default).
 M = 1 and RAda is zero-shot CLIP.
 
 The image encoder is frozen, so the configs enable FEATURE_CACHE: views are encoded once and
-training reads features. ``add_rada_keys`` and ``check_rada_node`` are shared by the other
-RAda trainers (FFT, TTT, Prompt, Adapter).
+training reads features. The key helpers, ``check_rada_node`` and the ``RationalHead``
+mixin are shared by the other RAda trainers (FFT, TTT, Prompt, Adapter).
 """
 import torch.nn.functional as F
 from yacs.config import CfgNode as CN
@@ -26,27 +26,32 @@ from .zsclip import TemplateCLIP
 PRECISIONS = ("fp16", "fp32", "amp", "bf16")
 
 
-def add_rada_keys(node, mask_loss=True):
-    """Add the mask generator keys and, with ``mask_loss``, the mask-loss keys (paper defaults)."""
-    node.PREC = "fp16"  # fp16 = autocast with fp32 master weights on CUDA; fp32 on CPU
-    node.TEMPLATE = DEFAULT_TEMPLATE  # class sentence; "" = the dataset's own template
+def add_generator_keys(node):
+    """Add the mask generator's keys (paper defaults) to a trainer node."""
     node.NUM_HEADS = 8
     node.ATTN_NORM = "row"  # "row" (paper) or "global" (official code: softmax over K x K / TEMP, x K)
     node.TEMP = 1.0  # attention temperature
     node.CHUNK_SIZE = 0  # images per attention chunk; 0 = auto (K = 1000 fits)
-    if mask_loss:
-        node.ALPHA = 1.5  # weight of the mask regulariser
-        node.MASK_LOSS = "l2"  # "l2" (paper), "linf" (official), "l1", "mse"
+
+
+def add_mask_loss_keys(node):
+    """Add the mask regulariser's keys (paper defaults) to a trainer node."""
+    node.ALPHA = 1.5  # weight of the mask regulariser
+    node.MASK_LOSS = "l2"  # "l2" (paper), "linf" (official), "l1", "mse"
 
 
 @register_cfg_extension
 def add_rada_config(cfg):
-    cfg.TRAINER.RADA = CN()
-    add_rada_keys(cfg.TRAINER.RADA)
+    node = cfg.TRAINER.RADA = CN()
+    node.PREC = "fp16"  # fp16 = autocast with fp32 master weights on CUDA; fp32 on CPU
+    node.TEMPLATE = DEFAULT_TEMPLATE  # class sentence; "" = the dataset's own template
+    add_generator_keys(node)
+    add_mask_loss_keys(node)
 
 
 def check_rada_node(node, name):
-    """Raise ConfigError for invalid RAda keys of ``node`` (called ``name`` in messages)."""
+    """Raise ConfigError for invalid RAda keys of ``node`` (called ``name`` in messages); checks
+    the generator keys and, where the node has them, PREC, TEMPLATE and the mask-loss keys."""
     choices = (("PREC", PRECISIONS), ("ATTN_NORM", ATTN_NORMS), ("MASK_LOSS", MASK_LOSSES))
     for key, allowed in choices:
         if key in node and node[key] not in allowed:
@@ -56,7 +61,8 @@ def check_rada_node(node, name):
             f"{name}: NUM_HEADS must be >= 1 (got {node.NUM_HEADS}), CHUNK_SIZE >= 0 (got {node.CHUNK_SIZE}), "
             f"TEMP > 0 (got {node.TEMP}) and ALPHA >= 0 (got {node.get('ALPHA')})."
         )
-    check_template(node.TEMPLATE, f"{name}.TEMPLATE")
+    if "TEMPLATE" in node:
+        check_template(node.TEMPLATE, f"{name}.TEMPLATE")
 
 
 def build_mask_generator(node, dim):
@@ -68,22 +74,15 @@ def build_mask_generator(node, dim):
     return RationalMaskGenerator(dim, node.NUM_HEADS, node.ATTN_NORM, node.TEMP, node.CHUNK_SIZE)
 
 
-class RAdaCLIP(TemplateCLIP):
-    """Frozen CLIP with a rational-matrix mask generator (EFT).
+class RationalHead:
+    """RAda's output stage, mixed into a PromptedCLIP model (which provides ``logit_scale``).
 
-    Args:
-        clip: CLIPRunner (frozen). tokenizer: Tokenizer. classnames: K names.
-        templates: sentence templates (their normalised features are averaged).
-        node: a trainer node with the keys of ``add_rada_keys`` (without the mask-loss keys
-            ``loss_features`` is unavailable).
-
-    Build it in eval mode: trainers switch only the learned modules to training mode, and the
-    frozen class features are then computed once per evaluation.
+    Call ``init_rational_head`` in ``__init__`` after the model's own initialiser.
     """
 
-    def __init__(self, clip, tokenizer, classnames, templates, node):
-        super().__init__(clip, tokenizer, classnames, templates)
-        self.mask_generator = build_mask_generator(node, clip.text.output_dim)
+    def init_rational_head(self, node, dim):
+        """Create the mask generator; ALPHA and MASK_LOSS are read when the node has them."""
+        self.mask_generator = build_mask_generator(node, dim)
         self.alpha, self.mask_loss = node.get("ALPHA"), node.get("MASK_LOSS")
 
     def rational_forward(self, image_features, class_features):
@@ -91,15 +90,36 @@ class RAdaCLIP(TemplateCLIP):
         mask = self.mask_generator(image_features, class_features, self.logit_scale)
         return rational_logits(rational_matrix(image_features, class_features), mask, self.logit_scale), mask
 
+    def rational_loss(self, image_features, class_features, labels):
+        """(CE + ALPHA * L_mask, logits, terms) from normalised features and labels [B]."""
+        logits, mask = self.rational_forward(image_features, class_features)
+        ce = F.cross_entropy(logits, labels)
+        mask_loss = mask_regularizer(mask, self.mask_loss)
+        return ce + self.alpha * mask_loss, logits, {"ce": ce.detach(), "mask_loss": mask_loss.detach()}
+
+
+class RAdaCLIP(RationalHead, TemplateCLIP):
+    """Frozen CLIP with a rational-matrix mask generator (EFT).
+
+    Args:
+        clip: CLIPRunner (frozen). tokenizer: Tokenizer. classnames: K names.
+        templates: sentence templates (their normalised features are averaged).
+        node: a trainer node with the generator keys (and the mask-loss keys to train).
+
+    Build it in eval mode: trainers switch only the learned modules to training mode, and the
+    frozen class features are then computed once per evaluation.
+    """
+
+    def __init__(self, clip, tokenizer, classnames, templates, node):
+        super().__init__(clip, tokenizer, classnames, templates)
+        self.init_rational_head(node, clip.text.output_dim)
+
     def forward_features(self, image_features):
         return self.rational_forward(F.normalize(image_features, dim=-1), self.class_text_features())[0]
 
     def loss_features(self, image_features, labels):
         """CE + ALPHA * L_mask from image features [B, E] (not normalised)."""
-        logits, mask = self.rational_forward(F.normalize(image_features, dim=-1), self.class_text_features())
-        ce = F.cross_entropy(logits, labels)
-        mask_loss = mask_regularizer(mask, self.mask_loss)
-        return ce + self.alpha * mask_loss, logits, {"ce": ce.detach(), "mask_loss": mask_loss.detach()}
+        return self.rational_loss(F.normalize(image_features, dim=-1), self.class_text_features(), labels)
 
     def loss(self, images, labels):
         return self.loss_features(self.encode_image_features(images), labels)

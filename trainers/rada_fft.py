@@ -26,8 +26,8 @@ from torch.optim.lr_scheduler import LambdaLR
 from yacs.config import CfgNode as CN
 
 from vlprompt.clip import IMAGENET_TEMPLATES, PromptedCLIP, fill_template
-from vlprompt.clip.rational import mask_regularizer, rational_logits, rational_matrix
-from vlprompt.clip.templates import dataset_template
+from vlprompt.clip.rational import mask_regularizer
+from vlprompt.clip.templates import DEFAULT_TEMPLATE, dataset_template
 from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.distributed import distributed_train_loader, init_distributed, is_main_process
@@ -35,7 +35,7 @@ from vlprompt.metrics import compute_accuracy
 from vlprompt.optim import build_lr_scheduler, build_optimizer
 from vlprompt.utils import count_num_param, load_checkpoint, load_pretrained_weights
 
-from .rada import add_rada_keys, build_mask_generator, check_rada_node
+from .rada import RationalHead, add_generator_keys, add_mask_loss_keys, check_rada_node
 
 LR_SCHEDULES = ("iteration", "epoch")
 
@@ -43,7 +43,10 @@ LR_SCHEDULES = ("iteration", "epoch")
 @register_cfg_extension
 def add_rada_fft_config(cfg):
     node = cfg.TRAINER.RADAFFT = CN()
-    add_rada_keys(node)
+    node.PREC = "fp16"
+    node.TEMPLATE = DEFAULT_TEMPLATE  # classifier sentence when TEMPLATE_ENSEMBLE is False ("" = dataset's)
+    add_generator_keys(node)
+    add_mask_loss_keys(node)  # ALPHA and MASK_LOSS apply to stage 1
     node.STAGE = 1  # 1: mask generator only (CE + ALPHA * L_mask); 2: everything (CE)
     node.TEMPLATE_ENSEMBLE = True  # classifier from CLIP's 80 ImageNet templates (False: TEMPLATE)
     node.LR_SCHEDULE = "iteration"  # per-iteration warm-up + cosine (WiSE-FT), or "epoch" (OPTIM.*)
@@ -62,7 +65,7 @@ def iteration_cosine_schedule(optimizer, warmup, total):
     return LambdaLR(optimizer, factor)
 
 
-class RAdaFFTCLIP(PromptedCLIP):
+class RAdaFFTCLIP(RationalHead, PromptedCLIP):
     """CLIP's image encoder + linear classifier + RAda mask generator.
 
     Args:
@@ -86,8 +89,7 @@ class RAdaFFTCLIP(PromptedCLIP):
         dim = features[0].shape[1]
         self.classifier = nn.Linear(dim, len(classnames), bias=False)
         self.classifier.weight.data.copy_(F.normalize(torch.stack(features).mean(dim=0), dim=-1))
-        self.mask_generator = build_mask_generator(node, dim)
-        self.alpha, self.mask_loss = node.ALPHA, node.MASK_LOSS
+        self.init_rational_head(node, dim)
         self.stage = None
 
     def set_stage(self, stage):
@@ -109,9 +111,7 @@ class RAdaFFTCLIP(PromptedCLIP):
     def forward(self, images):
         """(logits [B, K], mask [B, K, D]) for images [B, 3, H, W]."""
         image_features = F.normalize(self.clip.encode_image_plain(images), dim=-1)
-        weights = self.classifier.weight
-        mask = self.mask_generator(image_features, weights, self.logit_scale)
-        return rational_logits(rational_matrix(image_features, weights), mask, self.logit_scale), mask
+        return self.rational_forward(image_features, self.classifier.weight)
 
     def objective(self, logits, mask, labels):
         """(loss, terms): CE + ALPHA * L_mask in stage 1, CE in stage 2."""

@@ -20,19 +20,21 @@ import torch
 import torch.nn.functional as F
 from yacs.config import CfgNode as CN
 
+from vlprompt.clip.templates import DEFAULT_TEMPLATE, dataset_template
 from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.data import build_data_loader
 from vlprompt.data.test_time_views import EpisodeViews, ViewAugmenter
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-from vlprompt.clip.templates import dataset_template
 
-from .rada import RAdaCLIP, add_rada_keys, check_rada_node
+from .rada import RAdaCLIP, add_generator_keys, check_rada_node
 
 
 @register_cfg_extension
 def add_rada_ttt_config(cfg):
     node = cfg.TRAINER.RADATTT = CN()
-    add_rada_keys(node, mask_loss=False)
+    node.PREC = "fp16"  # of the image encoder; adaptation runs in fp32
+    node.TEMPLATE = DEFAULT_TEMPLATE  # class sentence; "" = the dataset's own template
+    add_generator_keys(node)
     node.NUM_VIEWS = 64  # the test view + 63 augmented views
     node.SELECTION = 0.1  # fraction of views kept (lowest prediction entropy)
     node.STEPS = 3  # AdamW steps per image
