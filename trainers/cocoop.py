@@ -5,17 +5,18 @@ feature f_b to a shift pi_b, added to every context vector, so each image gets i
 prompts ctx + pi_b for all C classes. logits[b, c] = 100 cos(f_b, text(ctx + pi_b, c));
 loss = cross-entropy. CLIP stays frozen.
 
-The text tower therefore encodes B x C prompts per batch. They are encoded in chunks of
-at most TRAINER.COCOOP.TEXT_CHUNK_SIZE (image, class) prompts, so memory is bounded by
-the chunk, not by B x C (the reference encodes all C prompts of an image at once and
-keeps every image's features: 100 x 1000 prompts per ImageNet test batch). Results do not
-depend on the chunk size.
+The text tower therefore encodes B x C prompts per batch (100 x 1000 per ImageNet test
+batch; the reference first builds all their embeddings, [B, C, 77, 512]). Here they are
+built and encoded in chunks of at most TRAINER.COCOOP.TEXT_CHUNK_SIZE (image, class)
+prompts, and in training a chunked pass is recomputed during the backward pass, so the
+memory is bounded by the chunk, not by B x C. Results do not depend on the chunk size.
 """
 from collections import OrderedDict
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from yacs.config import CfgNode as CN
 
 from vlprompt.clip import PromptedCLIP, TextContext
@@ -30,7 +31,7 @@ def add_cocoop_config(cfg):
     cfg.TRAINER.COCOOP.N_CTX = 16  # number of context vectors (ignored when CTX_INIT is set)
     cfg.TRAINER.COCOOP.CTX_INIT = ""  # init phrase, e.g. "a photo of a" (n := its number of words)
     cfg.TRAINER.COCOOP.PREC = "fp16"  # fp16 = autocast with fp32 master weights on CUDA
-    cfg.TRAINER.COCOOP.TEXT_CHUNK_SIZE = 2048  # max (image, class) prompts per text-encoder call
+    cfg.TRAINER.COCOOP.TEXT_CHUNK_SIZE = 256  # max (image, class) prompts per text-encoder call
 
 
 class ConditionalContext(TextContext):
@@ -94,17 +95,28 @@ class CoCoOpCLIP(PromptedCLIP):
         """cos(f_b, text(contexts_b, c)) for all images b and classes c: [B, C].
 
         The B x C prompts are encoded ``chunk_size`` at a time (flattened image-major).
+        When training needs more than one chunk, each chunk's text pass is recomputed in
+        the backward pass instead of being kept (activation checkpointing), so training
+        memory is bounded by the chunk too; the gradients are the same.
         """
-        prompts = self.prompt_learner
-        num_images, num_classes = image_features.shape[0], prompts.num_classes
+        num_images, num_classes = image_features.shape[0], self.prompt_learner.num_classes
         pairs = torch.arange(num_images * num_classes, device=image_features.device)
+        chunks = pairs.split(self.chunk_size)
+        recompute = torch.is_grad_enabled() and len(chunks) > 1
         similarities = []
-        for chunk in pairs.split(self.chunk_size):
+        for chunk in chunks:
             images, classes = chunk // num_classes, chunk % num_classes
-            embeddings = prompts.pair_embeddings(contexts[images], classes)
-            text = self.clip.text(embeddings=embeddings, eot=prompts.eot[classes]).features
+            if recompute:
+                text = checkpoint(self.encode_pairs, contexts[images], classes, use_reentrant=False)
+            else:
+                text = self.encode_pairs(contexts[images], classes)
             similarities.append((image_features[images] * F.normalize(text, dim=-1)).sum(dim=-1))
         return torch.cat(similarities).view(num_images, num_classes)
+
+    def encode_pairs(self, contexts, classes):
+        """Text features [N, E] of N (context [N, n, D], class [N]) prompts."""
+        prompts = self.prompt_learner
+        return self.clip.text(embeddings=prompts.pair_embeddings(contexts, classes), eot=prompts.eot[classes]).features
 
     def loss(self, images, labels):
         logits = self(images)
@@ -118,7 +130,8 @@ class CoCoOp(ClipTrainer):
     def check_cfg(self, cfg):
         node = cfg.TRAINER.COCOOP
         check_choice("TRAINER.COCOOP.PREC", node.PREC, PRECISIONS)
-        check_range("TRAINER.COCOOP.N_CTX", node.N_CTX, minimum=1)
+        if not node.CTX_INIT:  # with an init phrase, n is its number of words
+            check_range("TRAINER.COCOOP.N_CTX", node.N_CTX, minimum=1)
         check_range("TRAINER.COCOOP.TEXT_CHUNK_SIZE", node.TEXT_CHUNK_SIZE, minimum=1)
 
     def build_model(self):

@@ -76,7 +76,8 @@ class KgCoOp(ClipTrainer):
         node = cfg.TRAINER.KGCOOP
         check_choice("TRAINER.KGCOOP.PREC", node.PREC, PRECISIONS)
         check_choice("TRAINER.KGCOOP.CLASS_TOKEN_POSITION", node.CLASS_TOKEN_POSITION, CLASS_TOKEN_POSITIONS)
-        check_range("TRAINER.KGCOOP.N_CTX", node.N_CTX, minimum=1)
+        if not node.CTX_INIT:  # with an init phrase, n is its number of words
+            check_range("TRAINER.KGCOOP.N_CTX", node.N_CTX, minimum=1)
         check_range("TRAINER.KGCOOP.W", node.W, minimum=0.0)
 
     def knowledge_template(self):
