@@ -6,9 +6,11 @@
         --output-dir output/oxford_pets/CoOp/seed1 --seed 1 DATASET.NUM_SHOTS 16
 
 Trailing KEY VALUE pairs override the config (merged last, so ``SEED 1`` beats
-``--seed 2``). Bad input (unknown trainer, dataset or config key, wrong value type,
-missing config file or dataset folder, unusable CLIP weights) ends with one paragraph
-on stderr and exit status 2, before any data is loaded where possible.
+``--seed 2``). Bad input (unknown trainer, dataset or config key, wrong value type or
+value, incompatible settings, missing config file or dataset folder, unusable CLIP
+weights, unreadable images, inconsistent labels, corrupt checkpoints or caches) ends with
+one paragraph on stderr and exit status 2, before any data is loaded where possible. A
+non-finite loss stops training with exit status 3 (see TRAIN.NONFINITE_LOSS).
 """
 import argparse
 import os
@@ -20,12 +22,17 @@ import datasets  # noqa: F401  (registers the datasets)
 import trainers  # noqa: F401  (registers the trainers and their config nodes)
 from vlprompt.clip import CLIPLoadError, PromptTooLongError, UnsupportedBackboneError
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file, merge_from_list
+from vlprompt.config.validate import check_training_cfg, validate_cfg
 from vlprompt.data.datasets import DATASET_REGISTRY, DatasetLayoutError
-from vlprompt.engine import TRAINER_REGISTRY, build_trainer
-from vlprompt.utils import check_availability, collect_env_info, set_random_seed, setup_logger
+from vlprompt.data.splits import UnsafePickleError
+from vlprompt.engine import TRAINER_REGISTRY, NonFiniteLossError, build_trainer
+from vlprompt.utils import (
+    CheckpointError, CorruptFileError, check_availability, collect_env_info, set_random_seed, setup_logger,
+)
 
 USER_ERRORS = (
     ConfigError, CLIPLoadError, DatasetLayoutError, PromptTooLongError, UnsupportedBackboneError,
+    CheckpointError, CorruptFileError, UnsafePickleError,
 )
 
 
@@ -98,6 +105,9 @@ def check_names(cfg):
 
 def main(args):
     cfg = setup_cfg(args)
+    validate_cfg(cfg)
+    if not (args.eval_only or args.no_train):
+        check_training_cfg(cfg)
     setup_logger(cfg.OUTPUT_DIR)
     if cfg.SEED >= 0:
         print(f"Setting fixed seed: {cfg.SEED}")
@@ -151,12 +161,15 @@ def build_parser():
 
 
 def run(argv=None):
-    """Command-line entry point; returns the exit status (2 for bad input)."""
+    """Command-line entry point; returns the exit status (2 for bad input, 3 for a non-finite loss)."""
     try:
         main(build_parser().parse_args(argv))
     except USER_ERRORS as error:
         print(f"\nError: {error}", file=sys.stderr)
         return 2
+    except NonFiniteLossError as error:
+        print(f"\nError: {error}")  # on stdout, so that log.txt has it
+        return 3
     return 0
 
 

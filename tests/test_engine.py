@@ -49,7 +49,7 @@ RESULTS_KEYS = {
     "trainer", "config_file", "dataset_config_file", "dataset", "dataset_config", "num_shots",
     "subsample_classes", "seed", "backbone", "split", "epoch", "eval_only", "model_dir", "load_epoch",
     "metrics", "num_classes", "num_test", "wall_time_s", "completed", "finished_at", "output_dir",
-    "vlprompt_version",
+    "vlprompt_version", "skipped_images", "skipped_nonfinite_steps",
 }
 
 
@@ -260,7 +260,7 @@ def test_checkpoint_content_drops_frozen_parameters_and_loads_weights_only(full_
     assert checkpoint["epoch"] == 3
     assert checkpoint["val_result"] is None
     assert checkpoint["scaler"] is None  # CPU runs in fp32
-    assert checkpoint["trainer_state"] == {"best_result": float("-inf")}
+    assert checkpoint["trainer_state"] == {"best_result": float("-inf"), "nonfinite_steps": 0}
     assert list(checkpoint["state_dict"]) == ["class_bias", "head.weight", "head.bias"]
     for key, value in checkpoint["state_dict"].items():
         assert torch.equal(value, trainer.model.state_dict()[key])
@@ -379,6 +379,7 @@ def test_results_file_after_training(full_run):
         "dataset_config": "", "num_shots": -1, "subsample_classes": "all", "seed": 1, "backbone": "",
         "split": "test", "epoch": 3, "eval_only": False, "model_dir": "", "load_epoch": None,
         "num_classes": NUM_CLASSES, "num_test": NUM_CLASSES * SPLIT_SIZES["test"], "completed": True,
+        "skipped_images": {"train": 0, "val": 0, "test": 0}, "skipped_nonfinite_steps": 0,
         "output_dir": trainer.output_dir, "vlprompt_version": vlprompt.__version__,
     }
     assert {key: results[key] for key in expected} == expected
@@ -427,7 +428,7 @@ def test_best_val_selects_on_val_and_deploys_the_best_checkpoint(data_root, tmp_
     assert lines.count("Evaluate on the *val* set") == 2
     best = torch.load(tmp_path / "toy" / "model-best.pth.tar", weights_only=True)
     assert best["val_result"] == trainer.best_result
-    assert best["trainer_state"] == {"best_result": trainer.best_result}
+    assert best["trainer_state"] == {"best_result": trainer.best_result, "nonfinite_steps": 0}
     start = lines.index("Finish training")
     assert lines[start + 1 : start + 3] == [
         "Deploy the model with the best val performance",

@@ -4,18 +4,34 @@ tests/test_kill_resume.py.
 """
 import ast
 import builtins
+import contextlib
 import copy
+import io
+import json
 import os
+import os.path as osp
 import pickle
+import shutil
+import signal
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
+from torch import nn
+from torch.nn import functional as F
 
 from vlprompt.config import get_cfg_default
+from vlprompt.data.checks import BadImagesError, DatasetContentError, check_labels
+from vlprompt.data.datasets import DATASET_REGISTRY, DatasetBase, Datum
 from vlprompt.data.splits import UnsafePickleError, read_datum_pickle
+from vlprompt.engine import TRAINER_REGISTRY, NonFiniteLossError, TrainerX, build_trainer
 from vlprompt.optim import build_lr_scheduler, build_optimizer
-from vlprompt.utils import CheckpointError, PickledObject, load_checkpoint, save_checkpoint
+from vlprompt.utils import (
+    CheckpointError, CorruptFileError, PickledObject, atomic_write, load_checkpoint, read_json, set_random_seed,
+    write_json,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -140,3 +156,487 @@ def test_no_code_path_deserialises_arbitrary_objects():
             ]
     offenders += [f"train.py:{line} {name}" for name, line in _unsafe_loader_calls(ROOT / "train.py")]
     assert offenders == []
+
+
+# ---------------------------------------------------------------- a toy trainer with two models
+
+NUM_CLASSES = 3
+SPLIT_SIZES = {"train": 5, "val": 1, "test": 2}  # images per class
+BATCH_SIZE = 3  # 15 training images -> 5 batches per epoch
+
+
+@DATASET_REGISTRY.register()
+class ReliabilityToyDataset(DatasetBase):
+    """DATASET.ROOT/c<label>/<split><i>.jpg: 3 classes, 5 train, 1 val, 2 test images each."""
+
+    def __init__(self, cfg):
+        def items(split):
+            return [
+                Datum(impath=osp.join(cfg.DATASET.ROOT, f"c{label}", f"{split}{i}.jpg"), label=label,
+                      classname=f"class{label}")
+                for label in range(NUM_CLASSES)
+                for i in range(SPLIT_SIZES[split])
+            ]
+
+        super().__init__(train_x=items("train"), val=items("val"), test=items("test"))
+
+
+class ToyHead(nn.Module):
+    """Images [B, 3, 8, 8] -> logits [B, C] through a frozen random projection and a linear layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Linear(3 * 8 * 8, 16)
+        self.features.requires_grad_(False)
+        self.classifier = nn.Linear(16, NUM_CLASSES)
+
+    def forward(self, images):
+        return self.classifier(self.features(images.flatten(1)))
+
+
+@TRAINER_REGISTRY.register()
+class ReliabilityToyTrainer(TrainerX):
+    """Two registered models ("head" and "bias", a learnable logit offset), dropout drawing from
+    torch's generator in every step; ``nan_at`` (global step indices) makes those losses NaN."""
+
+    nan_at = ()
+
+    def build_model(self):
+        self.head = ToyHead().to(self.device)
+        self.bias = nn.ParameterDict({"logits": nn.Parameter(torch.zeros(NUM_CLASSES))}).to(self.device)
+        for name, module in (("head", self.head), ("bias", self.bias)):
+            optim = build_optimizer(module, self.cfg.OPTIM)
+            self.register_model(name, module, optim, build_lr_scheduler(optim, self.cfg.OPTIM))
+        self.steps_run = 0
+
+    def model_inference(self, images):
+        return self.head(images) + self.bias["logits"]
+
+    def forward_backward(self, batch):
+        images, labels = batch["img"].to(self.device), batch["label"].to(self.device)
+        logits = F.dropout(self.head(images), p=0.2, training=True) + self.bias["logits"]
+        ce = F.cross_entropy(logits, labels)
+        step = self.epoch * self.num_batches + self.batch_idx
+        reg = self.bias["logits"].pow(2).sum() * (float("nan") if step in self.nan_at else 1.0)
+        loss = ce + 0.01 * reg
+        self.model_backward_and_update(loss, terms={"ce": ce, "reg": reg})
+        self.steps_run += 1
+        if self.batch_idx + 1 == self.num_batches:
+            self.update_lr()
+        return {"loss": loss.item()}
+
+
+class SimulatedKill(Exception):
+    """Stands for the process being killed (the real SIGKILL trials are in test_kill_resume.py)."""
+
+
+@pytest.fixture(scope="module")
+def toy_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reliability_toy")
+    rng = np.random.default_rng(0)
+    for label in range(NUM_CLASSES):
+        os.makedirs(root / f"c{label}")
+        base = np.zeros(3)
+        base[label] = 200.0
+        for split, count in SPLIT_SIZES.items():
+            for i in range(count):
+                pixels = np.clip(base + rng.normal(0, 40, size=(12, 12, 3)), 0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(root / f"c{label}" / f"{split}{i}.jpg")
+    return root
+
+
+def toy_cfg(root, output_dir, workers=0, checkpoint_iters=3, **overrides):
+    cfg = get_cfg_default()
+    cfg.SEED = 1
+    cfg.USE_CUDA = False
+    cfg.OUTPUT_DIR = str(output_dir)
+    cfg.DATASET.ROOT = str(root)
+    cfg.DATASET.NAME = "ReliabilityToyDataset"
+    cfg.INPUT.SIZE = (8, 8)
+    cfg.INPUT.TRANSFORMS = ("random_resized_crop", "random_flip", "normalize")
+    cfg.DATALOADER.NUM_WORKERS = workers
+    cfg.DATALOADER.TRAIN_X.BATCH_SIZE = BATCH_SIZE
+    cfg.DATALOADER.TEST.BATCH_SIZE = 4
+    cfg.OPTIM.NAME = "sgd"
+    cfg.OPTIM.LR = 0.5
+    cfg.OPTIM.MOMENTUM = 0.9
+    cfg.OPTIM.MAX_EPOCH = 3
+    cfg.OPTIM.LR_SCHEDULER = "cosine"
+    cfg.OPTIM.WARMUP_EPOCH = 1
+    cfg.OPTIM.WARMUP_TYPE = "linear"
+    cfg.TRAIN.CHECKPOINT_ITERS = checkpoint_iters
+    cfg.TRAIN.PRINT_FREQ = 100
+    cfg.TRAINER.NAME = "ReliabilityToyTrainer"
+    for key, value in overrides.items():
+        node = cfg
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    cfg.freeze()
+    return cfg
+
+
+def quietly(function):
+    """(return value of ``function()``, its stdout as a list of lines)."""
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        value = function()
+    return value, buffer.getvalue().splitlines()
+
+
+def build(cfg, nan_at=()):
+    def make():
+        set_random_seed(cfg.SEED)
+        trainer = build_trainer(cfg)
+        trainer.nan_at = nan_at
+        return trainer
+
+    return quietly(make)[0]
+
+
+def kill_at_step(trainer, step):
+    """Make ``trainer`` raise SimulatedKill when global step ``step`` (0-based) starts."""
+    forward_backward = trainer.forward_backward
+
+    def forward_backward_or_kill(batch):
+        if trainer.epoch * trainer.num_batches + trainer.batch_idx == step:
+            raise SimulatedKill
+        return forward_backward(batch)
+
+    trainer.forward_backward = forward_backward_or_kill
+
+
+def final_state(trainer):
+    """Everything a finished run produced: weights, optimizer and scheduler states, test metrics."""
+    return {
+        name: (trainer._models[name].state_dict(), trainer._optims[name].state_dict(), trainer._scheds[name].state_dict())
+        for name in trainer.get_model_names()
+    }, trainer.last_test["metrics"]
+
+
+def assert_same_state(a, b):
+    (models_a, metrics_a), (models_b, metrics_b) = a, b
+    assert metrics_a == metrics_b
+    for name in models_a:
+        weights_a, optim_a, sched_a = models_a[name]
+        weights_b, optim_b, sched_b = models_b[name]
+        for key in weights_a:
+            assert torch.equal(weights_a[key], weights_b[key]), (name, key)
+        for param_id, state in optim_a["state"].items():
+            assert torch.equal(state["momentum_buffer"], optim_b["state"][param_id]["momentum_buffer"]), name
+        assert optim_a["param_groups"] == optim_b["param_groups"] and sched_a == sched_b
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_runs(toy_root, tmp_path_factory):
+    """{NUM_WORKERS: final state of an uninterrupted run}, filled on first use."""
+    runs = {}
+
+    def get(workers=0):
+        if workers not in runs:
+            trainer = build(toy_cfg(toy_root, tmp_path_factory.mktemp("uninterrupted"), workers=workers))
+            quietly(trainer.train)
+            runs[workers] = final_state(trainer)
+        return runs[workers]
+
+    return get
+
+
+@pytest.fixture
+def uninterrupted(uninterrupted_runs):
+    return uninterrupted_runs(0)
+
+
+def mid_epoch_files(output_dir, name="head"):
+    return sorted(f for f in os.listdir(osp.join(output_dir, name)) if "-batch" in f)
+
+
+def interrupted_run(cfg, step):
+    """Train until global step ``step`` starts, as if the process were killed there."""
+    trainer = build(cfg)
+    kill_at_step(trainer, step)
+    with pytest.raises(SimulatedKill):
+        quietly(trainer.train)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_from_a_mid_epoch_checkpoint_is_bit_identical(toy_root, tmp_path, uninterrupted_runs, workers):
+    """Sampler position, RNG states (the loader workers' through per-item seeds), optimizer and
+    scheduler are restored: the resumed run ends with the uninterrupted run's exact state."""
+    cfg = toy_cfg(toy_root, tmp_path, workers=workers)
+    interrupted_run(cfg, step=11)  # checkpoints after steps 3, 6, 9 (global); the last two are kept
+    assert mid_epoch_files(tmp_path) == ["model.pth.tar-1-batch1", "model.pth.tar-1-batch4"]
+    assert mid_epoch_files(tmp_path, "bias") == ["model.pth.tar-1-batch1", "model.pth.tar-1-batch4"]
+
+    resumed = build(cfg)
+    _, lines = quietly(resumed.train)
+    assert "** Training resumes in epoch 2/3 after batch 4 (weights, optimizer, scheduler, RNG states and " \
+           "data order restored)." in lines
+    assert resumed.steps_run == 15 - 9
+    assert_same_state(final_state(resumed), uninterrupted_runs(workers))
+    assert mid_epoch_files(tmp_path) == []  # superseded by the final model.pth.tar-3
+    assert sorted(os.listdir(tmp_path / "head")) == ["checkpoint", "model.pth.tar-3"]
+
+
+def test_a_corrupt_newest_checkpoint_is_skipped_with_its_name(toy_root, tmp_path, uninterrupted):
+    cfg = toy_cfg(toy_root, tmp_path)
+    interrupted_run(cfg, step=11)
+    newest = tmp_path / "bias" / "model.pth.tar-1-batch4"
+    newest.write_bytes(newest.read_bytes()[:100])  # e.g. damaged by a copy
+    resumed = build(cfg)
+    _, lines = quietly(resumed.train)
+    skipped = [line for line in lines if line.startswith("Skipping a checkpoint")]
+    assert len(skipped) == 1 and f'"{newest}"' in skipped[0] and "truncated or corrupt" in skipped[0]
+    assert "** Training resumes in epoch 2/3 after batch 1 (weights, optimizer, scheduler, RNG states and " \
+           "data order restored)." in lines
+    assert_same_state(final_state(resumed), uninterrupted)
+
+
+def test_a_save_interrupted_between_models_falls_back_to_a_complete_position(toy_root, tmp_path, uninterrupted):
+    cfg = toy_cfg(toy_root, tmp_path)
+    interrupted_run(cfg, step=11)
+    # As if killed while writing "bias" after "head": bias has only the hidden temporary file.
+    (tmp_path / "bias" / "model.pth.tar-1-batch4").rename(tmp_path / "bias" / ".model.pth.tar-1-batch4.x1y2.tmp")
+    resumed = build(cfg)
+    _, lines = quietly(resumed.train)
+    assert f'Removed 1 temporary file(s) left in "{tmp_path / "bias"}" by an interrupted save' in lines
+    assert ("Note: ignoring checkpoints that exist for only some of the models (a save was interrupted): "
+            "1 epoch(s) + 4 batch(es)") in lines
+    assert "** Training resumes in epoch 2/3 after batch 1 (weights, optimizer, scheduler, RNG states and " \
+           "data order restored)." in lines
+    assert_same_state(final_state(resumed), uninterrupted)
+
+
+def test_no_usable_checkpoint_is_an_error_naming_each_file(toy_root, tmp_path):
+    cfg = toy_cfg(toy_root, tmp_path)
+    interrupted_run(cfg, step=5)  # one checkpoint: after step 3
+    for name in ("head", "bias"):
+        (tmp_path / name / "model.pth.tar-0-batch3").write_bytes(b"\x00" * 64)
+    with pytest.raises(CheckpointError) as info:
+        quietly(build(cfg).train)
+    message = str(info.value)
+    assert message.startswith(f'None of the checkpoints in "{tmp_path}" can be used:')
+    assert str(tmp_path / "head" / "model.pth.tar-0-batch3") in message
+
+
+# ---------------------------------------------------------------- numerical faults
+
+def test_a_nan_loss_stops_the_run_with_the_step_the_terms_and_the_last_checkpoint(toy_root, tmp_path):
+    trainer = build(toy_cfg(toy_root, tmp_path), nan_at={7})  # epoch 2, batch 3; a checkpoint after step 6
+    with pytest.raises(NonFiniteLossError) as info:
+        quietly(trainer.train)
+    message = str(info.value)
+    assert message.startswith("Loss is infinite or NaN! At epoch 2/3, batch 3/5: loss = nan (ce = ")
+    assert "reg = nan)." in message
+    last = tmp_path / "head" / "model.pth.tar-1-batch1"
+    assert f'The last good checkpoint is kept: "{last}" with the same file of every other model.' in message
+    assert all(torch.isfinite(p).all() for p in trainer.head.parameters())  # the NaN step changed nothing
+    assert mid_epoch_files(tmp_path) == ["model.pth.tar-0-batch3", "model.pth.tar-1-batch1"]
+    assert load_checkpoint(str(last))["epoch"] == 1
+
+
+def test_nonfinite_steps_can_be_skipped_and_are_counted_in_results(toy_root, tmp_path):
+    trainer = build(toy_cfg(toy_root, tmp_path, **{"TRAIN.NONFINITE_LOSS": "skip"}), nan_at={2, 11})
+    _, lines = quietly(trainer.train)
+    skipped = [line for line in lines if line.startswith("Skipping a step with a non-finite loss")]
+    assert [line.split(": ", 1)[1].split(": loss")[0] for line in skipped] == [
+        "At epoch 1/3, batch 3/5", "At epoch 3/3, batch 2/5"
+    ]
+    assert all(torch.isfinite(p).all() for p in trainer.bias.parameters())
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["skipped_nonfinite_steps"] == 2 and results["completed"]
+
+
+# ---------------------------------------------------------------- bad data
+
+def _truncate(path):
+    data = Path(path).read_bytes()
+    Path(path).write_bytes(data[: len(data) // 2])
+
+
+@pytest.fixture
+def damaged_root(toy_root, tmp_path):
+    """A copy of the toy images with one truncated training JPEG and one non-image test file."""
+    root = tmp_path / "data"
+    shutil.copytree(toy_root, root)
+    _truncate(root / "c1" / "train2.jpg")
+    (root / "c2" / "test0.jpg").write_bytes(b"<html>404 Not Found</html>")
+    return root
+
+
+def test_unreadable_images_stop_the_run_before_training_with_their_paths(damaged_root, tmp_path):
+    output = tmp_path / "run"
+    trainer = build(toy_cfg(damaged_root, output))
+    with pytest.raises(BadImagesError) as info:
+        quietly(trainer.train)
+    message = str(info.value)
+    assert message.startswith("2 image file(s) used by this run cannot be read (train: 1, test: 1); nothing was trained.")
+    assert str(damaged_root / "c1" / "train2.jpg") in message and str(damaged_root / "c2" / "test0.jpg") in message
+    assert "DATASET.SKIP_BAD_IMAGES True" in message
+    assert trainer.steps_run == 0 and not (output / "head").exists()
+    report = (output / "bad_images.txt").read_text().splitlines()
+    assert sorted(line.split("\t")[0] for line in report) == [
+        str(damaged_root / "c1" / "train2.jpg"), str(damaged_root / "c2" / "test0.jpg")
+    ]
+
+
+def test_unreadable_images_can_be_skipped_and_are_counted_in_results(damaged_root, tmp_path):
+    trainer = build(toy_cfg(damaged_root, tmp_path, **{"DATASET.SKIP_BAD_IMAGES": True}))
+    _, lines = quietly(trainer.train)
+    assert any(line.startswith("Left out 2 unreadable image(s) (DATASET.SKIP_BAD_IMAGES; train: 1, test: 1)")
+               for line in lines)
+    assert len(trainer.dm.dataset.train_x) == 14 and trainer.steps_run == 3 * 4  # 14 images: 4 batches of 3
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["skipped_images"] == {"train": 1, "val": 0, "test": 1}
+    assert results["num_test"] == NUM_CLASSES * SPLIT_SIZES["test"] - 1
+
+
+def test_eval_only_checks_the_evaluated_split(damaged_root, tmp_path):
+    trainer = build(toy_cfg(damaged_root, tmp_path))
+    with pytest.raises(BadImagesError, match=r"\(test: 1\)"):  # the truncated training image is not read
+        quietly(trainer.test)
+
+
+def _dataset(train, val=(), test=()):
+    def items(records):
+        return [Datum.unchecked(f"/data/{i}.jpg", label, 0, name) for i, (label, name) in enumerate(records)]
+
+    return DatasetBase(train_x=items(train), val=items(val), test=items(test))
+
+
+@pytest.mark.parametrize(
+    "train, test, expected",
+    [
+        ([(0, "cat"), (2, "dog")], [(0, "cat")], "label(s) [1] have no training image"),
+        ([(0, "cat"), (1, "dog")], [(2, "cow")], "has label 2 (cow), which no training item has"),
+        ([(0, "cat"), (1, "dog")], [(1, "cow")], 'label 1 is "dog" in train_x but "cow" in test'),
+        ([(-1, "cat"), (0, "dog")], [], "training labels must be integers >= 0"),
+    ],
+)
+def test_inconsistent_labels_are_a_clear_error(train, test, expected):
+    with pytest.raises(DatasetContentError) as info:
+        check_labels(_dataset(train, test=test))
+    assert expected in str(info.value)
+    assert str(info.value).startswith("Dataset DatasetBase has inconsistent labels: ")
+    check_labels(_dataset([(0, "cat"), (1, "dog")], test=[(1, "dog")]))
+
+
+@pytest.fixture
+def pets_root(tmp_path):
+    from vlprompt.testing import write_oxford_pets_tree
+
+    write_oxford_pets_tree(str(tmp_path / "pets"), train=3, val=1, test=1)
+    return tmp_path / "pets"
+
+
+def _pets_cfg(root, shots=1):
+    cfg = get_cfg_default()
+    cfg.DATASET.ROOT, cfg.DATASET.NAME, cfg.DATASET.NUM_SHOTS, cfg.SEED = str(root), "OxfordPets", shots, 1
+    return cfg
+
+
+def test_a_fewshot_cache_that_does_not_match_the_split_is_an_error(pets_root):
+    import datasets  # noqa: F401  (registers OxfordPets)
+    from vlprompt.data.datasets import build_dataset
+
+    quietly(lambda: build_dataset(_pets_cfg(pets_root)))  # samples and caches 1 shot per class
+    split_path = pets_root / "oxford_pets" / "split_zhou_OxfordPets.json"
+    split = json.loads(split_path.read_text())
+    split["train"] = [[path, label, name + "_renamed"] for path, label, name in split["train"]]
+    split_path.write_text(json.dumps(split))
+    with pytest.raises(DatasetContentError) as info:
+        quietly(lambda: build_dataset(_pets_cfg(pets_root)))
+    message = str(info.value)
+    assert "shot_1-seed_1.* does not match the current split: 5 of its 5 train items" in message
+    assert "delete the cache to sample again" in message
+
+
+@pytest.mark.parametrize("torn", ["split_zhou_OxfordPets.json", "split_fewshot/shot_1-seed_1.json"])
+def test_a_torn_json_file_is_never_used_and_named(pets_root, torn):
+    import datasets  # noqa: F401
+    from vlprompt.data.datasets import build_dataset
+
+    quietly(lambda: build_dataset(_pets_cfg(pets_root)))
+    path = pets_root / "oxford_pets" / torn
+    _truncate(path)
+    with pytest.raises(CorruptFileError) as info:
+        quietly(lambda: build_dataset(_pets_cfg(pets_root)))
+    assert str(info.value).startswith(f'"{path}" is not valid JSON (')
+
+
+def test_a_write_killed_midway_leaves_the_previous_file(tmp_path):
+    """SIGKILL inside atomic_write: the final name keeps the old content, never a torn file."""
+    path = tmp_path / "results.json"
+    write_json({"accuracy": 50.0}, str(path))
+    child = os.fork()
+    if child == 0:  # the child writes half of the new file, then is killed
+        with atomic_write(str(path), "w") as f:
+            f.write('{"accuracy": 9')
+            f.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+    _, status = os.waitpid(child, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    assert read_json(str(path)) == {"accuracy": 50.0}
+    leftovers = [name for name in os.listdir(tmp_path) if name != "results.json"]
+    assert len(leftovers) == 1 and leftovers[0].startswith(".results.json.") and leftovers[0].endswith(".tmp")
+
+
+# ---------------------------------------------------------------- config faults
+
+def _cli_argv(clip_files, output_dir, *extra):
+    """train.py arguments for CoOp on a dataset root that does not exist: anything that gets as far as
+    reading data fails with the dataset's layout error, so a config error proves it came first."""
+    config, weights = clip_files
+    flags, opts = [], []
+    items = list(extra)
+    while items:
+        item = items.pop(0)
+        if item == "--eval-only":
+            flags.append(item)
+        elif item.startswith("--"):
+            flags += [item, items.pop(0)]
+        else:
+            opts += [item, items.pop(0)]
+    return [
+        "--root", "/nonexistent/data", "--trainer", "CoOp", "--seed", "1", "--output-dir", str(output_dir),
+        "--dataset-config-file", str(ROOT / "configs/datasets/oxford_pets.yaml"),
+        "--config-file", str(ROOT / "configs/trainers/CoOp/toy.yaml"), *flags,
+        "MODEL.BACKBONE.NAME", config, "MODEL.BACKBONE.WEIGHTS", weights, *opts,
+    ]
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (["DATALOADER.TRAIN_X.BATCH_SIZE", "0"], "DATALOADER.TRAIN_X.BATCH_SIZE must be at least 1, got 0."),
+        (["DATALOADER.TEST.BATCH_SIZE", "-4"], "DATALOADER.TEST.BATCH_SIZE must be at least 1, got -4."),
+        (["TRAIN.PRINT_FREQ", "0"], "TRAIN.PRINT_FREQ must be at least 1, got 0."),
+        (["INPUT.SIZE", "(32,)"], "INPUT.SIZE must be two positive integers (height, width), got (32,)."),
+        (["OPTIM.NAME", "adamm"], "OPTIM.NAME must be one of ['adam', 'amsgrad', 'sgd', 'rmsprop', 'radam', 'adamw']"),
+        (["DATASET.SUBSAMPLE_CLASSES", "novel"], "DATASET.SUBSAMPLE_CLASSES must be one of ['all', 'base', 'new']"),
+        (["DATASET.SUBSAMPLE_CLASSES", "new"], "DATASET.SUBSAMPLE_CLASSES new selects the novel classes"),
+        (["TEST.FINAL_MODEL", "best_val", "TEST.NO_TEST", "True"], "TEST.NO_TEST True turns evaluation off"),
+        (["TRAIN.NONFINITE_LOSS", "ignore"], "TRAIN.NONFINITE_LOSS must be one of ['stop', 'skip'], got 'ignore'."),
+        (["DATASET.CHECK_IMAGES", "full"], "DATASET.CHECK_IMAGES must be one of ['verify', 'decode', 'off']"),
+        (["INPUT.TRANSFORMS", "['randaugment']"], "INPUT.TRANSFORMS asks for ['randaugment']"),
+        (["--resume", "/nonexistent/run"], 'RESUME (--resume) is "/nonexistent/run", which is not an existing folder.'),
+        (["--trainer", "MaPLe", "TRAINER.MAPLE.PROMPT_DEPTH", "9"],
+         "TRAINER.MAPLE.PROMPT_DEPTH must be between 1 and 2, got 9. The text tower of"),
+    ],
+)
+def test_config_faults_are_rejected_before_any_data_is_read(tiny_clip_files, tmp_path, capsys, extra, expected):
+    import train
+
+    assert train.run(_cli_argv(tiny_clip_files, tmp_path / "run", *extra)) == 2
+    error = capsys.readouterr().err
+    assert expected in error and "oxford_pets" not in error
+    assert "Traceback" not in error
+
+
+def test_novel_classes_may_be_evaluated(tiny_clip_files, tmp_path, capsys):
+    import train
+
+    argv = _cli_argv(tiny_clip_files, tmp_path / "run", "--eval-only", "DATASET.SUBSAMPLE_CLASSES", "new")
+    assert train.run(argv) == 2
+    assert "Dataset OxfordPets: no folder" in capsys.readouterr().err  # the config passed; the data is missing

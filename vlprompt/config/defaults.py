@@ -57,6 +57,11 @@ _C.DATASET.CIFAR_C_TYPE = ""
 _C.DATASET.CIFAR_C_LEVEL = 1
 _C.DATASET.ALL_AS_UNLABELED = False
 _C.DATASET.SUBSAMPLE_CLASSES = "all"  # CoOp-family key: "all", "base" or "new"
+# Project key: check the image files a run reads before using them: "verify" (open + PIL
+# verify; a JPEG without its end marker is decoded), "decode" (decode every file), "off"
+_C.DATASET.CHECK_IMAGES = "verify"
+# Project key: leave unreadable images out (counted in results.json) instead of stopping
+_C.DATASET.SKIP_BAD_IMAGES = False
 
 ###########################
 # Dataloader
@@ -134,6 +139,9 @@ _C.TRAIN.COUNT_ITER = "train_x"
 _C.TRAIN.SAVE_FROZEN_WEIGHTS = False
 # Project key: mid-epoch checkpoint interval in iterations; 0 = off
 _C.TRAIN.CHECKPOINT_ITERS = 0
+# Project key: a non-finite loss "stop"s the run (step, loss terms and last checkpoint
+# reported) or its step is "skip"ped (weights unchanged, counted in results.json)
+_C.TRAIN.NONFINITE_LOSS = "stop"
 
 ###########################
 # Feature cache (project keys; vlprompt/data/feature_cache.py)

@@ -100,19 +100,34 @@ def build_data_loader(
 class SeededSampler(Sampler):
     """Pairs each index of `sampler` with a seed derived from one draw of torch's global generator per epoch.
 
-    Yields (index, seed) with seed = (epoch seed + index) mod 2**63.
+    Yields (index, seed) with seed = (epoch seed + index) mod 2**63. Resumable like the
+    samplers of :mod:`vlprompt.data.samplers` (its state adds the epoch seed to `sampler`'s).
     """
 
     def __init__(self, sampler):
         self.sampler = sampler
+        self.epoch_seed = None
+        self._resume = None
 
     def __len__(self):
         return len(self.sampler)
 
     def __iter__(self):
-        epoch_seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        if self._resume is not None:
+            (state, skip), self._resume = self._resume, None
+            self.epoch_seed = state["epoch_seed"]
+            self.sampler.resume_epoch(state["sampler"], skip)
+        else:
+            self.epoch_seed = int(torch.empty((), dtype=torch.int64).random_().item())
         for index in self.sampler:
-            yield index, (epoch_seed + index) % 2**63
+            yield index, (self.epoch_seed + index) % 2**63
+
+    def state_dict(self):
+        return {"epoch_seed": self.epoch_seed, "sampler": self.sampler.state_dict()}
+
+    def resume_epoch(self, state, skip):
+        """Make the next iteration replay the epoch of ``state`` from position ``skip``, drawing nothing."""
+        self._resume = (state, skip)
 
 
 class SeededItems(TorchDataset):

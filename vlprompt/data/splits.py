@@ -17,6 +17,7 @@ import pickle
 import random
 import warnings
 
+from vlprompt.data.checks import DatasetContentError
 from vlprompt.data.datasets.base_dataset import DATASETS_DOC, Datum, MissingImagesError, generate_fewshot_dataset
 from vlprompt.utils import atomic_write, listdir_nohidden, mkdir_if_missing, read_json, write_json
 
@@ -455,6 +456,7 @@ def _fewshot_with_cache(dataset_dir, num_shots, seed, train, val):
                 f"The few-shot cache {fewshot_cache_stem(dataset_dir, num_shots, seed)} has no "
                 f"{' / '.join(absent)} list; delete it to sample again."
             )
+        _check_cache_matches_split(data, {"train": train, "val": val}, dataset_dir, num_shots, seed)
         return data["train"], (None if val is None else data["val"])
 
     train = generate_fewshot_dataset(train, num_shots=num_shots)
@@ -464,6 +466,36 @@ def _fewshot_with_cache(dataset_dir, num_shots, seed, train, val):
         data["val"] = val
     save_fewshot_cache(dataset_dir, num_shots, seed, data)
     return train, val
+
+
+def _item_key(item, folder):
+    """(path below the dataset folder `folder`, label, classname): an item's identity across machines."""
+    parts = os.path.normpath(item.impath).replace("\\", "/").split("/")
+    tail = parts[len(parts) - parts[::-1].index(folder):] if folder in parts else parts
+    return "/".join(tail), item.label, item.classname
+
+
+def _check_cache_matches_split(cached, current, dataset_dir, num_shots, seed):
+    """Raise DatasetContentError if a cached few-shot item is not in the split it was sampled from.
+
+    Args:
+        cached: {"train": [Datum], "val": [Datum]} from the cache.
+        current: {"train": [Datum], "val": [Datum] or None}: the lists of the current split.
+    """
+    folder = os.path.basename(os.path.normpath(dataset_dir))
+    for name, items in current.items():
+        if items is None:
+            continue
+        known = {_item_key(item, folder) for item in items}
+        foreign = [item for item in cached[name] if _item_key(item, folder) not in known]
+        if foreign:
+            stem = fewshot_cache_stem(dataset_dir, num_shots, seed)
+            raise DatasetContentError(
+                f"The few-shot cache {stem}.* does not match the current split: {len(foreign)} of its "
+                f"{len(cached[name])} {name} items are not in the split's {name} list with the same label and "
+                f'class name (e.g. "{foreign[0].impath}", label {foreign[0].label}, "{foreign[0].classname}"). '
+                "The split file or the dataset changed after the cache was written; delete the cache to sample again."
+            )
 
 
 def prepare_coop_splits(cfg, dataset_dir, build_split, split_path=None, path_prefix=None):

@@ -105,6 +105,11 @@ class MixedPrecision:
         if self.scaler is not None:
             self.scaler.update()
 
+    def skip_step(self) -> None:
+        """A step was skipped for a non-finite loss: lower the scale as the scaler does after an overflow."""
+        if self.scaler is not None and self.scaler.is_enabled():
+            self.scaler.update(self.scaler.get_scale() * self.scaler.get_backoff_factor())
+
     def state_dict(self) -> Optional[dict]:
         """The scaler's state (plain tensors and numbers), or None without a scaler."""
         return None if self.scaler is None else self.scaler.state_dict()

@@ -148,7 +148,7 @@ class ClipTrainer(TrainerX):
         model_loss = self.model.loss if self.feature_cache is None else self.model.loss_features
         with self.autocast():
             loss, logits, terms = model_loss(images, labels)
-        self.model_backward_and_update(loss)
+        self.model_backward_and_update(loss, terms=terms)
         summary = {"loss": loss.item()}
         summary.update({name: float(value) for name, value in terms.items()})
         summary["acc"] = compute_accuracy(logits, labels)[0].item()

@@ -8,7 +8,7 @@ import datetime
 import json
 import os.path as osp
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Optional
 
 import vlprompt
 from vlprompt.utils import atomic_write
@@ -34,6 +34,8 @@ def make_results_record(
     num_test: int,
     epoch: int,
     wall_time_s: float,
+    skipped_images: Optional[Mapping[str, int]] = None,
+    skipped_nonfinite_steps: int = 0,
 ) -> dict:
     """Build the results record (a JSON-ready dict) of one evaluation.
 
@@ -46,7 +48,10 @@ def make_results_record(
         num_test: number of evaluated samples.
         epoch: number of completed training epochs of the evaluated weights (0 for zero-shot).
         wall_time_s: seconds from building the trainer to now.
+        skipped_images: {"train"|"val"|"test": unreadable images left out} (DATASET.SKIP_BAD_IMAGES).
+        skipped_nonfinite_steps: training steps skipped for a non-finite loss (TRAIN.NONFINITE_LOSS skip).
     """
+    skipped_images = {split: int((skipped_images or {}).get(split, 0)) for split in ("train", "val", "test")}
     dataset_config_file = run_info["dataset_config_file"]
     return {
         "trainer": cfg.TRAINER.NAME,
@@ -67,6 +72,8 @@ def make_results_record(
         "num_classes": int(num_classes),
         "num_test": int(num_test),
         "wall_time_s": float(wall_time_s),
+        "skipped_images": skipped_images,
+        "skipped_nonfinite_steps": int(skipped_nonfinite_steps),
         "completed": True,
         "finished_at": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "output_dir": cfg.OUTPUT_DIR,

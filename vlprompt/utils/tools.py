@@ -17,6 +17,7 @@ import torch
 from PIL import Image
 
 __all__ = [
+    "CorruptFileError",
     "mkdir_if_missing",
     "check_isfile",
     "atomic_write",
@@ -99,10 +100,24 @@ def atomic_write(path, mode="wb", encoding="utf-8"):
     _fsync_directory(dirname)
 
 
+class CorruptFileError(ValueError):
+    """A file exists but cannot be decoded (truncated by an interrupted copy, or damaged)."""
+
+
 def read_json(fpath):
-    """Read a JSON file and return the decoded object."""
+    """Read a JSON file and return the decoded object.
+
+    Raises:
+        CorruptFileError: the file is not valid JSON (the message names it and the position).
+    """
     with open(fpath, "r", encoding="utf-8") as f:
-        return json.load(f)
+        try:
+            return json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise CorruptFileError(
+                f'"{fpath}" is not valid JSON ({error}); it may be truncated or damaged (e.g. by an interrupted '
+                "copy). Delete it if it is a cache or a split file vlprompt wrote; it will be written again."
+            ) from None
 
 
 def write_json(obj, fpath):

@@ -1,0 +1,203 @@
+"""Kill and resume (issue 11): train.py killed with SIGKILL at random points and started again
+with the same command ends with the uninterrupted run's exact weights, optimizer and scheduler
+states and metrics.
+
+CoOp trains on the toy setup (tiny random CLIP, miniature OxfordPets): 2 epochs of 5 batches,
+a mid-epoch checkpoint every 2 iterations. Each run is a fresh process forked from a
+forkserver that imported train.py once; a trial kills its first run (and sometimes the
+restarted one) with SIGKILL, then lets a restart finish. Kill points, drawn at random per
+trial, and the first four trials cover each kind:
+
+* "step":       at the start of the n-th training step (mid-epoch);
+* "checkpoint": in the middle of writing the n-th checkpoint file (half of it written);
+* "evaluation": at the n-th test batch of the final evaluation;
+* "time":       after a random delay, whatever the run is doing (data loading, cache writing, ...).
+"""
+import io
+import itertools
+import json
+import multiprocessing
+import os
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+EPOCHS = 2
+STEPS = 2 * 5  # 4 shots x 5 classes = 20 images, batch size 4
+CHECKPOINT_FILE_WRITES = 4 + 1  # mid-epoch after iterations 2, 4, 6, 8; the final epoch checkpoint
+TEST_BATCHES = 2  # 5 classes x 4 test images, batch size 16
+KILL_KINDS = ("step", "checkpoint", "evaluation", "time")
+TRIAL_SEED = 20240611
+
+
+def _arm(kind, count):
+    """Make this process SIGKILL itself at the ``count``-th event of ``kind`` (see module docstring)."""
+    calls = itertools.count(1)
+
+    def die():
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if kind == "step":
+        from vlprompt.engine import ClipTrainer
+
+        forward_backward = ClipTrainer.forward_backward
+
+        def killing_forward_backward(self, batch):
+            if next(calls) == count:
+                die()
+            return forward_backward(self, batch)
+
+        ClipTrainer.forward_backward = killing_forward_backward
+    elif kind == "checkpoint":
+        save = torch.save
+
+        def killing_save(obj, f, *args, **kwargs):
+            if next(calls) != count:
+                return save(obj, f, *args, **kwargs)
+            buffer = io.BytesIO()
+            save(obj, buffer, *args, **kwargs)
+            data = buffer.getvalue()
+            f.write(data[: len(data) // 2])
+            f.flush()
+            die()
+
+        torch.save = killing_save
+    elif kind == "evaluation":
+        from vlprompt.evaluation.evaluator import Classification
+
+        process = Classification.process
+
+        def killing_process(self, mo, gt):
+            if next(calls) == count:
+                die()
+            return process(self, mo, gt)
+
+        Classification.process = killing_process
+
+
+def _train_child(argv, kill):
+    """Process target: run train.py with ``argv`` (output silenced), armed to die at ``kill``."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    os.chdir(ROOT)
+    if kill is not None and kill[0] != "time":
+        _arm(*kill)
+    import train
+
+    sys.exit(train.run(argv))
+
+
+@pytest.fixture(scope="module")
+def context():
+    """A forkserver that has imported train.py (torch, open_clip, trainers) once for all runs."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["train"])
+    return ctx
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from vlprompt.testing import write_oxford_pets_tree, write_tiny_clip
+
+    base = tmp_path_factory.mktemp("kill_resume")
+    config, weights = write_tiny_clip(str(base), name="tiny-clip-kill")
+    write_oxford_pets_tree(str(base / "data"), train=6, val=2, test=4)
+    return base, config, weights
+
+
+def _argv(setup, output_dir):
+    base, config, weights = setup
+    return [
+        "--root", str(base / "data"), "--trainer", "CoOp", "--seed", "1", "--output-dir", str(output_dir),
+        "--dataset-config-file", str(ROOT / "configs/datasets/oxford_pets.yaml"),
+        "--config-file", str(ROOT / "configs/trainers/CoOp/toy.yaml"),
+        "MODEL.BACKBONE.NAME", config, "MODEL.BACKBONE.WEIGHTS", weights, "DATASET.NUM_SHOTS", "4",
+        "OPTIM.MAX_EPOCH", str(EPOCHS), "TRAIN.CHECKPOINT_ITERS", "2", "OPTIM.MOMENTUM", "0.9",
+    ]
+
+
+def _launch(context, argv, kill=None):
+    """Run train.py in a forked process; return (exit code, seconds). A "time" kill is sent from here."""
+    start = time.time()
+    process = context.Process(target=_train_child, args=(argv, kill))
+    process.start()
+    if kill is not None and kill[0] == "time":
+        process.join(kill[1])
+        if process.is_alive():
+            os.kill(process.pid, signal.SIGKILL)
+    process.join(600)
+    return process.exitcode, time.time() - start
+
+
+def _final(output_dir):
+    """(last checkpoint, metrics) of a finished run."""
+    checkpoint = torch.load(output_dir / "prompt_learner" / f"model.pth.tar-{EPOCHS}", weights_only=True)
+    results = json.loads((output_dir / "results.json").read_text())
+    assert results["completed"] and results["epoch"] == EPOCHS
+    return checkpoint, results["metrics"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(context, setup):
+    output_dir = setup[0] / "uninterrupted"
+    code, seconds = _launch(context, _argv(setup, output_dir))
+    assert code == 0
+    return _final(output_dir), seconds
+
+
+def _kill_plans(trials, run_seconds):
+    """Per trial, one or two kills (kind, count or delay); the first four trials cover every kind."""
+    rng = random.Random(TRIAL_SEED)
+    kinds = list(KILL_KINDS)
+    rng.shuffle(kinds)
+    limits = {"step": STEPS, "checkpoint": CHECKPOINT_FILE_WRITES, "evaluation": TEST_BATCHES}
+
+    def draw(kind):
+        if kind == "time":
+            return kind, round(rng.uniform(0.1, 0.9) * run_seconds, 2)
+        return kind, rng.randint(1, limits[kind])
+
+    plans = []
+    for trial in range(trials):
+        first = draw(kinds[trial] if trial < len(kinds) else rng.choice(KILL_KINDS))
+        plans.append([first] + ([draw(rng.choice(KILL_KINDS))] if rng.random() < 0.5 else []))
+    return plans
+
+
+def _run_trials(context, setup, uninterrupted, tmp_path, trials):
+    (reference, reference_metrics), run_seconds = uninterrupted
+    for trial, plan in enumerate(_kill_plans(trials, run_seconds)):
+        output_dir = tmp_path / f"trial{trial}"
+        argv = _argv(setup, output_dir)
+        for number, kill in enumerate(plan):
+            code, _ = _launch(context, argv, kill)
+            if number == 0 and kill[0] != "time":  # a first run always reaches its kill point
+                assert code == -signal.SIGKILL, (trial, plan, code)
+            assert code in (0, -signal.SIGKILL), (trial, plan, code)
+        code, _ = _launch(context, argv)
+        assert code == 0, (trial, plan)
+        checkpoint, metrics = _final(output_dir)
+        assert metrics == reference_metrics, (trial, plan)
+        for key, value in reference["state_dict"].items():
+            assert torch.equal(checkpoint["state_dict"][key], value), (trial, plan, key)
+        momentum = reference["optimizer"]["state"][0]["momentum_buffer"]
+        assert torch.equal(checkpoint["optimizer"]["state"][0]["momentum_buffer"], momentum), (trial, plan)
+        assert checkpoint["scheduler"] == reference["scheduler"], (trial, plan)
+        leftovers = [p.name for p in (output_dir / "prompt_learner").iterdir() if p.name.startswith(".") or "-batch" in p.name]
+        assert leftovers == [], (trial, plan)
+
+
+def test_runs_killed_at_random_points_resume_to_the_same_result(context, setup, uninterrupted, tmp_path):
+    _run_trials(context, setup, uninterrupted, tmp_path, trials=5)
+
+
+@pytest.mark.slow
+def test_runs_killed_at_random_points_resume_to_the_same_result_many_trials(context, setup, uninterrupted, tmp_path):
+    _run_trials(context, setup, uninterrupted, tmp_path, trials=20)
