@@ -239,8 +239,10 @@ class RAdaFFT(ClipTrainer):
         current = list(self.classnames)
         if stored_names is None or stored_names == current:
             return weight
-        position = {name: row for row, name in enumerate(stored_names)}
-        missing = [name for name in current if name not in position]
+        rows = {}  # a name listed twice (ImageNet has a few) maps its k-th use to its k-th row
+        for row, name in enumerate(stored_names):
+            rows.setdefault(name, []).append(row)
+        missing = [name for name in current if name not in rows]
         if missing:
             raise ConfigError(
                 f'The classifier in "{model_path}" was trained on {len(stored_names)} classes that do not include '
@@ -248,4 +250,9 @@ class RAdaFFT(ClipTrainer):
                 "whose classes are among its training classes (ImageNet -> ImageNet-V2/-Sketch/-A/-R)."
             )
         print(f"Classifier: keeping the {len(current)} of {len(stored_names)} trained rows that match this dataset's classes")
-        return weight[[position[name] for name in current]]
+        used = {name: 0 for name in rows}
+        selected = []
+        for name in current:
+            selected.append(rows[name][min(used[name], len(rows[name]) - 1)])
+            used[name] += 1
+        return weight[selected]
