@@ -238,7 +238,8 @@ def test_eval_is_deterministic_and_inference_modes_differ(tiny):
         decoupled = dear(x)
         f_cls = dear.encode_image(x)[0]
     assert torch.equal(first, second)
-    torch.testing.assert_close(decoupled, dear.logit_scale * F.normalize(f_cls, dim=-1) @ dear.class_text_features().t())
+    expected = dear.logit_scale * F.normalize(f_cls, dim=-1) @ dear.class_text_features().t()
+    torch.testing.assert_close(decoupled, expected)
     assert not torch.allclose(first, decoupled)
 
 
@@ -255,7 +256,7 @@ def test_new_class_list_rebuilds_the_sentences(tiny):
     ({"MASK_STRATEGY": "all_heads"}, r"TRAINER.DEAR.MASK_STRATEGY must be one of \['role'"),
     ({"FUSION_LOSS": "log"}, r"TRAINER.DEAR.FUSION_LOSS must be one of"),
     ({"INFERENCE": "attr"}, r"TRAINER.DEAR.INFERENCE must be one of"),
-    ({"BETA": 1.5}, r"TRAINER.DEAR.BETA must be in \[0, 1\]"),
+    ({"BETA": 1.5}, r"TRAINER.DEAR.BETA must be between 0.0 and 1.0"),
     ({"LAMBDA_REG": -1.0}, r"TRAINER.DEAR.LAMBDA_REG must be at least 0"),
     ({"ATTRIBUTES": ["color", "color"]}, r"ATTRIBUTES must be distinct"),
     ({"INJECT_LAYER": 1}, r"injection layer is 1, but .* only for layers 2..3"),
@@ -272,3 +273,23 @@ def test_role_map_of_another_backbone_is_rejected(tiny):
     check_dear_config(node)  # the file itself is fine
     with pytest.raises(ConfigError, match="12 layers of 12 heads .* loaded backbone has 3 layers of 4 heads"):
         deep_head_roles(node, 3, 4)
+
+
+@pytest.mark.slow
+def test_vit_b16_with_the_papers_role_map():
+    """The shipped map fits ViT-B/16; sizes of the learnable tensors; one loss evaluation."""
+    model, _ = load_clip("ViT-B/16", "random")
+    clip = CLIPRunner(model)
+    cfg = get_cfg_default()
+    extend_cfg(cfg)
+    node = cfg.TRAINER.DEAR
+    check_dear_config(node)
+    roles = deep_head_roles(node, clip.visual.num_layers, clip.visual.num_heads)
+    assert sorted(roles) == [9, 10, 11, 12]
+    dear = DeARCLIP(clip, Tokenizer("ViT-B/16"), ["cat", "dog"], "a photo of a {}, a type of pet.", node, roles)
+    sizes = {name: p.numel() for name, p in dear.prompt_learner.named_parameters()}
+    assert sizes == {"attr_tokens": 5 * 768, "text_tokens": 4 * 512, "attr_proj": 768 * 512, "fusion_logits": 6}
+    masks = dear.role_masks(197, torch.device("cpu"))
+    assert sorted(masks) == [8, 9, 10, 11] and masks[8].shape == (12, 202, 202)
+    total, logits, terms = dear.loss(torch.randn(1, 3, 224, 224), torch.tensor([1]))
+    assert logits.shape == (1, 2) and set(terms) == {"ce", "reg", "fusion"} and torch.isfinite(total)

@@ -80,7 +80,8 @@ def test_train_then_evaluate_new_classes_with_decoupled_inference(setup):
 def test_bad_role_map_fails_before_loading_data(setup):
     base = setup[0]
     bad = base / "bad_roles.yaml"
-    bad.write_text("num_layers: 3\nnum_heads: 4\nattributes: [color]\nroles:\n  2: [A color, G, M, M]\n  3: [A hue, G, M, M]\n")
+    bad.write_text("num_layers: 3\nnum_heads: 4\nattributes: [color]\n"
+                   "roles:\n  2: [A color, G, M, M]\n  3: [A hue, G, M, M]\n")
     result = run_train(setup, base / "bad", "TRAINER.DEAR.ROLE_MAP", str(bad))
     assert result.returncode == 2
     assert 'layer 3, head 0: unknown attribute "hue"' in result.stderr

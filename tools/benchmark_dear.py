@@ -15,7 +15,7 @@ CPU shared with other jobs wall-clock times are unreliable; ``--clock cpu`` time
 process's CPU time instead (all its threads).
 
     python tools/benchmark_dear.py                       # batch 16 at 224, 50 classes
-    python tools/benchmark_dear.py --batch 4 --rounds 5  # a quicker CPU run
+    python tools/benchmark_dear.py --batch 4 --rounds 5 --clock cpu --flops  # a quicker CPU run
 """
 import argparse
 import os
@@ -49,6 +49,20 @@ def build_model(args, lambda_reg, device):
     return dear, optimizer
 
 
+def count_flops(cases):
+    """Floating-point operations of one call of each case (matrix products; attention
+    through the math kernel so that its products are counted too)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    flops = {}
+    for name, fn in cases.items():
+        with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
+            fn()
+        flops[name] = counter.get_total_flops()
+    return flops
+
+
 def synchronize(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -78,10 +92,13 @@ def main(args):
         return run
 
     cases = {"frozen": frozen, "dear": step(with_reg, optim_reg), "dear_noreg": step(without_reg, optim_noreg)}
+    for fn in cases.values():  # first calls fill the caches (text prefix, frozen text features, masks)
+        fn()
+    flops = count_flops(cases) if args.flops else {}
     times = {name: [] for name in cases}
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     peak = {}
-    for round_index in range(args.warmup + args.rounds):
+    for round_index in range(args.warmup + args.rounds):  # interleaved rounds
         for name, fn in cases.items():
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
@@ -99,12 +116,16 @@ def main(args):
           f"image {args.image_size}, {args.num_classes} classes, masks {args.mask_strategy}, "
           f"{args.rounds} rounds after {args.warmup} warm-up, {args.clock} clock")
     for name in cases:
-        line = f"{name:<11} median {1000 * median[name]:9.1f} ms  (min {1000 * min(times[name]):.1f}, max {1000 * max(times[name]):.1f})"
+        spread = f"min {1000 * min(times[name]):.1f}, max {1000 * max(times[name]):.1f}"
+        line = f"{name:<11} median {1000 * median[name]:9.1f} ms  ({spread})"
         if args.clock == "wall":
             line += f"  {args.batch / median[name]:8.1f} images/s"
         if name in peak:
             line += f"  peak memory {peak[name]:.0f} MiB"
         print(line)
+    if flops:
+        print(f"FLOPs per call: " + ", ".join(f"{name} {value / 1e9:.1f} G" for name, value in flops.items())
+              + f"; L_reg adds {100 * (flops['dear'] / flops['dear_noreg'] - 1):.1f} % of the step's FLOPs")
     overhead = median["dear"] / median["dear_noreg"] - 1
     print(f"L_reg adds {100 * overhead:.1f} % to the training step "
           f"(target <= 15 %; the paper reports about 35 %)")
@@ -124,6 +145,7 @@ def build_parser():
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="wall-clock time, or the process's CPU time (for a shared CPU)")
+    parser.add_argument("--flops", action="store_true", help="also count the FLOPs of each case (one extra call)")
     parser.add_argument("--cpu", action="store_true", help="stay on the CPU even if CUDA is available")
     return parser
 

@@ -25,10 +25,10 @@ from vlprompt.clip import (
     DEFAULT_TEMPLATE, InsertTokens, MapTokens, Plan, PromptedCLIP, UnsupportedBackboneError, fill_template,
 )
 from vlprompt.clip.head_roles import HeadRole, load_role_map, role_attention_mask
-from vlprompt.config import ConfigError, register_cfg_extension
+from vlprompt.config import ConfigError, check_choice, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.amp import PRECISIONS
 
-PRECISIONS = ("fp16", "fp32", "amp", "bf16")
 MASK_STRATEGIES = ("role", "all_generalization", "all_mixed", "random_shuffle")
 FUSION_LOSSES = ("one_minus", "neg_log")
 INFERENCE_MODES = ("fusion", "cls")
@@ -55,18 +55,13 @@ def add_dear_config(cfg):
 
 def check_dear_config(node):
     """Raise ConfigError for an invalid TRAINER.DEAR node (role map included)."""
-    choices = (("MASK_STRATEGY", MASK_STRATEGIES), ("FUSION_LOSS", FUSION_LOSSES),
-               ("INFERENCE", INFERENCE_MODES), ("PREC", PRECISIONS))
-    for key, allowed in choices:
-        if node[key] not in allowed:
-            raise ConfigError(f"TRAINER.DEAR.{key} must be one of {list(allowed)}, got '{node[key]}'.")
-    limits = (("N_ATTR_TOKENS", 0), ("N_CTX_TEXT", 0), ("INJECT_LAYER", 1), ("TEXT_INJECT_LAYER", 0),
-              ("LAMBDA_REG", 0), ("LAMBDA_FUSION", 0), ("SHUFFLE_SEED", 0))
-    for key, low in limits:
-        if node[key] < low:
-            raise ConfigError(f"TRAINER.DEAR.{key} must be at least {low}, got {node[key]}.")
-    if not 0.0 <= node.BETA <= 1.0:
-        raise ConfigError(f"TRAINER.DEAR.BETA must be in [0, 1] (1: no re-mixing), got {node.BETA}.")
+    for key, allowed in (("MASK_STRATEGY", MASK_STRATEGIES), ("FUSION_LOSS", FUSION_LOSSES),
+                         ("INFERENCE", INFERENCE_MODES), ("PREC", PRECISIONS)):
+        check_choice(f"TRAINER.DEAR.{key}", node[key], allowed)
+    for key, low in (("N_ATTR_TOKENS", 0), ("N_CTX_TEXT", 0), ("INJECT_LAYER", 1), ("TEXT_INJECT_LAYER", 0),
+                     ("LAMBDA_REG", 0), ("LAMBDA_FUSION", 0), ("SHUFFLE_SEED", 0)):
+        check_range(f"TRAINER.DEAR.{key}", node[key], minimum=low)
+    check_range("TRAINER.DEAR.BETA", node.BETA, 0.0, 1.0, why="(1: no re-mixing, 0: raw tokens at every layer)")
     names = list(node.ATTRIBUTES)
     if not all(isinstance(name, str) and name.strip() for name in names) or len(set(names)) != len(names):
         raise ConfigError(f"TRAINER.DEAR.ATTRIBUTES must be distinct attribute names, got {names}.")
@@ -109,7 +104,8 @@ class DeARPrompts(nn.Module):
     def __init__(self, num_attributes, tokens_per_attribute, n_ctx_text, visual_proj, text_width):
         super().__init__()
         vision_width = visual_proj.shape[0]
-        self.attr_tokens = nn.Parameter(torch.empty(num_attributes, tokens_per_attribute, vision_width).normal_(std=0.02))
+        shape = (num_attributes, tokens_per_attribute, vision_width)
+        self.attr_tokens = nn.Parameter(torch.empty(shape).normal_(std=0.02))
         self.text_tokens = nn.Parameter(torch.empty(n_ctx_text, text_width).normal_(std=0.02))
         has_attributes = num_attributes * tokens_per_attribute > 0
         self.attr_proj = nn.Parameter(visual_proj.detach().clone().float()) if has_attributes else None
@@ -184,8 +180,12 @@ class DeARCLIP(PromptedCLIP):
         raw = self.prompt_learner.attr_tokens.flatten(0, 1)  # [K * n_tok, D_v]
         if raw.shape[0] == 0:
             return Plan()
-        remix = MapTokens(lambda x: torch.cat([x[:, :num_original], self._remix(x[:, num_original:], raw)], 1))
-        layers = {block: remix for block in range(self.vision_block + 1, self.clip.visual.num_layers)}
+
+        def remix(x):
+            original, attributes = x.split([num_original, raw.shape[0]], dim=1)
+            return torch.cat([original, self._remix(attributes, raw)], 1)
+
+        layers = {block: MapTokens(remix) for block in range(self.vision_block + 1, self.clip.visual.num_layers)}
         layers[self.vision_block] = InsertTokens(raw)
         return Plan(layers=layers, masks=self.role_masks(num_original, device))
 
@@ -195,8 +195,12 @@ class DeARCLIP(PromptedCLIP):
         n = raw.shape[0]
         if n == 0:
             return Plan()
-        remix = MapTokens(lambda x: torch.cat([x[:, :1], self._remix(x[:, 1 : 1 + n], raw), x[:, 1 + n :]], 1))
-        layers = {block: remix for block in range(self.text_block + 1, self.clip.text.num_layers)}
+
+        def remix(x):
+            start, prompts, rest = x.split([1, n, x.shape[1] - 1 - n], dim=1)
+            return torch.cat([start, self._remix(prompts, raw), rest], 1)
+
+        layers = {block: MapTokens(remix) for block in range(self.text_block + 1, self.clip.text.num_layers)}
         layers[self.text_block] = InsertTokens(raw, at=1, keep_length=True)
         return Plan(layers=layers)
 
@@ -255,8 +259,8 @@ class DeARCLIP(PromptedCLIP):
                 1 - F.cosine_similarity(text_features, self.frozen_text_features(), dim=-1)).mean()
             total, terms["reg"] = total + self.lambda_reg * reg, reg.detach()
         if self.lambda_fusion > 0:
-            w_cls = self.fusion_weights()[0]
-            fusion = 1 - w_cls if self.fusion_loss == "one_minus" else -self.prompt_learner.fusion_logits.log_softmax(0)[0]
+            log_w = self.prompt_learner.fusion_logits.log_softmax(0)
+            fusion = 1 - log_w[0].exp() if self.fusion_loss == "one_minus" else -log_w[0]
             total, terms["fusion"] = total + self.lambda_fusion * fusion, fusion.detach()
         return total, logits, terms
 
@@ -277,8 +281,9 @@ class DeAR(ClipTrainer):
         node = self.cfg.TRAINER.DEAR
         roles = deep_head_roles(node, clip.visual.num_layers, clip.visual.num_heads)
         counts = [role.kind for layer in roles.values() for role in layer]
-        print(f"Head roles ({node.MASK_STRATEGY}) of image layers {node.INJECT_LAYER}..{clip.visual.num_layers}: "
-              + (", ".join(f"{counts.count(k)} {k}" for k in "AOGM") if counts else "no masks"))
+        summary = ", ".join(f"{counts.count(k)} {k}" for k in "AOGM") if counts else "no masks"
+        layers = f"{node.INJECT_LAYER}..{clip.visual.num_layers}"
+        print(f"Head roles ({node.MASK_STRATEGY}) of image layers {layers}: {summary}")
         template = getattr(type(self.dm.dataset), "template", DEFAULT_TEMPLATE)
         self.model = DeARCLIP(clip, tokenizer, self.classnames, template, node, roles).to(self.device)
         self.register_learner("prompt_learner", self.model.prompt_learner)
