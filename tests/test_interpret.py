@@ -11,7 +11,7 @@ import torch
 from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
 from vlprompt.clip.head_roles import HeadRole
 from vlprompt.interpret import (
-    ConceptError, CorpusError, build_concept_space, concept_distribution, concept_entropy,
+    ConceptError, CorpusError, build_concept_space, clip_text_embeddings, concept_distribution, concept_entropy,
     decompose_image_features, dominant_concept, load_corpus, name_clusters, phrase_concepts,
     quantile_roles, textspan,
 )
@@ -262,3 +262,12 @@ def test_decomposition_is_exact_on_vit_b16_architecture():
     parts = decompose_image_features(CLIPRunner(model).visual, images, 4)
     assert parts.heads.shape == (2, 4, 12, 512)
     assert torch.allclose(parts.total(), model.encode_image(images), atol=1e-4)
+
+
+def test_clip_text_embeddings_equal_full_context_features(tiny_runner, tiny_clip_files):
+    """Cutting the causal text tower's input after the last end-of-text token is exact."""
+    model, runner = tiny_runner
+    tokenizer = Tokenizer(tiny_clip_files[0])
+    texts = ["a red star", "a photo of a dog in the snow", "x"]
+    full = torch.nn.functional.normalize(model.encode_text(tokenizer(texts)), dim=-1)
+    assert torch.allclose(clip_text_embeddings(runner, tokenizer, texts, batch_size=2), full, atol=1e-5)

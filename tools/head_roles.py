@@ -188,23 +188,30 @@ def main(args):
         min_samples=args.min_samples, concept_names=args.concept_names, attributes=args.attributes,
         quantile=args.quantile, backbone=cfg.MODEL.BACKBONE.NAME, weights=weights, notes=notes, progress=print,
     )
-    discovery.settings = {
-        "backbone": cfg.MODEL.BACKBONE.NAME, "weights": weights, "device": device,
-        "images": f"{num_images} of {cfg.DATASET.NAME} ({args.split}, seed {args.seed})",
-        "layers": f"{first}..{depth} (1-indexed) x {runner.visual.num_heads} heads",
-        "corpus": f"{corpus.source} ({len(corpus)} descriptions)", "phrases per head": args.texts_per_head,
-        "sentence embedder": args.embedder,
-        "concepts": args.concepts + (f" (min_cluster_size {args.min_cluster_size}, min_samples "
-                                     f"{args.min_samples})" if args.concepts == "hdbscan" else ""),
-        "attributes": ", ".join(args.attributes), "entropy quantile": args.quantile,
-        "time": f"decomposition {decompose_seconds:.1f} s, corpus {embed_seconds:.1f} s, "
-                f"TEXTSPAN + concepts {time.time() - tic:.1f} s, total {time.time() - start:.1f} s",
-        "command": "python tools/head_roles.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-    }
+    times = (f"decomposition {decompose_seconds:.1f} s, corpus {embed_seconds:.1f} s, "
+             f"TEXTSPAN + concepts {time.time() - tic:.1f} s, total {time.time() - start:.1f} s")
+    discovery.settings = describe_settings(args, cfg, weights, device, num_images, first, depth,
+                                           runner.visual.num_heads, corpus, times)
     write_outputs(discovery, args.output_dir, heatmap=not args.no_heatmap)
     counts = role_counts(discovery)
     print("Roles: " + ", ".join(f"{kind} {counts.get(kind, 0)}" for kind in "AOGM"))
     print(f"Total time {time.time() - start:.1f} s")
+
+
+def describe_settings(args, cfg, weights, device, num_images, first, depth, num_heads, corpus, times):
+    """The settings table of the report (setting -> value)."""
+    concepts = args.concepts
+    if concepts == "hdbscan":
+        concepts += f" (min_cluster_size {args.min_cluster_size}, min_samples {args.min_samples})"
+    return {
+        "backbone": cfg.MODEL.BACKBONE.NAME, "weights": weights, "device": device,
+        "images": f"{num_images} of {cfg.DATASET.NAME} ({args.split}, seed {args.seed})",
+        "layers": f"{first}..{depth} (1-indexed) x {num_heads} heads",
+        "corpus": f"{corpus.source} ({len(corpus)} descriptions)", "phrases per head": args.texts_per_head,
+        "sentence embedder": args.embedder, "concepts": concepts,
+        "attributes": ", ".join(args.attributes), "entropy quantile": args.quantile, "time": times,
+        "command": "python tools/head_roles.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+    }
 
 
 def write_outputs(discovery, folder, heatmap=True):
