@@ -193,7 +193,8 @@ class DatasetBase:
         split_file (str | None): the split JSON (`split_zhou_<Name>.json`), if the dataset has one.
         split_sources (tuple[str]): relative paths the split is built from when `split_file` is missing.
         layout (str): the expected folder tree, printed by layout errors.
-        template (str): the zero-shot prompt template, one "{}" for the class name.
+        template (str): the zero-shot prompt template, one "{}" for the class name (optional;
+            trainers fall back to "a photo of a {}.").
         published_sizes (tuple | None): (train, val, test) image counts of the published
             split (val None when there is none), for installation checks.
         domains (list[str]): domain names (DA/DG datasets only).
