@@ -14,10 +14,9 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip.templates import DEFAULT_TEMPLATE, check_template, dataset_template
 from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.amp import PRECISIONS
 
 from .zsclip import TemplateCLIP
-
-PRECISIONS = ("fp16", "fp32", "amp", "bf16")
 
 
 def add_adapter_keys(node, image_ratio, text_ratio, zero_init):

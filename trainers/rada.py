@@ -14,16 +14,15 @@ mixin are shared by the other RAda trainers (FFT, TTT, Prompt, Adapter).
 import torch.nn.functional as F
 from yacs.config import CfgNode as CN
 
-from vlprompt.clip.templates import DEFAULT_TEMPLATE, check_template, dataset_template
 from vlprompt.clip.rational import (
     ATTN_NORMS, MASK_LOSSES, RationalMaskGenerator, mask_regularizer, rational_logits, rational_matrix,
 )
+from vlprompt.clip.templates import DEFAULT_TEMPLATE, check_template, dataset_template
 from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.amp import PRECISIONS
 
 from .zsclip import TemplateCLIP
-
-PRECISIONS = ("fp16", "fp32", "amp", "bf16")
 
 
 def add_generator_keys(node):
