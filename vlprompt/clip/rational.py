@@ -48,8 +48,9 @@ def rational_matrix(image_features, class_features):
 
 
 def rational_logits(rational, mask, scale):
-    """Logits [B, K] = scale * sum_d mask * rational, from [B, K, D] tensors."""
-    return scale * (mask * rational).sum(dim=-1)
+    """Logits [B, K] = scale * sum_d mask * rational, from [B, K, D] tensors (summed in fp32,
+    also under fp16 autocast)."""
+    return scale * (mask.float() * rational.float()).sum(dim=-1)
 
 
 def mask_regularizer(mask, kind="l2"):
