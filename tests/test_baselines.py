@@ -217,9 +217,19 @@ def recipe_cfg(path, trainer):
 
 def test_every_shipped_recipe_is_listed():
     shipped = {os.path.relpath(path, os.path.join(ROOT, "configs", "trainers"))
-               for method in MODELS.keys() | {"KgCoOp"}
-               for path in glob.glob(os.path.join(ROOT, "configs", "trainers", method, "*.yaml"))}
+               for method in BASELINES
+               for path in glob.glob(os.path.join(ROOT, "configs", "trainers", method, "vit_b16*.yaml"))}
     assert shipped == set(RECIPES)
+
+
+@pytest.mark.parametrize("trainer", BASELINES)
+def test_synthetic_configs_fit_the_tiny_synthetic_clip(trainer, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the synthetic configs name the tiny CLIP relative to the repository
+    cfg = recipe_cfg(f"{trainer}/synthetic.yaml", trainer)
+    coop = recipe_cfg("CoOp/synthetic.yaml", "CoOp")
+    assert cfg.MODEL.BACKBONE == coop.MODEL.BACKBONE and cfg.INPUT == coop.INPUT
+    trainer_class = TRAINER_REGISTRY.get(trainer)
+    trainer_class.__new__(trainer_class).check_cfg(cfg)
 
 
 @pytest.mark.parametrize("path", sorted(RECIPES))
