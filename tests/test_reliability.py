@@ -27,10 +27,11 @@ from vlprompt.data.checks import BadImagesError, DatasetContentError, check_labe
 from vlprompt.data.datasets import DATASET_REGISTRY, DatasetBase, Datum
 from vlprompt.data.splits import UnsafePickleError, read_datum_pickle
 from vlprompt.engine import TRAINER_REGISTRY, NonFiniteLossError, TrainerX, build_trainer
+from vlprompt.engine.amp import MixedPrecision
 from vlprompt.optim import build_lr_scheduler, build_optimizer
 from vlprompt.utils import (
-    CheckpointError, CorruptFileError, PickledObject, atomic_write, load_checkpoint, read_json, set_random_seed,
-    write_json,
+    CheckpointError, CorruptFileError, PickledObject, atomic_write, load_checkpoint, read_json, save_checkpoint,
+    set_random_seed, write_json,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -448,6 +449,15 @@ def test_nonfinite_steps_can_be_skipped_and_are_counted_in_results(toy_root, tmp
     assert results["skipped_nonfinite_steps"] == 2 and results["completed"]
 
 
+def test_a_skipped_step_lowers_the_gradient_scale_like_an_overflow():
+    amp = MixedPrecision("fp32", torch.device("cpu"))
+    amp.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    amp.skip_step()  # before the scaler scaled any loss
+    assert amp.scaler.get_scale() == 512.0
+    amp.skip_step()
+    assert amp.scaler.get_scale() == 256.0
+
+
 # ---------------------------------------------------------------- bad data
 
 def _truncate(path):
@@ -552,6 +562,17 @@ def test_a_fewshot_cache_that_does_not_match_the_split_is_an_error(pets_root):
     assert "delete the cache to sample again" in message
 
 
+def test_a_split_file_listing_missing_images_is_an_error_naming_them(pets_root):
+    import datasets  # noqa: F401
+    from vlprompt.data.datasets import MissingImagesError, build_dataset
+
+    missing = pets_root / "oxford_pets" / "images" / "Bengal_2.jpg"
+    missing.unlink()
+    with pytest.raises(MissingImagesError) as info:
+        quietly(lambda: build_dataset(_pets_cfg(pets_root)))
+    assert str(missing) in str(info.value) and "split_zhou_OxfordPets.json" in str(info.value)
+
+
 @pytest.mark.parametrize("torn", ["split_zhou_OxfordPets.json", "split_fewshot/shot_1-seed_1.json"])
 def test_a_torn_json_file_is_never_used_and_named(pets_root, torn):
     import datasets  # noqa: F401
@@ -563,6 +584,50 @@ def test_a_torn_json_file_is_never_used_and_named(pets_root, torn):
     with pytest.raises(CorruptFileError) as info:
         quietly(lambda: build_dataset(_pets_cfg(pets_root)))
     assert str(info.value).startswith(f'"{path}" is not valid JSON (')
+
+
+def _writers(tmp_path):
+    """(name, write(version) -> path) for every file kind a run writes and later reads."""
+    from vlprompt.data.splits import save_fewshot_cache, save_split
+    from vlprompt.engine.results import write_results
+
+    prefix = str(tmp_path / "images")
+
+    def items(version):
+        return [Datum.unchecked(osp.join(prefix, f"{version}_{i}.jpg"), i, 0, f"class{i}") for i in range(3)]
+
+    return [
+        ("split file", lambda v: save_split(items(v), items(v), items(v), str(tmp_path / "split.json"), prefix)
+         or tmp_path / "split.json"),
+        ("few-shot cache", lambda v: save_fewshot_cache(str(tmp_path), 1, 1, {"train": items(v), "val": items(v)})),
+        ("results file", lambda v: write_results({"metrics": {"accuracy": v}}, str(tmp_path))),
+        ("checkpoint", lambda v: save_checkpoint({"state_dict": {"w": torch.full((4,), float(v))}, "epoch": 1},
+                                                 str(tmp_path / "model"))),
+    ]
+
+
+def _write_half_then_fail(real, binary):
+    """A serializer that writes half of what ``real`` would, then fails like a full disk."""
+    def write(obj, f, *args, **kwargs):
+        buffer = io.BytesIO() if binary else io.StringIO()
+        real(obj, buffer, *args, **kwargs)
+        data = buffer.getvalue()
+        f.write(data[: len(data) // 2])
+        raise OSError(28, "No space left on device")
+    return write
+
+
+@pytest.mark.parametrize("kind", ["split file", "few-shot cache", "results file", "checkpoint"])
+def test_a_write_that_fails_midway_keeps_the_previous_file(tmp_path, monkeypatch, kind):
+    write = dict(_writers(tmp_path))[kind]
+    path = Path(quietly(lambda: write(1))[0])
+    before = path.read_bytes()
+    monkeypatch.setattr(json, "dump", _write_half_then_fail(json.dump, binary=False))
+    monkeypatch.setattr(torch, "save", _write_half_then_fail(torch.save, binary=True))
+    with pytest.raises(OSError, match="No space left on device"):
+        quietly(lambda: write(2))
+    assert path.read_bytes() == before
+    assert [name for name in os.listdir(path.parent) if name.endswith(".tmp")] == []
 
 
 def test_a_write_killed_midway_leaves_the_previous_file(tmp_path):

@@ -108,6 +108,7 @@ class MixedPrecision:
     def skip_step(self) -> None:
         """A step was skipped for a non-finite loss: lower the scale as the scaler does after an overflow."""
         if self.scaler is not None and self.scaler.is_enabled():
+            self.scaler.scale(torch.zeros((), device=self.device))  # creates the scale if no step used it yet
             self.scaler.update(self.scaler.get_scale() * self.scaler.get_backoff_factor())
 
     def state_dict(self) -> Optional[dict]:
