@@ -2,8 +2,9 @@
 with the same command ends with the uninterrupted run's exact weights, optimizer and scheduler
 states and metrics.
 
-CoOp trains on the toy setup (tiny random CLIP, miniature OxfordPets): 2 epochs of 5 batches,
-a mid-epoch checkpoint every 2 iterations. Each run is a fresh process forked from a
+CoOp trains on the synthetic benchmark's base classes (SyntheticShapes, 1 shot, with
+configs/trainers/CoOp/synthetic.yaml) with a tiny random CLIP: 2 epochs of 5 batches, a
+mid-epoch checkpoint every 2 iterations, a final test on 1,000 images. Each run is a fresh process forked from a
 forkserver that imported train.py once; a trial kills its first run (and sometimes the
 restarted one) with SIGKILL, then lets a restart finish. Kill points, drawn at random per
 trial, and the first four trials cover each kind:
@@ -29,9 +30,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 EPOCHS = 2
-STEPS = 2 * 5  # 4 shots x 5 classes = 20 images, batch size 4
+STEPS = 2 * 5  # 1 shot x 40 base classes = 40 images, batch size 8
 CHECKPOINT_FILE_WRITES = 4 + 1  # mid-epoch after iterations 2, 4, 6, 8; the final epoch checkpoint
-TEST_BATCHES = 2  # 5 classes x 4 test images, batch size 16
+TEST_BATCHES = 2  # 40 base classes x 25 test images, batch size 500
 KILL_KINDS = ("step", "checkpoint", "evaluation", "time")
 TRIAL_SEED = 20240611
 
@@ -104,11 +105,13 @@ def context():
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from vlprompt.testing import write_oxford_pets_tree, write_tiny_clip
+    """(folder, CLIP config, CLIP weights): a tiny random CLIP and the rendered SyntheticShapes set."""
+    from vlprompt.synthetic.downstream import SETS, ensure_dataset
+    from vlprompt.testing import write_tiny_clip
 
     base = tmp_path_factory.mktemp("kill_resume")
     config, weights = write_tiny_clip(str(base), name="tiny-clip-kill")
-    write_oxford_pets_tree(str(base / "data"), train=6, val=2, test=4)
+    ensure_dataset(str(base / "data"), SETS["SyntheticShapes"])
     return base, config, weights
 
 
@@ -116,9 +119,10 @@ def _argv(setup, output_dir):
     base, config, weights = setup
     return [
         "--root", str(base / "data"), "--trainer", "CoOp", "--seed", "1", "--output-dir", str(output_dir),
-        "--dataset-config-file", str(ROOT / "configs/datasets/oxford_pets.yaml"),
-        "--config-file", str(ROOT / "configs/trainers/CoOp/toy.yaml"),
-        "MODEL.BACKBONE.NAME", config, "MODEL.BACKBONE.WEIGHTS", weights, "DATASET.NUM_SHOTS", "4",
+        "--dataset-config-file", str(ROOT / "configs/datasets/synthetic_shapes.yaml"),
+        "--config-file", str(ROOT / "configs/trainers/CoOp/synthetic.yaml"),
+        "MODEL.BACKBONE.NAME", config, "MODEL.BACKBONE.WEIGHTS", weights,
+        "DATASET.NUM_SHOTS", "1", "DATASET.SUBSAMPLE_CLASSES", "base", "DATALOADER.TRAIN_X.BATCH_SIZE", "8",
         "OPTIM.MAX_EPOCH", str(EPOCHS), "TRAIN.CHECKPOINT_ITERS", "2", "OPTIM.MOMENTUM", "0.9",
     ]
 
