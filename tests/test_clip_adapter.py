@@ -12,15 +12,11 @@ from trainers.zsclip import TemplateCLIP
 from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file
 from vlprompt.engine import build_trainer
-from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, TINY_CLIP_CONFIG, write_oxford_pets_tree, write_tiny_clip
+from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, TINY_RESNET_CLIP_CONFIG, write_oxford_pets_tree, write_tiny_clip
 from vlprompt.utils import set_random_seed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLASSES = ["red star", "blue circle", "green square"]
-TINY_RESNET_CONFIG = dict(
-    copy.deepcopy(TINY_CLIP_CONFIG),
-    vision_cfg={"image_size": 32, "layers": [1, 1, 1, 1], "width": 8, "head_width": 64},
-)
 
 
 def adapter_node(**changes):
@@ -87,7 +83,7 @@ def test_config_checks():
 
 
 def test_trainer_runs_on_a_resnet_clip_with_cached_features(tmp_path):
-    clip_files = write_tiny_clip(str(tmp_path / "clip"), name="tiny-rn-adapter", config=TINY_RESNET_CONFIG)
+    clip_files = write_tiny_clip(str(tmp_path / "clip"), name="tiny-rn-adapter", config=TINY_RESNET_CLIP_CONFIG)
     write_oxford_pets_tree(str(tmp_path / "data"), classes=OXFORD_PETS_TOY_CLASSES[:3], train=4, val=1, test=2)
     cfg = get_cfg_default()
     extend_cfg(cfg)

@@ -14,23 +14,19 @@ from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
 from vlprompt.clip.rational import RationalMaskGenerator, mask_regularizer, rational_logits, rational_matrix
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file, merge_from_list
 from vlprompt.engine import build_trainer
-from vlprompt.testing import TINY_CLIP_CONFIG, write_oxford_pets_tree, write_tiny_clip
+from vlprompt.testing import TINY_RESNET_CLIP_CONFIG, write_oxford_pets_tree, write_tiny_clip
 from vlprompt.utils import set_random_seed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLASSES = ["red star", "blue circle", "green square", "golden retriever", "cat"]
 TEMPLATES = ["a photo of a {}."]
-TINY_RESNET_CONFIG = dict(
-    copy.deepcopy(TINY_CLIP_CONFIG),
-    vision_cfg={"image_size": 32, "layers": [1, 1, 1, 1], "width": 8, "head_width": 64},
-)
 
 
 # ----------------------------------------------------------------------------- fixtures
 
 @pytest.fixture(scope="module")
 def resnet_clip_files(tmp_path_factory):
-    return write_tiny_clip(str(tmp_path_factory.mktemp("tiny_rn")), name="tiny-rn-clip-test", config=TINY_RESNET_CONFIG)
+    return write_tiny_clip(str(tmp_path_factory.mktemp("tiny_rn")), name="tiny-rn-clip-test", config=TINY_RESNET_CLIP_CONFIG)
 
 
 def rada_node(**changes):

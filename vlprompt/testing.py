@@ -12,7 +12,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-__all__ = ["TINY_CLIP_CONFIG", "write_tiny_clip", "write_oxford_pets_tree", "OXFORD_PETS_TOY_CLASSES"]
+__all__ = [
+    "TINY_CLIP_CONFIG", "TINY_RESNET_CLIP_CONFIG", "write_tiny_clip", "write_oxford_pets_tree", "OXFORD_PETS_TOY_CLASSES",
+]
 
 # ViT image tower with 3 blocks of 4 heads (32x32 input, 16 patches), text tower with
 # 2 blocks of 4 heads and context length 32; QuickGELU like OpenAI's models.
@@ -22,6 +24,12 @@ TINY_CLIP_CONFIG = {
     "vision_cfg": {"image_size": 32, "layers": 3, "width": 64, "patch_size": 8, "head_width": 16},
     "text_cfg": {"context_length": 32, "vocab_size": 49408, "width": 32, "heads": 4, "layers": 2},
 }
+
+# The same CLIP with a ModifiedResNet image tower (one bottleneck per stage, attention pooling
+# with 4 heads), for methods that must run on ResNet CLIPs (RN50, RN101).
+TINY_RESNET_CLIP_CONFIG = dict(
+    TINY_CLIP_CONFIG, vision_cfg={"image_size": 32, "layers": [1, 1, 1, 1], "width": 8, "head_width": 64},
+)
 
 # Breeds in OxfordPets' label order (a subset: labels are renumbered 0..N-1).
 OXFORD_PETS_TOY_CLASSES = ("Abyssinian", "american_bulldog", "Bengal", "boxer", "Persian")

@@ -144,13 +144,12 @@ class RationalMaskGenerator(nn.Module):
 
     def _delta(self, image_features, class_features, text_query, scale):
         """dM [b, K, D] for one chunk of b images."""
-        batch, num_classes = image_features.shape[0], class_features.shape[0]
         rational = scale * rational_matrix(image_features, class_features)  # [b, K, D]
         key = self._split_heads(self.key(rational))  # [b, H, K, dh]
         value = self._split_heads(self.value(rational))
         image_query = self._split_heads(self.q_image(scale.sqrt() * image_features).unsqueeze(1))  # [b, H, 1, dh]
         rational_query = self._split_heads(self.q_rational(rational))
-        text_query = text_query.to(key.dtype).expand(batch, -1, -1, -1)
+        text_query = text_query.to(key.dtype).expand(image_features.shape[0], -1, -1, -1)
         # X1 is the same in every class row, so its map has identical rows and the global
         # normalisation (sum over the K x K map, times K) reduces to the row softmax.
         output = self._attend_rows(image_query, key, value)  # [b, H, 1, dh], broadcast over K
