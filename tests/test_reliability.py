@@ -30,8 +30,8 @@ from vlprompt.engine import TRAINER_REGISTRY, NonFiniteLossError, TrainerX, buil
 from vlprompt.engine.amp import MixedPrecision
 from vlprompt.optim import build_lr_scheduler, build_optimizer
 from vlprompt.utils import (
-    CheckpointError, CorruptFileError, PickledObject, atomic_write, load_checkpoint, read_json, save_checkpoint,
-    set_random_seed, write_json,
+    CheckpointError, CorruptFileError, PickledObject, atomic_write, close_logger, load_checkpoint, read_json,
+    save_checkpoint, set_random_seed, write_json,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -703,5 +703,26 @@ def test_novel_classes_may_be_evaluated(tiny_clip_files, tmp_path, capsys):
     import train
 
     argv = _cli_argv(tiny_clip_files, tmp_path / "run", "--eval-only", "DATASET.SUBSAMPLE_CLASSES", "new")
-    assert train.run(argv) == 2
+    try:
+        assert train.run(argv) == 2
+    finally:
+        close_logger()
     assert "Dataset OxfordPets: no folder" in capsys.readouterr().err  # the config passed; the data is missing
+
+
+def test_a_diverging_run_exits_3_and_logs_the_step(tiny_clip_files, pets_root, tmp_path):
+    import train
+
+    argv = _cli_argv(tiny_clip_files, tmp_path / "run", "--root", str(pets_root), "DATASET.NUM_SHOTS", "2",
+                     "OPTIM.LR", "1e30", "OPTIM.WARMUP_EPOCH", "-1")
+    def run():
+        try:
+            return train.run(argv)
+        finally:
+            close_logger()  # what the process exit does: flush and close log.txt
+
+    assert quietly(run)[0] == 3
+    log = (tmp_path / "run" / "log.txt").read_text()
+    assert "Error: Loss is infinite or NaN! At epoch 1/3, batch " in log
+    assert "No checkpoint has been written yet" in log
+    assert not (tmp_path / "run" / "results.json").exists()
