@@ -133,6 +133,17 @@ def test_changed_transform_or_seed_gets_its_own_entry(data_root, tiny_clip_files
     assert len(new) == 1 and os.path.basename(new.pop()).startswith("train-")
 
 
+def test_an_image_rewritten_in_place_gets_a_new_entry(data_root, tiny_clip_files, tmp_path):
+    root = tmp_path / "data"
+    shutil.copytree(data_root, root)
+    fill_train_cache(str(root), tmp_path / "run", tiny_clip_files, tmp_path / "cache")
+    image = sorted((root / "oxford_pets" / "images").iterdir())[0]
+    image.write_bytes(image.read_bytes())
+    os.utime(image, ns=(0, 0))
+    fill_train_cache(str(root), tmp_path / "run", tiny_clip_files, tmp_path / "cache")
+    assert len(cache_files(tmp_path / "cache")) == 2
+
+
 def test_damaged_or_foreign_cache_files_are_recomputed(data_root, tiny_clip_files, cached, tmp_path, capsys):
     _, base = cached
     cache_dir = tmp_path / "cache"

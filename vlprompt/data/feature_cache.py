@@ -18,9 +18,9 @@ Evaluation views (:meth:`FeatureCache.eval_loader`): the deterministic test tran
 sequential loader, encoded once per split.
 
 Keys and storage. An entry is identified by the SHA-256 of its key fields: dataset name,
-split, the items (paths and labels), backbone name and weights (files by path, size and
-modification time), the encoding method, the autocast dtype, the transform, and for training
-also the loader settings, SEED, the epoch range and a digest of torch's CPU random state at
+split, the items (paths, labels, file sizes and modification times), backbone name and
+weights (files by path, size and modification time), the encoding method, the autocast
+dtype, the transform, and for training also the loader settings, SEED, the epoch range and a digest of torch's CPU random state at
 the first cached epoch (which, with a fixed seed, is fixed by the seed and by what the run
 drew before training). Any change gives another file, so a changed transform or seed never
 reads stale features. Files are ``<DIR>/<dataset>/<split>-<key>.pt``, written atomically
@@ -64,8 +64,10 @@ def _dataset_wrapper(loader):
 
 
 def _loader_items(loader):
-    """Digest of the (path, label) items behind a loader built by ``build_data_loader``."""
-    items = [[item.impath, item.label] for item in _dataset_wrapper(loader).data_source]
+    """Digest of the items behind a loader built by ``build_data_loader``: path, label, and the
+    file's size and modification time (an image rewritten in place changes the key)."""
+    items = [[item.impath, item.label, *_file_identity(item.impath)[1:]]
+             for item in _dataset_wrapper(loader).data_source]
     return {"count": len(items), "sha256": _digest(items)}
 
 
