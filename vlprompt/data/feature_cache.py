@@ -20,10 +20,10 @@ sequential loader, encoded once per split.
 Keys and storage. An entry is identified by the SHA-256 of its key fields: dataset name,
 split, the items (paths, labels, file sizes and modification times), backbone name and
 weights (files by path, size and modification time), the encoding method, the autocast
-dtype, the transform, and for training also the loader settings, SEED, the epoch range and a digest of torch's CPU random state at
-the first cached epoch (which, with a fixed seed, is fixed by the seed and by what the run
-drew before training). Any change gives another file, so a changed transform or seed never
-reads stale features. Files are ``<DIR>/<dataset>/<split>-<key>.pt``, written atomically
+dtype, the transform, and for training also the loader settings, SEED, the epoch range
+and a digest of torch's CPU random state at the first cached epoch (which, with a fixed
+seed, is fixed by the seed and by what the run drew before training). Any change gives
+another file, so a changed transform or seed never reads stale features. Files are ``<DIR>/<dataset>/<split>-<key>.pt``, written atomically
 with ``torch.save`` and read with ``torch.load(weights_only=True)`` (tensors and plain
 values only); the key fields stored inside are compared on reading. Unseeded runs (SEED < 0)
 keep their training features in memory only, since nobody could reuse them.
