@@ -15,6 +15,7 @@ setup(
     python_requires=">=3.9",
     packages=find_packages(include=["vlprompt", "vlprompt.*"]),
     include_package_data=True,
+    package_data={"vlprompt.interpret": ["data/*.tsv"]},
     install_requires=[
         "torch>=2.1",
         "torchvision>=0.16",
