@@ -132,6 +132,9 @@ def test_masks_are_built_once_per_length_and_shared_by_the_batch(tiny):
     assert sorted(first) == [1, 2] and all(first[b] is again[b] for b in first)
     assert first[1].shape == (4, 19, 19)  # [heads, L, L]: no batch dimension
     assert build(tiny, MASK_STRATEGY="all_mixed").vision_plan(17, torch.device("cpu")).masks == {}
+    two_tokens = build(tiny, N_ATTR_TOKENS=2)
+    assert two_tokens.vision_plan(17, torch.device("cpu")).masks[1].shape == (4, 21, 21)
+    assert two_tokens.encode_image(images())[1].shape == (3, 2, 32)
     shuffled = build(tiny, MASK_STRATEGY="random_shuffle", SHUFFLE_SEED=1).vision_plan(17, torch.device("cpu")).masks
     assert any(not torch.equal(shuffled[b], first[b]) for b in first)
 

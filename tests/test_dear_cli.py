@@ -13,7 +13,7 @@ from vlprompt.clip.head_roles import parse_role_map
 from vlprompt.testing import write_oxford_pets_tree, write_tiny_clip
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = sorted(os.listdir(os.path.join(ROOT, "configs/trainers/DeAR")))
+CONFIGS = sorted(f for f in os.listdir(os.path.join(ROOT, "configs/trainers/DeAR")) if f.startswith("vit_b16"))
 TINY_ROLES = {
     "num_layers": 3, "num_heads": 4, "attributes": ["color", "shape"],
     "roles": {2: ["A color", "G", "M", "O text"], 3: ["A shape", "A color", "G style", "M"]},

@@ -100,5 +100,8 @@ def test_role_mask_follows_eq_8_and_9():
         assert allowed[head][orig, orig].all() and allowed[head][3:, 3:].all()
         assert not allowed[head][orig, 3:].any() and not allowed[head][3:, orig].any()
     assert allowed[2].all()  # mixed
+    # A specialised concept used as an attribute makes its heads core heads of it.
+    promoted = role_attention_mask([HeadRole.parse("O text")], ["color", "text"], 3, 1)
+    assert (promoted[0][:, 3] == float("-inf")).all() and (promoted[0][:, [0, 1, 2, 4]] == 0).all()
     assert role_attention_mask([HeadRole("M")] * 2, ["color"], 3, 1) is None
     assert role_attention_mask(roles, [], 3, 1) is None
