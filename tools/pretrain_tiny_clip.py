@@ -34,6 +34,8 @@ import open_clip  # noqa: E402
 from vlprompt.synthetic.pretraining import PairBatches, attribute_probe, multi_positive_loss  # noqa: E402
 
 DEFAULT_CONFIG = "configs/clip/tiny-synthetic-clip.json"
+# Environment variables that change threading (recorded with the command; no effect on the data).
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS")
 
 
 def build_parser():
@@ -41,7 +43,7 @@ def build_parser():
     parser.add_argument("--model-config", default=DEFAULT_CONFIG, help=f"open_clip model config JSON (default {DEFAULT_CONFIG})")
     parser.add_argument("--out", required=True, help="checkpoint to write (.pt)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data stream and the initialisation")
-    parser.add_argument("--steps", type=int, default=2400, help="optimisation steps")
+    parser.add_argument("--steps", type=int, default=2000, help="optimisation steps")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--weight-decay", type=float, default=0.05)
@@ -79,7 +81,9 @@ def format_probe(probe):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, os.getcwd())] + list(argv or sys.argv[1:]))
+    environment = " ".join(f"{k}={os.environ[k]}" for k in THREAD_VARIABLES if k in os.environ)
+    command = " ".join(shlex.quote(a) for a in ["python", os.path.relpath(__file__, os.getcwd())] + list(argv or sys.argv[1:]))
+    command = f"{environment} {command}" if environment else command
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 

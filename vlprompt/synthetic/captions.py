@@ -64,7 +64,7 @@ def caption(scene, rng):
         adjectives.append(scene.texture)
 
     form = rng.random()
-    if form < 0.2 and "color" in says and len(adjectives) >= 1:
+    if form < 0.2 and "color" in says:
         # "a star that is red and striped"
         predicate = [w for w in adjectives if w != scene.size]
         head = [scene.size] if scene.size in adjectives else []

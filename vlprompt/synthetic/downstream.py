@@ -33,13 +33,13 @@ __all__ = [
     "StaleSyntheticDataError",
 ]
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 SPLITS = ("train", "val", "test")
 META_FILE = "synthetic.json"
 
-# Main downstream style: a consistent shift from pretraining (pale plain backgrounds,
-# objects of a size between pretraining's, a warm colour cast).
-DOWNSTREAM_STYLE = RenderStyle(backgrounds=("bright",), sizes=("medium", "large"))
+# Main downstream style: a consistent shift from pretraining that keeps objects
+# recognisable: pale plain backgrounds and huge objects, neither ever drawn in pretraining.
+DOWNSTREAM_STYLE = RenderStyle(backgrounds=("bright",), sizes=("huge",))
 
 
 class StaleSyntheticDataError(DatasetLayoutError):
@@ -108,8 +108,8 @@ SETS = {
         SetSpec("SyntheticPatterns", "synthetic_patterns", TEXTURE_SHAPE_CLASSES, DOWNSTREAM_STYLE, seed=2,
                 description="40 texture-shape classes, cross-dataset target"),
         SetSpec("SyntheticShapesV2", "synthetic_shapes_v2", COLOR_SHAPE_CLASSES,
-                DOWNSTREAM_STYLE.evolve(sizes=("small", "medium")), counts=(0, 0, 15), seed=3, test_only=True,
-                description="re-rendered main set with smaller objects"),
+                DOWNSTREAM_STYLE.evolve(distractor_prob=0.5), counts=(0, 0, 15), seed=3, test_only=True,
+                description="main set re-rendered, half of the images with a grey distractor object"),
         SetSpec("SyntheticShapesSketch", "synthetic_shapes_sketch", COLOR_SHAPE_CLASSES,
                 DOWNSTREAM_STYLE.evolve(backgrounds=("paper",), textures=("solid",), outline=True),
                 counts=(0, 0, 15), seed=4, test_only=True,

@@ -8,9 +8,9 @@ it to 32x32 (box filter, so edges are anti-aliased). Everything random in a draw
 every machine.
 
 A :class:`RenderStyle` says how scenes are drawn beyond their attributes: which
-backgrounds and sizes occur, an optional colour cast, distractor objects, outline-only
-drawing. Pretraining uses :data:`PRETRAIN_STYLE`; the downstream sets use shifted styles
-(see ``vlprompt.synthetic.downstream``).
+backgrounds and sizes occur, distractor objects, sketch-like outline drawing.
+Pretraining uses :data:`PRETRAIN_STYLE`; the downstream sets use shifted styles (see
+``vlprompt.synthetic.downstream``).
 """
 from dataclasses import dataclass, replace
 from typing import Tuple
@@ -73,11 +73,10 @@ class RenderStyle:
     Attributes:
         sizes, backgrounds, textures, locations: vocabularies scenes are sampled from.
         color_jitter: max per-channel deviation from the base colour (0-255 scale).
-        tint: strength (0..1) of a colour cast blended over the whole image, with a
-            hue drawn per image from ``tint_colors`` (none when 0).
-        tint_colors: RGB colours of the cast.
         distractor_prob: probability of a second, small, grey object.
-        outline: draw only the outline of the object (sketch-like).
+        outline: draw the object as a full-colour outline over a pale wash of its
+            colour (sketch-like).
+        wash: opacity of that wash inside an outline.
         rotation: max rotation of the object in degrees.
         jitter: max position jitter in canvas pixels.
     """
@@ -87,10 +86,9 @@ class RenderStyle:
     textures: Tuple[str, ...] = TEXTURES
     locations: Tuple[str, ...] = tuple(LOCATIONS)
     color_jitter: float = 18.0
-    tint: float = 0.0
-    tint_colors: Tuple[Tuple[int, int, int], ...] = ((255, 200, 120),)
     distractor_prob: float = 0.0
     outline: bool = False
+    wash: float = 0.5
     rotation: float = 12.0
     jitter: float = 3.0
 
@@ -259,14 +257,13 @@ def render(scene, rng, style=PRETRAIN_STYLE):
     color = np.clip(np.array(COLORS[scene.color], dtype=np.float32)
                     + rng.uniform(-style.color_jitter, style.color_jitter, size=3), 0, 255)
     if style.outline:
-        mask = _outline(mask)
+        border = _outline(mask)
+        inside = mask & ~border
+        image[inside] = (1.0 - style.wash) * image[inside] + style.wash * color
+        mask = border
     dark = _texture_mask(scene.texture, x, y, rng) & mask
     image[mask] = color
     image[dark] = color * 0.38
-
-    if style.tint > 0:
-        cast = np.array(style.tint_colors[int(rng.integers(len(style.tint_colors)))], dtype=np.float32)
-        image = (1.0 - style.tint) * image + style.tint * cast
 
     factor = CANVAS // IMAGE_SIZE
     small = image.reshape(IMAGE_SIZE, factor, IMAGE_SIZE, factor, 3).sum(axis=(1, 3)) / (factor * factor)
