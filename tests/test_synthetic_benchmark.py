@@ -36,6 +36,15 @@ def test_committed_tiny_clip_loads_like_any_local_clip_file():
     torch.testing.assert_close(model.state_dict()["visual.proj"], stored["visual.proj"].float())
 
 
+def test_hand_made_role_map_fits_the_tiny_clip():
+    from vlprompt.clip.head_roles import load_role_map
+
+    role_map = load_role_map(os.path.join(ROOT, "configs", "head_roles", "tiny_synthetic.yaml"))
+    role_map.check_backbone(6, 4)
+    role_map.check_inject_layer(4)
+    assert sorted(role_map.roles) == [4, 5, 6]
+
+
 def test_corrupt_or_truncated_checkpoint_gives_a_clear_error(tmp_path):
     garbage = tmp_path / "garbage.pt"
     garbage.write_bytes(b"not a checkpoint at all")
