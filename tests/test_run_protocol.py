@@ -1,7 +1,9 @@
 """tools/run_protocol.py and vlprompt.protocols: grid expansion, skipping, failures, backends.
 
-The end-to-end grid is ZeroshotCLIP + CoOp x OxfordPets + DTD (toy trees, tiny random CLIP,
-one epoch) x seeds 1, 2 of the base-to-novel protocol, run in-process to keep it fast.
+The end-to-end grid is ZeroshotCLIP + CoOp x the synthetic benchmark's two base-to-novel
+sets (synthetic_shapes, synthetic_patterns, rendered into a temporary root) x seeds 1, 2,
+with the committed tiny synthetic CLIP, 2 shots, one epoch and evaluation on the validation
+split, run in-process to keep it fast.
 """
 import json
 
@@ -11,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-from PIL import Image
 
 from vlprompt.config import ConfigError
 from vlprompt.protocols import BenchmarkError, GridSpec, Method, build_grid, load_benchmark
@@ -21,7 +22,7 @@ from vlprompt.protocols.execute import (
 )
 from vlprompt.protocols.grid import Chain, Run, resolve_method
 from vlprompt.protocols.layout import parse_run_path
-from vlprompt.testing import write_oxford_pets_tree, write_tiny_clip
+from vlprompt.synthetic.downstream import SETS, ensure_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -29,36 +30,32 @@ sys.path.insert(0, str(ROOT / "tools"))
 import run_protocol  # noqa: E402
 
 CONFIGS = ROOT / "configs"
-DTD_TOY_CLASSES = ("banded", "dotted", "striped", "zigzagged")
-
-
-def write_dtd_tree(root, per_class=10):
-    """A miniature DTD folder (images/<category>/<category>_NNNN.jpg); the split is built on use."""
-    for label, category in enumerate(DTD_TOY_CLASSES):
-        folder = Path(root, "dtd", "images", category)
-        folder.mkdir(parents=True, exist_ok=True)
-        for i in range(per_class):
-            shade = (40 + 50 * label + 3 * i) % 256
-            Image.new("RGB", (40, 40), (shade, 255 - shade, (shade * 7) % 256)).save(
-                folder / f"{category}_{i:04d}.jpg")
+SYNTHETIC_DATASETS = "synthetic_shapes,synthetic_patterns"
 
 
 @pytest.fixture(scope="module")
-def toy(tmp_path_factory):
-    base = tmp_path_factory.mktemp("protocol")
-    config, weights = write_tiny_clip(str(base), name="tiny-clip-protocol")
-    write_oxford_pets_tree(str(base / "data"), train=6, val=2, test=4)
-    write_dtd_tree(base / "data")
-    return base, config, weights
+def data_root(tmp_path_factory):
+    """A datasets root holding the rendered SyntheticShapes and SyntheticPatterns sets."""
+    root = tmp_path_factory.mktemp("protocol") / "data"
+    for name in ("SyntheticShapes", "SyntheticPatterns"):
+        ensure_dataset(str(root), SETS[name])
+    return root
 
 
-def toy_argv(toy, output, *extra, trainers=("ZeroshotCLIP:configs/trainers/CoOp/toy.yaml", "CoOp:toy"),
-             datasets="oxford_pets,dtd", seeds=("1", "2")):
-    base, config, weights = toy
-    return ["--protocol", "base2new", "--trainers", *trainers, "--datasets", datasets,
-            "--seeds", *seeds, "--root", str(base / "data"), "--output", str(output),
-            "--opts", "MODEL.BACKBONE.NAME", config, "MODEL.BACKBONE.WEIGHTS", weights,
-            "OPTIM.MAX_EPOCH", "1", *extra]
+@pytest.fixture(autouse=True)
+def repository_cwd(monkeypatch):
+    """Run from the repository root, as the README's commands do (relative config and weight paths)."""
+    monkeypatch.chdir(ROOT)
+
+
+def grid_argv(data_root, output, *extra, trainers=("ZeroshotCLIP:configs/trainers/CoOp/synthetic.yaml",
+                                                    "CoOp:synthetic"),
+              datasets=SYNTHETIC_DATASETS, seeds=("1", "2")):
+    """run_protocol arguments of a short base-to-novel grid on the synthetic sets (2 shots, one
+    epoch, evaluated on the validation split: 6 images per class instead of 25)."""
+    return ["--benchmark", "synthetic", "--protocol", "base2new", "--trainers", *trainers,
+            "--datasets", datasets, "--seeds", *seeds, "--shots", "2", "--root", str(data_root),
+            "--output", str(output), "--opts", "OPTIM.MAX_EPOCH", "1", "TEST.SPLIT", "val", *extra]
 
 
 def results_mtimes(output):
@@ -74,61 +71,69 @@ def progress_labels(out):
 # ------------------------------------------------------------------- end to end
 
 
-def test_base2new_grid_skips_completed_reruns_deleted_and_reports_failures(toy, tmp_path, capsys):
+def test_base2new_grid_skips_completed_reruns_deleted_and_reports_failures(data_root, tmp_path, capsys):
     output = tmp_path / "out"
     b2n = output / "base2new"
-    broken = b2n / "train_base/dtd/shots_16/CoOp/toy/seed2"
+    broken = b2n / "train_base/synthetic_patterns/shots_2/CoOp/synthetic/seed2"
     broken.mkdir(parents=True)
     (broken / "prompt_learner").write_text("a file where the checkpoint folder goes")  # saving fails
 
-    assert run_protocol.main(toy_argv(toy, output, "--in-process")) == 1
+    def run_grid():
+        return run_protocol.main(grid_argv(data_root, output, "--in-process"))
+
+    assert run_grid() == 1
     out = capsys.readouterr().out
     assert "16 runs in 8 chains; 0 completed already, 16 to run in 8 chains" in out
     assert len(progress_labels(out)) == 16 and "[16/16]" in out
     assert "Finished: 14 ok, 1 failed, 1 blocked (their training run failed), 0 already completed." in out
     failed_line = next(line for line in out.splitlines() if line.startswith("  FAILED"))
-    assert failed_line.split()[-1] == "base2new/train_base/dtd/shots_16/CoOp/toy/seed2"
+    assert failed_line.split()[-1] == "base2new/train_base/synthetic_patterns/shots_2/CoOp/synthetic/seed2"
     assert "not run: " + str(broken) + " did not complete" in out
     console = (broken / "console.txt").read_text()
     assert console.count("==== exit status ") == 1 and "==== exit status 0" not in console
     completed = results_mtimes(output)
     assert len(completed) == 14
-    zs = json.loads((b2n / "test_new/oxford_pets/shots_16/ZeroshotCLIP/toy/seed1/results.json").read_text())
+    zs = json.loads((b2n / "test_new/synthetic_shapes/shots_2/ZeroshotCLIP/synthetic/seed1"
+                     / "results.json").read_text())
     assert zs["eval_only"] and zs["model_dir"] == "" and zs["subsample_classes"] == "new"
-    coop_new = json.loads((b2n / "test_new/dtd/shots_16/CoOp/toy/seed1/results.json").read_text())
-    assert coop_new["load_epoch"] == 1 and coop_new["epoch"] == 1 and coop_new["num_classes"] == 2
-    assert coop_new["model_dir"] == str(b2n / "train_base/dtd/shots_16/CoOp/toy/seed1")
+    assert zs["num_classes"] == 40
+    coop_new = json.loads((b2n / "test_new/synthetic_patterns/shots_2/CoOp/synthetic/seed1"
+                           / "results.json").read_text())
+    assert coop_new["load_epoch"] == 1 and coop_new["epoch"] == 1 and coop_new["num_classes"] == 20
+    assert coop_new["model_dir"] == str(b2n / "train_base/synthetic_patterns/shots_2/CoOp/synthetic/seed1")
 
     # the cause is fixed: exactly the failed chain runs, resuming in place
     (broken / "prompt_learner").unlink()
-    assert run_protocol.main(toy_argv(toy, output, "--in-process")) == 0
+    assert run_grid() == 0
     out = capsys.readouterr().out
-    assert progress_labels(out) == ["base2new/train_base/dtd/shots_16/CoOp/toy/seed2",
-                                    "base2new/test_new/dtd/shots_16/CoOp/toy/seed2"]
+    assert progress_labels(out) == ["base2new/train_base/synthetic_patterns/shots_2/CoOp/synthetic/seed2",
+                                    "base2new/test_new/synthetic_patterns/shots_2/CoOp/synthetic/seed2"]
     assert {k: v for k, v in results_mtimes(output).items() if k in completed} == completed
 
     # the same command again runs nothing
     before = results_mtimes(output)
-    assert run_protocol.main(toy_argv(toy, output, "--in-process")) == 0
+    assert run_grid() == 0
     assert "Nothing to run: all 16 runs of the grid are completed." in capsys.readouterr().out
     assert results_mtimes(output) == before
 
     # deleting one results file re-runs exactly that run
-    deleted = "base2new/test_new/oxford_pets/shots_16/CoOp/toy/seed1"
+    deleted = "base2new/test_new/synthetic_shapes/shots_2/CoOp/synthetic/seed1"
     (output / deleted / "results.json").unlink()
-    assert run_protocol.main(toy_argv(toy, output, "--in-process")) == 0
+    assert run_grid() == 0
     out = capsys.readouterr().out
     assert progress_labels(out) == [deleted]
     assert "Finished: 1 ok, 0 failed, 0 blocked" in out
     after = results_mtimes(output)
     assert {k for k in after if after[k] != before.get(k)} == {deleted}
 
-    # the results tool reads the grid back: both trainers side by side
+    # the results tool reads the grid back: both trainers side by side, both sets, 2 seeds each
     import parse_results
 
-    assert parse_results.main([str(output), "--protocol", "base2new"]) == 0
+    assert parse_results.main([str(output), "--protocol", "base2new", "--benchmark", "synthetic",
+                               "--format", "markdown"]) == 0
     table = capsys.readouterr().out
     assert "ZeroshotCLIP" in table and "CoOp" in table and "Average" in table
+    assert "synthetic_shapes" in table and "synthetic_patterns" in table and "missing" not in table.lower()
 
 
 FAKE_TRAIN = (
@@ -144,7 +149,7 @@ FAKE_TRAIN = (
     "json.dump(record, open(os.path.join(out, 'results.json'), 'w'))\n")
 
 
-def test_slurm_backend_submits_a_job_array_through_submitit_local(toy, tmp_path, capsys, monkeypatch):
+def test_slurm_backend_submits_a_job_array_through_submitit_local(tmp_path, capsys, monkeypatch):
     """The CLI's Slurm path with submitit's local executor; the jobs run a stand-in for
     train.py (the real one is exercised by the sequential grid above)."""
     pytest.importorskip("submitit")
@@ -152,8 +157,9 @@ def test_slurm_backend_submits_a_job_array_through_submitit_local(toy, tmp_path,
     fake_train.write_text(FAKE_TRAIN)
     monkeypatch.setattr(run_protocol, "TRAIN_SCRIPT", fake_train)
     output = tmp_path / "out"
-    argv = toy_argv(toy, output, "--backend", "slurm", "--slurm-cluster", "local", "--slurm-gpus", "0",
-                    "--slurm-cpus", "1", "--wait", "--poll-seconds", "0.2", datasets="oxford_pets")
+    argv = grid_argv(tmp_path / "data", output, "--backend", "slurm", "--slurm-cluster", "local",
+                     "--slurm-gpus", "0", "--slurm-cpus", "1", "--wait", "--poll-seconds", "0.2",
+                     datasets="synthetic_shapes")
     assert run_protocol.main(argv) == 0
     out = capsys.readouterr().out
     assert "Submitted 4 jobs" in out
@@ -161,8 +167,8 @@ def test_slurm_backend_submits_a_job_array_through_submitit_local(toy, tmp_path,
     records = {path.parent.relative_to(output).as_posix(): json.loads(path.read_text())
                for path in output.rglob("results.json")}
     assert len(records) == 8 and {r["executor"] for r in records.values()} == {"local"}
-    train = records["base2new/train_base/oxford_pets/shots_16/CoOp/toy/seed2"]
-    test = records["base2new/test_new/oxford_pets/shots_16/CoOp/toy/seed2"]
+    train = records["base2new/train_base/synthetic_shapes/shots_2/CoOp/synthetic/seed2"]
+    test = records["base2new/test_new/synthetic_shapes/shots_2/CoOp/synthetic/seed2"]
     assert train["pid"] != test["pid"] and "--load-epoch" in test["argv"]
     assert len(list((output / ".submitit").glob("*/*_result.pkl"))) == 4
     assert run_protocol.main(argv) == 0
@@ -340,23 +346,26 @@ def test_bad_grid_input_gets_one_clear_message(tmp_path):
     assert method.config_file.endswith("configs/trainers/CoOp/toy.yaml")
 
 
-def test_cli_errors_exit_2_without_traceback(toy, tmp_path, capsys):
-    assert run_protocol.main(toy_argv(toy, tmp_path, trainers=("NoSuchTrainer:toy",))) == 2
+def test_cli_errors_exit_2_without_traceback(tmp_path, capsys):
+    data_root = tmp_path / "data"
+    assert run_protocol.main(grid_argv(data_root, tmp_path, trainers=("NoSuchTrainer:synthetic",))) == 2
     assert "Unknown trainer 'NoSuchTrainer'; registered:" in capsys.readouterr().err
-    assert run_protocol.main(toy_argv(toy, tmp_path, "--benchmark", "nope")) == 2
+    assert run_protocol.main(grid_argv(data_root, tmp_path, "--benchmark", "nope")) == 2
     assert "Benchmark file 'configs/benchmarks/nope.yaml' does not exist" in capsys.readouterr().err.replace(
         str(CONFIGS), "configs")
-    assert run_protocol.main(toy_argv(toy, tmp_path, "--backend", "gpus", "--in-process")) == 2
+    assert run_protocol.main(grid_argv(data_root, tmp_path, "--backend", "gpus", "--in-process")) == 2
     assert "--in-process cannot be combined with --backend gpus" in capsys.readouterr().err
 
 
-def test_dry_run_lists_pending_commands(toy, tmp_path, capsys):
-    assert run_protocol.main(toy_argv(toy, tmp_path / "out", "--dry-run", trainers=("CoOp:toy",),
-                                      datasets="dtd", seeds=("3",))) == 0
+def test_dry_run_lists_pending_commands(tmp_path, capsys):
+    assert run_protocol.main(grid_argv(tmp_path / "data", tmp_path / "out", "--dry-run",
+                                       trainers=("CoOp:synthetic",), datasets="synthetic_patterns",
+                                       seeds=("3",))) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and all(line.startswith("python ") and "train.py" in line for line in lines)
-    assert "--load-epoch 1 DATASET.NUM_SHOTS 16 DATASET.SUBSAMPLE_CLASSES new" in lines[1]
-    assert lines[1].endswith("# after " + str(tmp_path / "out/base2new/train_base/dtd/shots_16/CoOp/toy/seed3"))
+    assert "--load-epoch 1 DATASET.NUM_SHOTS 2 DATASET.SUBSAMPLE_CLASSES new" in lines[1]
+    assert lines[1].endswith(
+        "# after " + str(tmp_path / "out/base2new/train_base/synthetic_patterns/shots_2/CoOp/synthetic/seed3"))
     assert not (tmp_path / "out").exists()
 
 
