@@ -131,3 +131,15 @@ def test_table_marks_targets(tiny_run):
     assert rows["CoOp"][6] in ("<= 2.6 pass", "<= 2.6 FAIL")
     assert rows["ZeroshotCLIP"][3] == "" and rows["ZeroshotCLIP"][10] in ("<= 1.15 pass", "<= 1.15 FAIL")
     assert rows["RAdaTTT"][10] == ""
+
+
+def test_saved_run_is_shown_and_compared(tiny_run, tmp_path, capsys):
+    report, _, _ = tiny_run
+    path = tmp_path / "saved.json"
+    path.write_text(json.dumps(report))
+    assert benchmark.main(["--show", str(path), "--compare", str(path), "--format", "github"]) == 0
+    out = capsys.readouterr().out
+    assert "| CoOp " in out and "Cost ratios:" in out
+    rows = {row[0]: row for row in benchmark.comparison_rows(report["results"], report["results"])}
+    assert rows["CoOp"][1] == rows["CoOp"][2] != "" and rows["ZeroshotCLIP"][1] == ""
+    assert rows["RAdaTTT"][3] == rows["RAdaTTT"][4] != ""

@@ -436,6 +436,15 @@ def git_commit():
         return "unknown"
 
 
+def modified_files():
+    """Uncommitted changes to the measured code ("git status --short" lines of vlprompt/ and trainers/)."""
+    try:
+        return subprocess.run(["git", "status", "--short", "--", "vlprompt", "trainers"], capture_output=True,
+                              text=True, cwd=ROOT, check=True).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        return []
+
+
 def header_line(settings, report):
     threads = settings["threads"] or "default"
     return (f"device {settings['device']} ({threads} threads), precision {settings['prec']}, "
@@ -465,6 +474,9 @@ def build_parser():
     parser.add_argument("--backbone", default="ViT-B/16", help="MODEL.BACKBONE.NAME (an open_clip config JSON too)")
     parser.add_argument("--weights", default="random", help="MODEL.BACKBONE.WEIGHTS")
     parser.add_argument("--json", help="also write the records to this JSON file")
+    parser.add_argument("--show", metavar="JSON", help="print the table of a saved run instead of measuring")
+    parser.add_argument("--compare", metavar="JSON", help="also print the ratios of this earlier run next to ours")
+    parser.add_argument("--format", default="simple", help='tabulate table format ("github" for Markdown)')
     parser.add_argument("--in-process", action="store_true",
                         help="measure every case in this process (faster; peak RSS then accumulates)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -479,6 +491,9 @@ def main(argv=None):
         case = next(case for case in CASES if case.name == args.worker)
         print(json.dumps(measure_case(case, json.loads(args.worker_settings))))
         return 0
+    if args.show:
+        print_report(read_report(args.show), args.format, args.compare)
+        return 0
     try:
         check_coverage(TRAINER_REGISTRY.registered_names())
     except BenchmarkCoverageError as error:
@@ -489,7 +504,8 @@ def main(argv=None):
     settings = {key: getattr(args, key) for key in ("batch", "eval_batch", "classes", "image_size", "device", "prec",
                                                     "threads", "rounds", "warmup", "clock", "backbone", "weights")}
     settings["opts"] = args.opts
-    report = {"commit": git_commit(), "torch": torch.__version__, "load_before": os.getloadavg(),
+    report = {"commit": git_commit(), "modified_files": modified_files(), "torch": torch.__version__,
+              "load_before": os.getloadavg(),
               "cpu_count": os.cpu_count(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     records = []
     for case in select_cases(args.trainers):
@@ -497,16 +513,46 @@ def main(argv=None):
         records.append(record)
         print(progress_line(record), flush=True)
     report["load_after"] = os.getloadavg()
-    from tabulate import tabulate
-
-    print(header_line(settings, report))
-    print(tabulate(table_rows(records), headers=HEADERS, disable_numparse=True))
+    report = {"settings": settings, **report, "results": records}
+    print_report(report, args.format, args.compare)
     if args.json:
         os.makedirs(osp.dirname(osp.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as file:
-            json.dump({"settings": settings, **report, "results": records}, file, indent=1)
+            json.dump(report, file, indent=1)
         print(f"JSON written to {args.json}")
     return 1 if any("error" in record for record in records) else 0
+
+
+def read_report(path):
+    with open(path) as file:
+        return json.load(file)
+
+
+def print_report(report, table_format, compare=None):
+    """The header line and the table of a report; with ``compare`` (an earlier report's path)
+    also the ratios of both runs side by side."""
+    from tabulate import tabulate
+
+    print(header_line(report["settings"], report))
+    print(tabulate(table_rows(report["results"]), headers=HEADERS, tablefmt=table_format, disable_numparse=True))
+    if compare:
+        before = read_report(compare)
+        print(f"\nCost ratios: {compare} (commit {before['commit']}) -> this run (commit {report['commit']})")
+        print(tabulate(comparison_rows(before["results"], report["results"]), tablefmt=table_format,
+                       headers=["case", "train before", "train now", "eval before", "eval now"],
+                       disable_numparse=True))
+
+
+def comparison_rows(before, after):
+    """[case, train ratio before, now, eval ratio before, now] for the cases of ``after``."""
+    earlier = {record["case"]: record for record in before if "error" not in record}
+
+    def ratio(record, name, digits):
+        return f"{record[name]['ratio']:.{digits}f}" if record and record.get(name) else ""
+
+    return [[record["case"], ratio(earlier.get(record["case"]), "train", 3), ratio(record, "train", 3),
+             ratio(earlier.get(record["case"]), "eval", 2), ratio(record, "eval", 2)]
+            for record in after if "error" not in record]
 
 
 if __name__ == "__main__":
