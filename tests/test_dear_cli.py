@@ -106,3 +106,28 @@ def test_shipped_configs_merge_and_pass_check_cfg(name):
     assert tuple(cfg.INPUT.RRCROP_SCALE) == (0.5, 1.0) and cfg.DATALOADER.TRAIN_X.BATCH_SIZE == 16
     expected = "cls" if ("cross" in name or "dg" in name) else "fusion"
     assert cfg.TRAINER.DEAR.INFERENCE == expected
+
+
+@pytest.mark.parametrize("role_map, strategy, core_heads", [
+    ("tiny_synthetic.yaml", "role",
+     {(4, 0): "location", (4, 1): "color", (4, 2): "color", (5, 1): "shape", (6, 2): "size"}),
+    ("tiny_synthetic_discovered.yaml", "role", {(4, 2): "color", (6, 2): "shape"}),
+    ("tiny_synthetic_discovered.yaml", "random_shuffle", {(5, 0): "shape", (5, 1): "color"}),
+])
+def test_synthetic_config_with_the_tiny_clips_role_maps(role_map, strategy, core_heads, monkeypatch):
+    from trainers.dear import check_dear_config, deep_head_roles
+    from vlprompt.config import extend_cfg, get_cfg_default, merge_from_file
+
+    monkeypatch.chdir(ROOT)  # the config names the tiny CLIP and the role maps relative to the repository
+    cfg = get_cfg_default()
+    extend_cfg(cfg)
+    merge_from_file(cfg, "configs/trainers/DeAR/synthetic.yaml")
+    node = cfg.TRAINER.DEAR
+    node.ROLE_MAP, node.MASK_STRATEGY = f"configs/head_roles/{role_map}", strategy
+    check_dear_config(node)
+    assert cfg.MODEL.BACKBONE.NAME == "configs/clip/tiny-synthetic-clip.json" and node.INJECT_LAYER == 4
+    roles = deep_head_roles(node, 6, 4)
+    cores = {(layer, head): role.core_attribute(node.ATTRIBUTES)
+             for layer, heads in roles.items() for head, role in enumerate(heads)}
+    found = {key: attribute for key, attribute in cores.items() if attribute}
+    assert sorted(roles) == [4, 5, 6] and found == core_heads
