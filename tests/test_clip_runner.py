@@ -107,7 +107,7 @@ def test_text_insertion_moves_eot_and_keeps_length(tiny):
     eot = ids.argmax(-1)
     plan = Plan(layers={1: InsertTokens(torch.randn(2, 32), at=1, keep_length=True)})
     out = runner.text(ids, plan)
-    assert out.tokens.shape[1] == 32
+    assert out.tokens.shape[1] == int(eot.max()) + 2 + 1  # positions 0..max(eot) are computed
     assert torch.equal(out.eot, eot + 2)
     # Causal: tokens after the insertion point are affected, the SOT token is not.
     plain = runner.text(ids)
@@ -261,3 +261,101 @@ def test_rows_of_the_last_block_equal_the_full_computation(tiny):
     torch.testing.assert_close(pooled.features, runner.visual(images).features, **TOL)
     with pytest.raises(ValueError, match="class token position 0"):
         runner.visual(images, rows=[1, 0])
+
+
+# ------------------------------------------------------------------ text-side truncation
+# The text tower computes only positions 0..max(eot) of a batch. Reference: every block
+# over all L positions with the causal mask (what open_clip does), edits made by hand.
+
+def _full_length_text(tower, x, eot, edits=None, masks=None):
+    """Features [N, E] of embeddings x [N, L, D] without truncation; ``edits``: {block: fn}."""
+    edits, masks = edits or {}, masks or {}
+    x = x + tower.positional_embedding[: x.shape[1]]
+    for index, block in enumerate(tower.blocks):
+        if index in edits:
+            x = edits[index](x)
+        length = x.shape[1]
+        mask = torch.full((length, length), float("-inf")).triu_(1)
+        if index in masks:
+            mask = mask + masks[index]
+        x = attention_block(block, x, mask)
+    return tower.project(x[torch.arange(x.shape[0]), eot])
+
+
+def test_truncated_text_equals_full_length_for_sentences_of_different_lengths(tiny):
+    model, reference, tokenizer = tiny
+    text = CLIPRunner(model).text
+    _, ids = _inputs(tokenizer)
+    eot = ids.argmax(-1)
+    assert len(set(eot.tolist())) == 3 and int(eot.max()) + 1 < ids.shape[1]
+    with torch.no_grad():
+        out = text(ids)
+        alone = torch.cat([text(ids[i : i + 1]).features for i in range(3)])
+        full = _full_length_text(text, text.embed(ids), eot)
+    assert out.tokens.shape == (3, int(eot.max()) + 1, 32)
+    torch.testing.assert_close(out.features, full, **TOL)
+    torch.testing.assert_close(alone, full, **TOL)
+    torch.testing.assert_close(out.features, reference.encode_text(ids), **TOL)
+
+
+def test_truncated_text_equals_full_length_for_learned_context_and_deep_prompts(tiny):
+    """CoOp-style embeddings (context at 1..2) plus IVLP/MaPLe deep prompts replacing 1..2 at block 1."""
+    model, _, tokenizer = tiny
+    text = CLIPRunner(model).text
+    _, ids = _inputs(tokenizer)
+    eot = ids.argmax(-1)
+    context = torch.randn(2, 32, requires_grad=True)
+    deep = torch.randn(2, 32)
+    embeddings = torch.cat([text.embed(ids[:, :1]), context.expand(3, -1, -1), text.embed(ids[:, 3:])], 1)
+    out = text(embeddings=embeddings, eot=eot, plan=Plan(layers={1: ReplaceTokens(deep, at=1)}))
+
+    def replace(x):
+        return torch.cat([x[:, :1], deep.expand(3, -1, -1), x[:, 3:]], 1)
+
+    full = _full_length_text(text, embeddings, eot, edits={1: replace})
+    torch.testing.assert_close(out.features, full, **TOL)
+    (grad,) = torch.autograd.grad(out.features.square().sum(), context)
+    (full_grad,) = torch.autograd.grad(full.square().sum(), context)
+    torch.testing.assert_close(grad, full_grad, **TOL)
+
+
+def test_truncated_text_equals_full_length_for_insertion_and_remixing(tiny):
+    """DeAR-style: tokens inserted after the start token at block 1 (length kept), then
+    re-mixed; the cached prefix of block 0 is truncated too."""
+    model, _, tokenizer = tiny
+    text = CLIPRunner(model).text
+    _, ids = _inputs(tokenizer)
+    raw = torch.randn(3, 32)
+
+    def remix(x):
+        return torch.cat([x[:, :1], 0.5 * x[:, 1:4] + 0.5 * raw, x[:, 4:]], 1)
+
+    plan = Plan(layers={1: [InsertTokens(raw, at=1, keep_length=True), MapTokens(remix)]})
+    with torch.no_grad():
+        out = text(ids, plan)
+
+        def insert(x):
+            return remix(torch.cat([x[:, :1], raw.expand(3, -1, -1), x[:, 1:-3]], 1))
+
+        full = _full_length_text(text, text.embed(ids), ids.argmax(-1) + 3, edits={1: insert})
+    assert text.prefix(ids, 1).shape[1] == int(ids.argmax(-1).max()) + 1
+    torch.testing.assert_close(out.features, full, **TOL)
+
+
+def test_text_masks_and_positions_from_the_end_refer_to_the_full_sequence(tiny):
+    """A [heads, L, L] mask for the full length is cut consistently; ReplaceTokens(at=-n)
+    addresses the full sequence's padding, which cannot change any pooled feature."""
+    model, _, tokenizer = tiny
+    text = CLIPRunner(model).text
+    _, ids = _inputs(tokenizer)
+    eot = ids.argmax(-1)
+    mask = torch.zeros(4, 32, 32)
+    mask[1, :, 2] = float("-inf")  # head 1 never sees position 2
+    mask[1, 2, 2] = 0.0
+    padding = Plan(layers={1: ReplaceTokens(torch.randn(2, 32), at=-2)})
+    with torch.no_grad():
+        masked = text(ids, Plan(masks={0: mask, 1: mask}))
+        full = _full_length_text(text, text.embed(ids), eot, masks={0: mask, 1: mask})
+        torch.testing.assert_close(masked.features, full, **TOL)
+        assert not torch.allclose(masked.features, text(ids).features)
+        torch.testing.assert_close(text(ids, padding).features, text(ids).features, **TOL)

@@ -1,6 +1,5 @@
 """DeAR on a tiny random CLIP (3 image layers of 4 heads, 2 text layers), attribute tokens at J = 2."""
 import copy
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -8,7 +7,7 @@ import torch.nn.functional as F
 
 from trainers.dear import DeARCLIP, check_dear_config, deep_head_roles
 from trainers.zsclip import TemplateCLIP
-from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
+from vlprompt.clip import CLIPRunner, RunState, Tokenizer, load_clip
 from vlprompt.clip.head_roles import parse_role_map
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default
 
@@ -97,7 +96,7 @@ def layer_input(dear, x, layer):
     plan = dear.vision_plan(hidden.shape[1], hidden.device)
     x = visual.run_blocks(hidden, dear.vision_block, layer - 1, plan)
     for edit in plan.edits_at(layer - 1):  # insertion (layer J) or re-mixing (later layers)
-        x = edit(x, SimpleNamespace(eot=None))
+        x = edit(x, RunState())
     return x, hidden.shape[1]
 
 

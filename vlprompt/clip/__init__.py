@@ -1,7 +1,7 @@
 """CLIP loading, tokenization, templates and the prompted runner."""
 from .loading import OPENAI_MODELS, CLIPLoadError, get_tokenizer_for, load_clip, resolve_model_name
 from .runner import (
-    CLIPRunner, InsertTokens, MapTokens, Plan, ReplaceTokens, TextTower, TowerOutput,
+    CLIPRunner, InsertTokens, MapTokens, Plan, ReplaceTokens, RunState, TextTower, TowerOutput,
     UnsupportedBackboneError, VisionTower, attention_block,
 )
 from .templates import DEFAULT_TEMPLATE, IMAGENET_TEMPLATES, IMAGENET_TEMPLATES_SELECT, fill_template

@@ -18,8 +18,13 @@ describes:
 
 Blocks before the first layer the plan touches run without autograd when their
 weights are frozen, and for text the hidden state there is cached per token-id tensor,
-so a fixed class list costs its prefix once. The frozen weights are used as they are:
-attention calls the block's own projections through ``scaled_dot_product_attention``.
+so a fixed class list costs its prefix once. The text tower computes only positions
+0..max(eot) of a batch: under the causal mask nothing after the last end-of-text token
+can reach a pooled token (77 positions hold sentences of typically 10-25 tokens). Edits
+still address positions of the full sequence (``ReplaceTokens(at=-n)``, ``keep_length``),
+masks may be given for the full length, and ``MapTokens`` functions see the computed
+part. The frozen weights are used as they are: attention calls the block's own
+projections through ``scaled_dot_product_attention``.
 """
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -32,7 +37,7 @@ from torch import nn
 from open_clip.transformer import ResidualAttentionBlock, VisionTransformer
 
 __all__ = [
-    "InsertTokens", "ReplaceTokens", "MapTokens", "Plan", "TowerOutput",
+    "InsertTokens", "ReplaceTokens", "MapTokens", "Plan", "RunState", "TowerOutput",
     "VisionTower", "TextTower", "CLIPRunner", "attention_block", "UnsupportedBackboneError",
 ]
 
@@ -58,17 +63,18 @@ class InsertTokens:
 
     def __call__(self, x, state):
         tokens = _batched(self.tokens, x)
-        at = x.shape[1] if self.at is None else self.at
+        full = state.full_length(x)
+        at = full if self.at is None else self.at
         x = torch.cat([x[:, :at], tokens, x[:, at:]], dim=1)
         n = tokens.shape[1]
-        if state.eot is not None:
-            state.eot = state.eot + n * (state.eot >= at).long()
+        state.inserted(at, n)
         if self.keep_length:
-            x = x[:, : x.shape[1] - n]
-            if state.eot is not None and int(state.eot.max()) >= x.shape[1]:
+            x = x[:, :full]
+            state.length = None if state.length is None else full
+            if state.last is not None and state.last >= full:
                 raise ValueError(
                     f"Inserting {n} tokens pushes an end-of-text token out of the context "
-                    f"length {x.shape[1]}; shorten the sentence (template or class name)."
+                    f"length {full}; shorten the sentence (template or class name)."
                 )
         return x
 
@@ -87,7 +93,7 @@ class ReplaceTokens:
 
     def __call__(self, x, state):
         tokens = _batched(self.tokens, x)
-        start = self.at if self.at >= 0 else x.shape[1] + self.at
+        start = self.at if self.at >= 0 else state.full_length(x) + self.at
         stop = start + tokens.shape[1]
         return torch.cat([x[:, :start], tokens, x[:, stop:]], dim=1)
 
@@ -138,8 +144,31 @@ EMPTY_PLAN = Plan()
 
 
 @dataclass
-class _RunState:
-    eot: Optional[torch.Tensor] = None  # text: pooled positions [N]
+class RunState:
+    """Bookkeeping of one tower run: what edits (``edit(x, state) -> x``) receive.
+
+    Attributes:
+        eot: text: [N] pooled positions, moved by tokens inserted before them.
+        last: text: max(eot) as a Python int (tracked without reading the device).
+        length: text: length L of the full sequence. Only positions 0..last are
+            computed (``x`` may be shorter than L); edits address positions of the full
+            sequence. None: ``x`` is the full sequence (image tower).
+    """
+
+    eot: Optional[torch.Tensor] = None
+    last: Optional[int] = None
+    length: Optional[int] = None
+
+    def full_length(self, x):
+        return x.shape[1] if self.length is None else self.length
+
+    def inserted(self, at, n):
+        """Account for ``n`` tokens inserted at position ``at``."""
+        if self.eot is not None:
+            self.eot = self.eot + n * (self.eot >= at).long()
+            self.last = self.last + n if self.last >= at else self.last
+        if self.length is not None:
+            self.length += n
 
 
 @dataclass
@@ -148,7 +177,8 @@ class TowerOutput:
 
     Attributes:
         features: [N, E] projected pooled features (not normalised).
-        tokens: [N, L, D] hidden states after the last block (before the final LN).
+        tokens: [N, L, D] hidden states after the last block (before the final LN);
+            text: positions 0..max(eot) only, [N, max(eot) + 1, D].
         eot: text only: [N] positions that were pooled.
     """
 
@@ -233,18 +263,27 @@ class _Tower(nn.Module):
 
         Args:
             x: [N, L, D] hidden states at the input of block ``start``.
+            state: text: the run's pooled positions; each block then computes only
+                positions 0..state.last (with the causal mask nothing after the last
+                end-of-text token can reach a pooled token), and masks given for the full
+                sequence are cut to that length.
             rows: positions whose outputs the last block computes (None: all; see
                 ``attention_block``).
         Returns:
             [N, L', D] hidden states at the input of block ``stop`` ([N, R, D] with rows).
         """
-        state = state or _RunState()
+        state = state or RunState()
         for index in range(start, stop):
             for edit in plan.edits_at(index):
                 x = edit(x, state)
-            mask = self.base_mask(x.shape[1], x.device)
+            if state.last is not None:
+                x = x[:, : state.last + 1]
+            length = x.shape[1]
+            mask = self.base_mask(length, x.device)
             extra = plan.masks.get(index)
             if extra is not None:
+                if state.length is not None:
+                    extra = extra[..., :length, :length]
                 mask = extra if mask is None else extra + mask.to(extra.dtype)
             x = attention_block(self.blocks[index], x, mask, rows=rows if index == stop - 1 else None)
         return x
@@ -303,7 +342,7 @@ class VisionTower(_Tower):
         """Embedding, the plan's embedding edits, and ``ln_pre``: input of block 0."""
         x = self.embed(images)
         for edit in plan.embed:
-            x = edit(x, _RunState())
+            x = edit(x, RunState())
         return self.ln_pre(x)
 
     def project(self, tokens):
@@ -445,51 +484,62 @@ class TextTower(_Tower):
         """
         if embeddings is None and token_ids is None:
             raise ValueError("TextTower needs token_ids or embeddings.")
-        state = _RunState(eot=self.eot_positions(token_ids) if eot is None else eot)
+        state = self._state(token_ids if embeddings is None else embeddings,
+                            self.eot_positions(token_ids) if eot is None else eot)
         first = plan.first_layer(self.num_layers)
         if embeddings is not None or first < 0:
             x = self.embed(token_ids) if embeddings is None else embeddings
             for edit in plan.embed:
                 x = edit(x, state)
+            x = x[:, : state.last + 1]
             x = x + self.positional_embedding[: x.shape[1]].to(x.dtype)
             start = 0
         else:
-            x = self.prefix(token_ids, first)
+            x = self.prefix(token_ids, first, state.last)
             start = first
         x = self.run_blocks(x, start, self.num_layers, plan, state)
         pooled = x[torch.arange(x.shape[0], device=x.device), state.eot]
         return TowerOutput(features=self.project(pooled), tokens=x, eot=state.eot)
 
-    def prefix(self, token_ids, stop):
-        """Hidden states [N, L, D] at the input of block ``stop`` of the unmodified tower.
+    @staticmethod
+    def _state(sequence, eot):
+        """Run state of a batch: pooled positions [N], their maximum, the full length L."""
+        last = int(eot.max()) if eot.numel() else 0
+        return RunState(eot=eot, last=last, length=sequence.shape[1])
 
-        Cached per (token ids, stop, device, autocast dtype) while the prefix is frozen,
-        so a fixed class list pays for layers below ``stop`` once.
+    def prefix(self, token_ids, stop, last=None):
+        """Hidden states [N, last + 1, D] at the input of block ``stop`` of the unmodified
+        tower (``last``: the last position needed; default: the last end-of-text token).
+
+        Cached per (token ids, stop, last, device, autocast dtype) while the prefix is
+        frozen, so a fixed class list pays for layers below ``stop`` once.
         """
         stop = min(stop, self.num_layers)
         frozen = not self.token_embedding.weight.requires_grad and not any(
             p.requires_grad for block in self.blocks[:stop] for p in block.parameters()
         )
         if not frozen:
-            return self._compute_prefix(token_ids, stop)
+            return self._compute_prefix(token_ids, stop, last)
         device_type = token_ids.device.type
         autocast_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
-        key = (stop, str(token_ids.device), autocast_dtype, tuple(token_ids.shape),
+        key = (stop, last, str(token_ids.device), autocast_dtype, tuple(token_ids.shape),
                hash(token_ids.cpu().numpy().tobytes()))
         if key in self._prefix_cache:
             self._prefix_cache.move_to_end(key)
             return self._prefix_cache[key]
         with torch.no_grad():
-            hidden = self._compute_prefix(token_ids, stop)
+            hidden = self._compute_prefix(token_ids, stop, last)
         self._prefix_cache[key] = hidden
         if len(self._prefix_cache) > self.cache_size:
             self._prefix_cache.popitem(last=False)
         return hidden
 
-    def _compute_prefix(self, token_ids, stop):
-        x = self.embed(token_ids)
+    def _compute_prefix(self, token_ids, stop, last=None):
+        state = self._state(token_ids, self.eot_positions(token_ids))
+        state.last = state.last if last is None else last
+        x = self.embed(token_ids)[:, : state.last + 1]
         x = x + self.positional_embedding[: x.shape[1]].to(x.dtype)
-        return self.run_blocks(x, 0, stop)
+        return self.run_blocks(x, 0, stop, state=state)
 
     def clear_cache(self):
         """Forget cached prefixes (call after changing the frozen weights in place)."""
