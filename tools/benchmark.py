@@ -10,15 +10,19 @@ after ``--warmup`` untimed rounds; the first round also fills every cache):
 * ``train``: the trainer's ``forward_backward`` (forward, loss, backward, optimizer step);
   trainers whose image encoder is frozen train on cached image features (FEATURE_CACHE), as
   their configs do, so their step starts from the batch's features;
-* ``eval``: one evaluation batch as ``test()`` runs it (``model_inference`` without autograd,
-  from images), in the steady state of an evaluation;
-* ``eval first``: the first batch of an evaluation, right after a training step (it pays
-  whatever a method encodes once per evaluation, e.g. the class text features).
+* an evaluation: the trainer's own ``test()`` over a loader of two copies of the batch, right
+  after a training step, split at the batch boundaries into ``eval first`` (from the start of
+  ``test()`` to the second batch: it pays whatever a method computes once per evaluation,
+  e.g. the class text features) and ``eval`` (the second batch: the steady state, which sets
+  evaluation images/s). Frozen-encoder trainers evaluate from images: their batch is encoded
+  (``encode_image_features``) and then classified from features, as the feature cache does
+  for a new test set.
 
 The cost ratio is a time divided by the frozen forward of the same batch, measured in the
-same rounds, so it transfers across machines. RAdaTTT adapts at test time: its ``eval`` is
-one test image's episode (``test()`` on one image: NUM_VIEWS views encoded, entropy
-selection, adaptation steps, prediction), compared with a frozen forward of those views.
+same rounds, so it transfers across machines; "text per eval" is ``eval first`` minus ``eval``
+in the same unit. RAdaTTT adapts at test time: its ``eval`` is ``test()`` on one test image
+(NUM_VIEWS views encoded, entropy selection, adaptation steps, prediction), compared with a
+frozen forward of those views.
 Peak memory is CUDA's max allocated memory, or on the CPU the peak resident set size of the
 process that measured the case (one fresh process per case; weights included).
 
@@ -46,7 +50,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -241,16 +245,56 @@ def reset_peak_memory(device):
             clear_refs.write("5")
 
 
+def clocks(device):
+    """(wall, CPU) clock readings after the device has finished its queued work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter(), time.process_time()
+
+
+class TimedBatches:
+    """A test loader of ``count`` batches from ``make_batch()`` that notes the clocks whenever
+    ``test()`` asks for the next batch, so one evaluation is split into its batches."""
+
+    def __init__(self, make_batch, count, device):
+        self.make_batch, self.count, self.device = make_batch, count, device
+        self.requests = []
+
+    def __len__(self):
+        return self.count
+
+    def __iter__(self):
+        self.requests = []
+        for _ in range(self.count):
+            self.requests.append(clocks(self.device))
+            yield self.make_batch()
+
+
+@dataclass
+class Call:
+    """One timed call of a round.
+
+    Attributes:
+        run: the function.
+        parts: names of the timed intervals. One name: the whole call. Two names (an
+            evaluation): from the call's start to the second batch request, then to the end.
+        loader: the TimedBatches of an evaluation.
+    """
+
+    run: Callable[[], object]
+    parts: Tuple[str, ...]
+    loader: Optional[TimedBatches] = None
+
+
 def case_calls(case, trainer, settings):
-    """{call name: (function, images in its batch, images of its frozen reference)} in round order."""
+    """The case's calls in round order, {timed part: images in its batch} and {timed part: the
+    frozen part it is compared with}."""
     device, size = trainer.device, settings["image_size"]
-    batch = case_batch(case, settings)
     generator = torch.Generator().manual_seed(0)
+    model = trainer.model
 
     def random_images(count):
         return torch.randn(count, 3, size, size, generator=generator).to(device)
-
-    model = trainer.model
 
     def frozen(images):
         def run():
@@ -258,14 +302,20 @@ def case_calls(case, trainer, settings):
                 model.clip.encode_image_plain(images)
         return run
 
-    if case.kind == TEST_TIME:  # one test image: test() on a loader of its views
-        views = random_images(trainer.cfg.TRAINER[case.trainer.upper()].NUM_VIEWS)
-        trainer.test_loader = [{"img": views.unsqueeze(0), "label": torch.zeros(1, dtype=torch.long)}]
-        return {"frozen": (frozen(views), len(views)), "eval": (trainer.test, 1)}
+    def evaluation(loader, parts):
+        trainer.test_loader = loader  # test() evaluates this loader (no feature cache swaps it)
+        return Call(trainer.test, parts, loader)
 
+    if case.kind == TEST_TIME:  # one test image, adapted on its views inside test()
+        views = random_images(trainer.cfg.TRAINER[case.trainer.upper()].NUM_VIEWS)
+        batch = {"img": views.unsqueeze(0), "label": torch.zeros(1, dtype=torch.long)}
+        calls = [Call(frozen(views), ("frozen",)), evaluation(TimedBatches(lambda: batch, 1, device), ("eval",))]
+        return calls, {"frozen": len(views), "eval": 1}, {"eval": "frozen"}
+
+    batch = case_batch(case, settings)
     images = random_images(batch)
     labels = (torch.arange(batch) % settings["classes"]).to(device)
-    calls = {"frozen": (frozen(images), batch)}
+    calls, counts, references = [Call(frozen(images), ("frozen",))], {"frozen": batch}, {}
     if case.kind in (TRAIN, CACHED):
         if case.kind == CACHED:
             with torch.no_grad(), trainer.autocast():
@@ -278,44 +328,43 @@ def case_calls(case, trainer, settings):
             trainer.set_model_mode("train")
             trainer.forward_backward(train_batch)
 
-        calls["train"] = (train, batch)
+        calls.append(Call(train, ("train",)))
+        counts["train"], references["train"] = batch, "frozen"
     eval_batch = settings["eval_batch"] or batch
     eval_images = images if eval_batch == batch else random_images(eval_batch)
+    eval_labels = (torch.arange(eval_batch) % settings["classes"]).to(device)
 
-    @torch.no_grad()
-    def evaluate():
-        inputs = eval_images
-        if case.kind == CACHED:  # a first evaluation encodes the test images, then reads features
-            with trainer.autocast():
-                inputs = model.encode_image_features(eval_images)
-        trainer.model_inference(inputs)
+    def test_batch():
+        if case.kind == CACHED:  # what the feature cache does for a new test set: encode, then read
+            with torch.no_grad(), trainer.autocast():
+                return {"features": model.encode_image_features(eval_images), "label": eval_labels}
+        return {"img": eval_images, "label": eval_labels}
 
-    def evaluate_first():
-        trainer.set_model_mode("eval")
-        evaluate()
-
-    calls["eval first"] = (evaluate_first, eval_batch)
-    calls["eval"] = (evaluate, eval_batch)
+    calls.append(evaluation(TimedBatches(test_batch, 2, device), ("eval first", "eval")))
+    counts.update({"eval first": eval_batch, "eval": eval_batch})
+    frozen_eval = "frozen"
     if eval_batch != batch:
-        calls["frozen eval"] = (frozen(eval_images), eval_batch)
-    return calls
+        calls.append(Call(frozen(eval_images), ("frozen eval",)))
+        counts["frozen eval"], frozen_eval = eval_batch, "frozen eval"
+    references.update({"eval first": frozen_eval, "eval": frozen_eval})
+    return calls, counts, references
 
 
 def time_rounds(calls, device, rounds, warmup):
-    """{name: {"wall": [s, ...], "cpu": [s, ...]}} of the timed rounds (calls interleaved)."""
-    times = {name: {"wall": [], "cpu": []} for name in calls}
+    """{timed part: {"wall": [s, ...], "cpu": [s, ...]}} of the timed rounds (calls interleaved)."""
+    times = {part: {"wall": [], "cpu": []} for call in calls for part in call.parts}
     for round_index in range(warmup + rounds):
-        for name, (run, _) in calls.items():
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            wall, cpu = time.perf_counter(), time.process_time()
+        for call in calls:
+            start = clocks(device)
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                run()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            if round_index >= warmup:
-                times[name]["wall"].append(time.perf_counter() - wall)
-                times[name]["cpu"].append(time.process_time() - cpu)
+                call.run()
+            end = clocks(device)
+            if round_index < warmup:
+                continue
+            marks = [start] + (call.loader.requests[1:] if call.loader else []) + [end]
+            for part, begin, finish in zip(call.parts, marks, marks[1:]):
+                times[part]["wall"].append(finish[0] - begin[0])
+                times[part]["cpu"].append(finish[1] - begin[1])
     return times
 
 
@@ -329,46 +378,45 @@ def measure_case(case, settings):
         build_s = time.perf_counter() - start
         device = trainer.device
         learnable = sum(param.numel() for param in trainer.model.parameters() if param.requires_grad)
-        calls = case_calls(case, trainer, settings)
+        calls, counts, references = case_calls(case, trainer, settings)
         memory_after_build = torch.cuda.memory_allocated() / 2**20 if device.type == "cuda" else current_rss_mib()
         reset_peak_memory(device)
         start = time.perf_counter()
-        times = time_rounds(calls, device, 1, 0)  # the first round fills the caches: not timed
+        time_rounds(calls, device, 1, 0)  # the first round fills the caches: not timed
         first_round_s = time.perf_counter() - start
         times = time_rounds(calls, device, settings["rounds"], settings["warmup"])
         peak = peak_memory_mib(device)
     clock = settings["clock"]
-    median = {name: {key: statistics.median(values) for key, values in entry.items()} for name, entry in times.items()}
+    median = {part: {key: statistics.median(values) for key, values in entry.items()} for part, entry in times.items()}
 
-    def entry(name, reference, target, official):
-        if name not in median:
+    def ratio(part):
+        return median[part][clock] / median[references[part]][clock]
+
+    def entry(part, target, official):
+        if part not in median:
             return None
-        images = calls[name][1]
-        ratio = median[name][clock] / median[reference][clock]
         return {
-            "wall_ms": 1000 * median[name]["wall"], "cpu_ms": 1000 * median[name]["cpu"],
-            "images": images, "images_per_s": images / median[name]["wall"],
-            "ratio": ratio, "target": target, "passed": None if target is None else ratio <= target,
-            "official_ratio": official, "frozen_batch": calls[reference][1],
+            "wall_ms": 1000 * median[part]["wall"], "cpu_ms": 1000 * median[part]["cpu"],
+            "images": counts[part], "images_per_s": counts[part] / median[part]["wall"],
+            "ratio": ratio(part), "target": target, "passed": None if target is None else ratio(part) <= target,
+            "official_ratio": official, "frozen_batch": counts[references[part]],
         }
 
-    frozen_eval = "frozen eval" if "frozen eval" in calls else "frozen"
     text_per_evaluation = None
     if "eval first" in median:
-        text_per_evaluation = (median["eval first"][clock] - median["eval"][clock]) / median[frozen_eval][clock]
+        text_per_evaluation = ratio("eval first") - ratio("eval")
     return {
         "case": case.name, "trainer": case.trainer, "config": f"configs/trainers/{case.config}", "kind": case.kind,
         "opts": list(case.opts), "batch": case_batch(case, settings), "learnable_params": learnable,
         "frozen": {"wall_ms": 1000 * median["frozen"]["wall"], "cpu_ms": 1000 * median["frozen"]["cpu"],
-                   "images": calls["frozen"][1]},
-        "train": entry("train", "frozen", case.train_target, case.official_train),
-        "eval": entry("eval", frozen_eval, case.eval_target, case.official_eval),
-        "eval_first_ratio": entry("eval first", frozen_eval, None, None)["ratio"] if "eval first" in calls else None,
+                   "images": counts["frozen"]},
+        "train": entry("train", case.train_target, case.official_train),
+        "eval": entry("eval", case.eval_target, case.official_eval),
+        "eval_first_ratio": ratio("eval first") if "eval first" in median else None,
         "text_per_evaluation_ratio": text_per_evaluation,
         "peak_memory_mib": peak, "memory_after_build_mib": memory_after_build,
         "memory_kind": "cuda max allocated" if device.type == "cuda" else "process peak RSS",
-        "build_s": build_s, "first_round_s": first_round_s,
-        "rounds": {name: entry_times for name, entry_times in times.items()},
+        "build_s": build_s, "first_round_s": first_round_s, "rounds": times,
     }
 
 
