@@ -1,4 +1,6 @@
 """Base class of method models: a frozen CLIP runner plus the method's learnable parts."""
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -14,8 +16,9 @@ class PromptedCLIP(nn.Module):
     implement ``loss(images, labels) -> (total, logits, terms)``.
 
     Class text features are recomputed at every training step (they depend on learnable
-    parts) but computed once per evaluation: in eval mode without autograd the first call
-    caches them, and any ``train()``/``eval()`` switch drops the cache.
+    parts) but computed once per evaluation: without autograd, in eval mode or inside
+    ``evaluation()``, the first call caches them; a ``train()``/``eval()`` switch and
+    leaving ``evaluation()`` drop the cache.
 
     Args:
         clip: the frozen CLIPRunner.
@@ -25,13 +28,14 @@ class PromptedCLIP(nn.Module):
         super().__init__()
         self.clip = clip
         self._eval_text_features = None
+        self._evaluating = False
 
     def compute_text_features(self):
         raise NotImplementedError(f"{type(self).__name__} must implement compute_text_features().")
 
     def class_text_features(self):
         """L2-normalised class text features [C, E] (cached during evaluation)."""
-        if self.training or torch.is_grad_enabled():
+        if torch.is_grad_enabled() or (self.training and not self._evaluating):
             return F.normalize(self.compute_text_features(), dim=-1)
         if self._eval_text_features is None:
             self._eval_text_features = F.normalize(self.compute_text_features(), dim=-1)
@@ -40,6 +44,18 @@ class PromptedCLIP(nn.Module):
     def train(self, mode=True):
         self._eval_text_features = None
         return super().train(mode)
+
+    @contextmanager
+    def evaluation(self):
+        """Context of one evaluation: the learnable parts do not change, so class text
+        features are computed at most once. Trainers evaluate inside it because they switch
+        only their registered modules to eval mode (the model itself may stay in training
+        mode, e.g. CoOp's, whose registered module is the prompt learner)."""
+        self._evaluating, self._eval_text_features = True, None
+        try:
+            yield self
+        finally:
+            self._evaluating, self._eval_text_features = False, None
 
     def encode_sentences(self, token_ids):
         """Frozen-CLIP text features [N, E] (not normalised) of tokenized sentences [N, L].

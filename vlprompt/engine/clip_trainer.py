@@ -125,7 +125,8 @@ class ClipTrainer(TrainerX):
                     self.val_loader = self.feature_cache.eval_loader(self.dm.val_loader, "val")
             elif self.test_loader is self.dm.test_loader:
                 self.test_loader = self.feature_cache.eval_loader(self.dm.test_loader, "test")
-        return super().test(split)
+        with self.model.evaluation():  # class text features once per evaluation, not per batch
+            return super().test(split)
 
     def _inputs(self, batch):
         """Cached features when the feature cache is on, else the images."""
