@@ -4,15 +4,23 @@ CoCoOp encodes B x C prompts per batch; CoCoOpCLIP encodes TRAINER.COCOOP.TEXT_C
 (image, class) prompts at a time (and recomputes chunks in the backward pass when
 training needs more than one). This script measures, for one evaluation batch (no
 autograd) or with ``--train`` one training step, and for each chunk size, the extra
-resident memory at the peak and the wall time, in a fresh process per chunk size, and
-checks that the logits (evaluation) or the meta-net gradient (training) do not change.
+resident memory at the peak, the wall time and the CPU time, in a fresh process per
+chunk size, and checks that the logits (evaluation) or the meta-net gradient (training)
+do not change.
 
-The text tower has ViT-B/16's width (512), heads (8) and context length (77) but
-``--text-layers`` blocks (default 2): without autograd only one block's activations are
-alive at a time, so the peak does not depend on the depth, only the time does (x 6 for
-12 layers). Random weights; the image tower is a tiny ViT (its cost is negligible).
+By default the text tower has ViT-B/16's width (512), heads (8) and context length (77)
+but ``--text-layers`` blocks (default 2): without autograd only one block's activations
+are alive at a time, so the peak does not depend on the depth, only the time does (x 6
+for 12 layers); the image tower is a tiny ViT (its cost is negligible). ``--vit-b16``
+uses the whole ViT-B/16 architecture instead (12 text layers, 224 px images), which a
+training step needs: its activations are kept for every layer. Random weights.
+
+Class names have 1 to 8 words (class c has c % 8 + 1), so every chunk holds a sentence
+of the longest kind: the text tower computes positions 0..max(end-of-text) of a pass,
+here 17 of the 77.
 
     python tools/benchmark_cocoop.py --classes 1000 --images 2 --chunks 0 1024 256
+    python tools/benchmark_cocoop.py --vit-b16 --train --classes 1000 --images 1 --chunks 0 256
     (chunk 0 = all B x C prompts in one pass)
 """
 import argparse
@@ -45,6 +53,12 @@ def current_rss_mb():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def class_names(count):
+    """``count`` names of 1 to 8 words (see the module docstring)."""
+    words = ["red", "small", "striped", "house", "sea", "mountain", "dog", "bird"]
+    return [" ".join(words[: index % 8 + 1] + [str(index)]) for index in range(count)]
+
+
 def peak_rss_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
@@ -61,12 +75,12 @@ def worker(args):
     node = cfg.TRAINER.COCOOP
     node.N_CTX, node.CTX_INIT = 4, "a photo of a"
     node.TEXT_CHUNK_SIZE = args.chunk or args.images * args.classes
-    classnames = [f"class {index}" for index in range(args.classes)]
     torch.manual_seed(0)
-    cocoop = CoCoOpCLIP(CLIPRunner(model), Tokenizer(args.config), classnames, node).eval()
-    images = torch.randn(args.images, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    cocoop = CoCoOpCLIP(CLIPRunner(model), Tokenizer(args.config), class_names(args.classes), node).eval()
+    size = model.visual.image_size[0]
+    images = torch.randn(args.images, 3, size, size, generator=torch.Generator().manual_seed(1))
     before = current_rss_mb()
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     if args.train:  # forward and backward of the training loss
         loss, logits, _ = cocoop.train().loss(images, torch.zeros(args.images, dtype=torch.long))
         loss.backward()
@@ -74,9 +88,11 @@ def worker(args):
     else:
         with torch.no_grad():
             logits = cocoop(images)
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
     torch.save(logits, args.logits)
-    print(json.dumps({"chunk": node.TEXT_CHUNK_SIZE, "extra_peak_mb": peak_rss_mb() - before, "seconds": seconds}))
+    positions = int(cocoop.prompt_learner.eot.max()) + 1
+    print(json.dumps({"chunk": node.TEXT_CHUNK_SIZE, "extra_peak_mb": peak_rss_mb() - before, "seconds": seconds,
+                      "cpu_seconds": cpu_seconds, "positions": positions}))
 
 
 def main():
@@ -87,6 +103,7 @@ def main():
     parser.add_argument("--text-layers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--train", action="store_true", help="measure a training step (forward + backward)")
+    parser.add_argument("--vit-b16", action="store_true", help="the whole ViT-B/16 architecture (random weights)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--chunk", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
@@ -100,12 +117,17 @@ def main():
     from vlprompt.testing import write_tiny_clip
 
     folder = tempfile.mkdtemp(prefix="benchmark_cocoop_")
-    config, weights = write_tiny_clip(folder, name="cocoop-bench", config=clip_config(args.text_layers))
+    if args.vit_b16:
+        config, weights, layers = "ViT-B/16", "random", 12
+    else:
+        config, weights = write_tiny_clip(folder, name="cocoop-bench", config=clip_config(args.text_layers))
+        layers = args.text_layers
     what = "training step (forward + backward)" if args.train else "evaluation batch"
     print(f"CoCoOp {what}: {args.images} images x {args.classes} classes = "
-          f"{args.images * args.classes} prompts; text tower width 512, context 77, {args.text_layers} layers; "
+          f"{args.images * args.classes} prompts; text tower width 512, context 77, {layers} layers; "
           f"{args.threads} threads")
-    print(f"{'chunk':>8}  {'extra peak RSS (MB)':>20}  {'time (s)':>9}  {'MB / prompt in flight':>22}  max |difference|")
+    print(f"{'chunk':>8}  {'extra peak RSS (MB)':>20}  {'time (s)':>9}  {'CPU time (s)':>12}  "
+          f"{'MB / prompt in flight':>22}  max |difference|")
     reference = None
     for chunk in args.chunks:
         logits_path = os.path.join(folder, f"logits_{chunk}.pt")
@@ -119,7 +141,8 @@ def main():
         difference = float((logits - reference).abs().max())
         in_flight = min(result["chunk"], args.images * args.classes)
         print(f"{result['chunk']:>8}  {result['extra_peak_mb']:>20.0f}  {result['seconds']:>9.1f}  "
-              f"{result['extra_peak_mb'] / in_flight:>22.3f}  {difference:.2e}")
+              f"{result['cpu_seconds']:>12.1f}  {result['extra_peak_mb'] / in_flight:>22.3f}  {difference:.2e}")
+    print(f"Text positions computed per pass: {result['positions']} of 77")
 
 
 if __name__ == "__main__":
