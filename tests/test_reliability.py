@@ -6,6 +6,7 @@ import ast
 import builtins
 import contextlib
 import copy
+import errno
 import io
 import json
 import os
@@ -145,17 +146,20 @@ def _unsafe_loader_calls(path):
     return found
 
 
+def _project_sources():
+    """(relative path, path) of every Python file of the package, the trainers, the datasets, the tools and train.py."""
+    paths = [path for folder in ("vlprompt", "trainers", "datasets", "tools") for path in sorted((ROOT / folder).rglob("*.py"))]
+    return [(path.relative_to(ROOT).as_posix(), path) for path in paths + [ROOT / "train.py"]]
+
+
 def test_no_code_path_deserialises_arbitrary_objects():
     """Every load in the package, the trainers, the datasets and the tools is weights-only or restricted."""
-    offenders = []
-    for folder in ("vlprompt", "trainers", "datasets", "tools"):
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            relative = path.relative_to(ROOT).as_posix()
-            offenders += [
-                f"{relative}:{line} {name}" for name, line in _unsafe_loader_calls(path)
-                if (relative, name) not in _UNSAFE_LOADERS_ALLOWED
-            ]
-    offenders += [f"train.py:{line} {name}" for name, line in _unsafe_loader_calls(ROOT / "train.py")]
+    offenders = [
+        f"{relative}:{line} {name}"
+        for relative, path in _project_sources()
+        for name, line in _unsafe_loader_calls(path)
+        if (relative, name) not in _UNSAFE_LOADERS_ALLOWED
+    ]
     assert offenders == []
 
 
@@ -603,31 +607,204 @@ def _writers(tmp_path):
         ("results file", lambda v: write_results({"metrics": {"accuracy": v}}, str(tmp_path))),
         ("checkpoint", lambda v: save_checkpoint({"state_dict": {"w": torch.full((4,), float(v))}, "epoch": 1},
                                                  str(tmp_path / "model"))),
+        *_tool_writers(tmp_path),
     ]
 
 
-def _write_half_then_fail(real, binary):
-    """A serializer that writes half of what ``real`` would, then fails like a full disk."""
-    def write(obj, f, *args, **kwargs):
-        buffer = io.BytesIO() if binary else io.StringIO()
-        real(obj, buffer, *args, **kwargs)
-        data = buffer.getvalue()
-        f.write(data[: len(data) // 2])
-        raise OSError(28, "No space left on device")
-    return write
+def _toy_discovery(version):
+    """A RoleDiscovery of one 4-head layer whose numbers depend on ``version``."""
+    from vlprompt.clip.head_roles import parse_role_map
+    from vlprompt.interpret.concepts import ConceptSpace
+    from vlprompt.interpret.discovery import HeadSummary, RoleDiscovery
+
+    role_map = parse_role_map({"num_layers": 3, "num_heads": 4, "attributes": ["color", "shape"],
+                               "roles": {3: ["A color", "A shape", "G", "M"]}})
+    concepts = ConceptSpace(names=("color", "shape"), centroids=torch.eye(2), members=(("red",), ("round",)))
+    heads = [
+        HeadSummary(layer=3, head=head, phrases=["red", "round"], explained=[0.5, 0.25], phrase_concepts=["color", "shape"],
+                    distribution={"color": 0.5, "shape": 0.5}, entropy=0.1 * version, weighted_entropy=0.2 * version,
+                    dominant="color", role=role)
+        for head, role in enumerate(role_map.roles[3])
+    ]
+    role_map.notes = f"version {version}"
+    return RoleDiscovery(heads=heads, concepts=concepts, role_map=role_map, settings={"version": version})
 
 
-@pytest.mark.parametrize("kind", ["split file", "few-shot cache", "results file", "checkpoint"])
+def _tool_writers(tmp_path):
+    """(name, write(version) -> path) for the files the tools write: head-role map and reports, tables, plots."""
+    import sys
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from vlprompt.interpret import write_csv, write_heatmap, write_markdown
+    from vlprompt.utils import save_figure
+
+    if str(ROOT / "tools") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tools"))
+    import head_roles
+    import parse_results
+
+    def role_map(version):
+        path = tmp_path / "roles" / "head_roles.yaml"
+        _toy_discovery(version).role_map.save(str(path))
+        return path
+
+    def report(write, name):
+        def run(version):
+            write(_toy_discovery(version), str(tmp_path / name))
+            return tmp_path / name
+        return run
+
+    def tool_outputs(version):
+        head_roles.write_outputs(_toy_discovery(version), str(tmp_path / "tool"), heatmap=False)
+        return tmp_path / "tool" / "head_roles.yaml"
+
+    def plot(version):
+        figure, axis = plt.subplots(figsize=(2, 2))
+        axis.plot([0, 1], [0, version])
+        save_figure(figure, str(tmp_path / "plot.png"), dpi=50)
+        plt.close(figure)
+        return tmp_path / "plot.png"
+
+    def table_json(version):
+        parse_results._write_json({"accuracy": version}, str(tmp_path / "tables" / "results.json"))
+        return tmp_path / "tables" / "results.json"
+
+    return [
+        ("head-role map", role_map),
+        ("head-role report", report(write_markdown, "report.md")),
+        ("head-role csv", report(write_csv, "heads.csv")),
+        ("head-role heat map", report(write_heatmap, "heatmap.png")),
+        ("tools/head_roles.py outputs", tool_outputs),
+        ("plot", plot),
+        ("parse_results json", table_json),
+    ]
+
+
+class _DiskFullFile:
+    """Wraps a file: its first write stores half of the data, then fails like a full disk."""
+
+    def __init__(self, file):
+        self._file = file
+
+    def write(self, data):
+        self._file.write(data[: len(data) // 2])
+        self._file.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def __getattr__(self, name):
+        return getattr(self._file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self._file.close()
+
+
+WRITTEN_FILE_KINDS = [
+    "split file", "few-shot cache", "results file", "checkpoint", "head-role map", "head-role report",
+    "head-role csv", "head-role heat map", "tools/head_roles.py outputs", "plot", "parse_results json",
+]
+
+
+@pytest.mark.parametrize("kind", WRITTEN_FILE_KINDS)
 def test_a_write_that_fails_midway_keeps_the_previous_file(tmp_path, monkeypatch, kind):
+    """Each file kind, rewritten while the disk fills up in the middle of the write, keeps its old bytes."""
     write = dict(_writers(tmp_path))[kind]
     path = Path(quietly(lambda: write(1))[0])
     before = path.read_bytes()
-    monkeypatch.setattr(json, "dump", _write_half_then_fail(json.dump, binary=False))
-    monkeypatch.setattr(torch, "save", _write_half_then_fail(torch.save, binary=True))
+    fdopen = os.fdopen
+    monkeypatch.setattr(os, "fdopen", lambda *args, **kwargs: _DiskFullFile(fdopen(*args, **kwargs)))
     with pytest.raises(OSError, match="No space left on device"):
         quietly(lambda: write(2))
     assert path.read_bytes() == before
     assert [name for name in os.listdir(path.parent) if name.endswith(".tmp")] == []
+    monkeypatch.undo()
+    quietly(lambda: write(2))
+    assert path.read_bytes() != before  # the new version differs, so a torn or replaced file would have shown
+
+
+_RAW_WRITES_ALLOWED = {
+    # Logs, written line by line while a run goes on (a torn last line is expected after a kill).
+    ("vlprompt/utils/logger.py", "open(fpath, 'w', encoding='utf-8')"),
+    ("vlprompt/protocols/execute.py", "open(console_path, 'a', encoding='utf-8')"),
+    # Benchmark scratch files, rewritten by every benchmark run: the loader benchmark's synthetic
+    # split and the CoCoOp benchmark's logits (compared between its two processes).
+    ("tools/benchmark_loader.py", "open(split_path, 'w')"),
+    ("tools/benchmark_loader.py", "json.dump({'train': train, 'val': train[:1], 'test': train[:1]}, f)"),
+    ("tools/benchmark_cocoop.py", "torch.save(logits, args.logits)"),
+    # A kernel control file, not data: resets the peak-memory counter.
+    ("tools/benchmark.py", "open('/proc/self/clear_refs', 'w')"),
+}
+_SERIALISERS = {"torch.save": 1, "json.dump": 1, "pickle.dump": 1, "yaml.safe_dump": 1, "yaml.dump": 1, "np.save": 0}
+
+
+def _raw_file_writes(path):
+    """(call source, line) of every write in ``path`` that does not go through ``atomic_write``.
+
+    A write is ``open`` with a "w", "a", "x" or "+" mode, ``Path.write_text``/``write_bytes``,
+    or a serialiser (torch.save, json.dump, ..., ``.savefig``) whose target is not the file
+    object of an enclosing ``with atomic_write(...) as f``.
+    """
+    found = []
+
+    def target_is_atomic(target, atomic_files):
+        return isinstance(target, ast.Name) and target.id in atomic_files
+
+    def visit(node, atomic_files):
+        if isinstance(node, ast.With):
+            atomic_files = atomic_files | {
+                item.optional_vars.id for item in node.items
+                if isinstance(item.context_expr, ast.Call) and ast.unparse(item.context_expr.func).endswith("atomic_write")
+                and isinstance(item.optional_vars, ast.Name)
+            }
+        if isinstance(node, ast.Call):
+            name = ast.unparse(node.func)
+            keywords = {kw.arg: kw.value for kw in node.keywords}
+            if name == "open":
+                mode = node.args[1] if len(node.args) > 1 else keywords.get("mode")
+                if isinstance(mode, ast.Constant) and set(str(mode.value)) & set("wax+"):
+                    found.append((ast.unparse(node), node.lineno))
+            elif name.endswith((".write_text", ".write_bytes")):
+                found.append((ast.unparse(node), node.lineno))
+            elif name in _SERIALISERS or name.endswith(".savefig"):
+                position = 0 if name.endswith(".savefig") else _SERIALISERS[name]
+                target = node.args[position] if len(node.args) > position else keywords.get("f", keywords.get("fname"))
+                if target is not None and not target_is_atomic(target, atomic_files):  # None: dumps to a string
+                    found.append((ast.unparse(node), node.lineno))
+        for child in ast.iter_child_nodes(node):
+            visit(child, atomic_files)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), frozenset())
+    return found
+
+
+def test_every_file_the_code_writes_goes_through_atomic_write():
+    """Results, reports, role maps, tables, plots, caches and checkpoints: temporary file, fsync, os.replace."""
+    offenders = [
+        f"{relative}:{line} {call}"
+        for relative, path in _project_sources()
+        for call, line in _raw_file_writes(path)
+        if (relative, call) not in _RAW_WRITES_ALLOWED
+    ]
+    assert offenders == []
+
+
+def test_the_write_scanner_finds_raw_writes(tmp_path):
+    source = tmp_path / "writer.py"
+    source.write_text(
+        "with open(p, 'w') as f:\n    json.dump(x, f)\n"
+        "with atomic_write(p, 'wb') as f:\n    torch.save(x, f)\n"
+        "torch.save(x, p)\nfigure.savefig(p)\nPath(p).write_text('x')\nopen(p).read()\n"
+    )
+    assert _raw_file_writes(source) == [
+        ("open(p, 'w')", 1), ("json.dump(x, f)", 2), ("torch.save(x, p)", 5), ("figure.savefig(p)", 6),
+        ("Path(p).write_text('x')", 7),
+    ]
 
 
 def test_a_write_killed_midway_leaves_the_previous_file(tmp_path):

@@ -56,6 +56,7 @@ from vlprompt.interpret import (  # noqa: E402
     collect_head_contributions, discover_roles, load_corpus, load_sentence_embedder, role_counts,
     write_csv, write_heatmap, write_markdown,
 )
+from vlprompt.fileio import write_text  # noqa: E402
 
 USER_ERRORS = (
     ConfigError, CLIPLoadError, DatasetLayoutError, PromptTooLongError, UnsupportedBackboneError,
@@ -229,8 +230,7 @@ def write_outputs(discovery, folder, heatmap=True):
     path = os.path.join(folder, "head_roles.yaml")
     text = discovery.role_map.to_yaml()
     parse_role_map(yaml.safe_load(text), source=f'role map "{path}"')
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+    write_text(text, path)
     print(f"Role map: {path}")
     title = f"Head roles of {discovery.role_map.backbone}"
     write_markdown(discovery, os.path.join(folder, "report.md"), title=title)

@@ -16,6 +16,11 @@ import itertools
 import os
 import random
 import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from vlprompt.fileio import write_text  # noqa: E402
 
 DEFAULT_OUT = os.path.join("vlprompt", "interpret", "data", "generic_image_descriptions.tsv")
 PER_CONCEPT = 300
@@ -231,9 +236,7 @@ def main(argv=None):
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"file to write (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
     rows = build_corpus()
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w", encoding="utf-8", newline="\n") as f:
-        f.write(corpus_text(rows))
+    write_text(corpus_text(rows), args.out, newline="\n")
     counts = {}
     for concept, _ in rows:
         counts[concept] = counts.get(concept, 0) + 1

@@ -64,6 +64,7 @@ from vlprompt.protocols.tables import (  # noqa: E402
     BASE, BASE_RELEASED, FORMATS, NOVEL, Measurements, Table, base2new_table, fewshot_table,
     harmonic_mean, mean_std, render, transfer_table,
 )
+from vlprompt.fileio import write_text  # noqa: E402
 
 TRAIN_END_SIGNALS: Tuple[str, ...] = ("Finish training", "Finished training")
 TEST_END_SIGNALS: Tuple[str, ...] = ("=> result",)
@@ -798,9 +799,8 @@ def _print_notes(results: Iterable[RunResult]) -> None:
 
 
 def _write_json(payload: dict, path: str) -> None:
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=4) + "\n", encoding="utf-8")
+    """Write ``payload`` as indented JSON, atomically (parent folders are created)."""
+    write_text(json.dumps(payload, indent=4) + "\n", path)
 
 
 def _run_experiments(args, end_signals: Tuple[str, ...]) -> int:
@@ -909,10 +909,8 @@ def _run_protocols(args) -> int:
                              f"'{args.directory}' (see the layout in vlprompt/protocols/layout.py).")
     text = render(tables, args.format, args.decimals)
     if args.output:
-        out = Path(args.output)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n", encoding="utf-8")
-        print(f"Wrote {len(tables)} table(s) to {out}")
+        write_text(text + "\n", args.output)
+        print(f"Wrote {len(tables)} table(s) to {args.output}")
     else:
         print(text)
     return 0

@@ -30,6 +30,7 @@ for folder in (TOOLS, REPO):
         sys.path.insert(0, str(folder))
 
 import parse_results  # noqa: E402
+from vlprompt.fileio import save_figure  # noqa: E402
 from vlprompt.protocols.benchmark import BenchmarkError, load_benchmark  # noqa: E402
 from vlprompt.protocols.layout import parse_run_path  # noqa: E402
 from vlprompt.protocols.tables import AVERAGE, mean_std, method_groups  # noqa: E402
@@ -130,7 +131,7 @@ def plot_fewshot(panels: Dict[str, Dict[str, Curve]], out_dir: Path) -> List[Pat
     axes.flat[0].legend(fontsize="small")
     figure.tight_layout()
     written.append(out_dir / "fewshot.png")
-    figure.savefig(written[-1], dpi=120)
+    save_figure(figure, str(written[-1]), dpi=120)
     plt.close(figure)
     for panel in order:
         figure, axis = plt.subplots(figsize=(4.5, 3.6))
@@ -138,7 +139,7 @@ def plot_fewshot(panels: Dict[str, Dict[str, Curve]], out_dir: Path) -> List[Pat
         axis.legend(fontsize="small")
         figure.tight_layout()
         written.append(out_dir / f"fewshot_{panel.lower()}.png")
-        figure.savefig(written[-1], dpi=120)
+        save_figure(figure, str(written[-1]), dpi=120)
         plt.close(figure)
     return written
 
@@ -215,7 +216,7 @@ def plot_fusion(weights: Dict[str, List[float]], components: Sequence[str], out_
     figure.tight_layout()
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "fusion_weights.png"
-    figure.savefig(path, dpi=120)
+    save_figure(figure, str(path), dpi=120)
     plt.close(figure)
     return path
 

@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import open_clip  # noqa: E402
 
 from vlprompt.synthetic.pretraining import PairBatches, attribute_probe, multi_positive_loss  # noqa: E402
+from vlprompt.fileio import atomic_write, write_text  # noqa: E402
 
 DEFAULT_CONFIG = "configs/clip/tiny-synthetic-clip.json"
 # Environment variables that change threading (recorded with the command; no effect on the data).
@@ -127,27 +128,27 @@ def main(argv=None):
     probe = attribute_probe(model, tokenizer, args.seed + 1, args.probe_images)
     print(f"final probe: {format_probe(probe)}")
     state_dict = {key: value.half() for key, value in model.state_dict().items()}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    torch.save({"state_dict": state_dict}, args.out)
+    with atomic_write(args.out, "wb") as f:
+        torch.save({"state_dict": state_dict}, f)
     with open(args.out, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
     record = os.path.splitext(args.out)[0] + ".txt"
-    with open(record, "w") as f:
-        f.write(
-            f"Tiny CLIP of the synthetic benchmark, pretrained by tools/pretrain_tiny_clip.py.\n\n"
-            f"command: {command}\n"
-            f"seed: {args.seed}\n"
-            f"model config: {args.model_config}\n"
-            f"settings: steps {args.steps}, batch {args.batch_size}, AdamW lr {args.lr} betas (0.9, 0.98) "
-            f"weight decay {args.weight_decay}, warm-up {args.warmup:.0%} then cosine, multi-positive contrastive loss\n"
-            f"wall time: {wall / 60:.1f} min ({args.steps / wall:.2f} steps/s) with {args.threads} torch threads "
-            f"and {args.workers} rendering worker(s) on {platform.processor() or platform.machine()} "
-            f"({os.cpu_count()} logical CPUs)\n"
-            f"versions: python {platform.python_version()}, torch {torch.__version__}, open_clip {open_clip.__version__}\n"
-            f"final loss (running mean): {running:.4f}; logit scale {model.logit_scale.exp().item():.1f}\n"
-            f"zero-shot attribute probe (pretraining style, held-out seed {args.seed + 1}): {format_probe(probe)}\n"
-            f"checkpoint: {os.path.basename(args.out)} (fp16), sha256 {digest}\n"
-        )
+    write_text(
+        f"Tiny CLIP of the synthetic benchmark, pretrained by tools/pretrain_tiny_clip.py.\n\n"
+        f"command: {command}\n"
+        f"seed: {args.seed}\n"
+        f"model config: {args.model_config}\n"
+        f"settings: steps {args.steps}, batch {args.batch_size}, AdamW lr {args.lr} betas (0.9, 0.98) "
+        f"weight decay {args.weight_decay}, warm-up {args.warmup:.0%} then cosine, multi-positive contrastive loss\n"
+        f"wall time: {wall / 60:.1f} min ({args.steps / wall:.2f} steps/s) with {args.threads} torch threads "
+        f"and {args.workers} rendering worker(s) on {platform.processor() or platform.machine()} "
+        f"({os.cpu_count()} logical CPUs)\n"
+        f"versions: python {platform.python_version()}, torch {torch.__version__}, open_clip {open_clip.__version__}\n"
+        f"final loss (running mean): {running:.4f}; logit scale {model.logit_scale.exp().item():.1f}\n"
+        f"zero-shot attribute probe (pretraining style, held-out seed {args.seed + 1}): {format_probe(probe)}\n"
+        f"checkpoint: {os.path.basename(args.out)} (fp16), sha256 {digest}\n",
+        record,
+    )
     print(f"Wrote {args.out} and {record} ({wall / 60:.1f} min)")
 
 

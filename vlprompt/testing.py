@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from vlprompt.utils import atomic_write
+
 __all__ = [
     "TINY_CLIP_CONFIG", "TINY_RESNET_CLIP_CONFIG", "write_tiny_clip", "write_oxford_pets_tree", "OXFORD_PETS_TOY_CLASSES",
 ]
@@ -45,7 +47,7 @@ def write_tiny_clip(directory, name="tiny-clip", config=None, seed=0):
 
     os.makedirs(directory, exist_ok=True)
     config_path = os.path.join(directory, f"{name}.json")
-    with open(config_path, "w") as f:
+    with atomic_write(config_path, "w") as f:
         json.dump(config or TINY_CLIP_CONFIG, f, indent=2)
     open_clip.add_model_config(config_path)
     generator_state = torch.random.get_rng_state()
@@ -56,7 +58,8 @@ def write_tiny_clip(directory, name="tiny-clip", config=None, seed=0):
             parameter.add_(0.02 * torch.randn_like(parameter))
     torch.random.set_rng_state(generator_state)
     weights_path = os.path.join(directory, f"{name}.pt")
-    torch.save(model.state_dict(), weights_path)
+    with atomic_write(weights_path, "wb") as f:
+        torch.save(model.state_dict(), f)
     return config_path, weights_path
 
 
@@ -92,6 +95,6 @@ def write_oxford_pets_tree(root, classes=OXFORD_PETS_TOY_CLASSES, train=8, val=2
                 split[part].append([name, label, breed.lower()])
     for part in split:
         random.Random(part).shuffle(split[part])
-    with open(os.path.join(dataset_dir, "split_zhou_OxfordPets.json"), "w") as f:
+    with atomic_write(os.path.join(dataset_dir, "split_zhou_OxfordPets.json"), "w") as f:
         json.dump(split, f, indent=4)
     return dataset_dir

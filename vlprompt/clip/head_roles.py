@@ -38,6 +38,7 @@ import torch
 import yaml
 
 from vlprompt.config import ConfigError
+from vlprompt.utils import write_text
 
 __all__ = [
     "HeadRole", "RoleMap", "RoleMapError", "ROLE_KINDS", "load_role_map", "parse_role_map",
@@ -198,8 +199,8 @@ class RoleMap:
         return "\n".join(lines) + "\n"
 
     def save(self, path):
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(self.to_yaml())
+        """Write ``to_yaml()`` to ``path`` atomically (an interrupted save keeps the previous file)."""
+        write_text(self.to_yaml(), path)
 
 
 def load_role_map(path):

@@ -1,12 +1,14 @@
 """Reports of a head-role discovery: Markdown, CSV and a heat map (layers x heads).
 
 The heat map needs matplotlib (part of the optional 'roles' extra); the Markdown and
-CSV reports need nothing beyond the standard library.
+CSV reports need nothing beyond the standard library. Every file is written atomically
+(``vlprompt.utils.atomic_write``): an interrupted write leaves the previous file intact.
 """
 import csv
 from collections import Counter
 
 from vlprompt.clip.head_roles import ROLE_KINDS
+from vlprompt.utils import atomic_write, save_figure, write_text
 
 from .embedders import OptionalDependencyError
 
@@ -67,15 +69,14 @@ def write_markdown(discovery, path, title="Head roles"):
             f"| {h.layer} | {h.head} | {h.role} | {h.entropy:.3f} | {h.weighted_entropy:.3f} | {_cell(h.dominant)} | "
             f"{h.distribution[h.dominant]:.2f} | {_cell(top)} |"
         )
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
+    write_text("\n".join(lines) + "\n", path)
 
 
 def write_csv(discovery, path):
     """Write one row per head: layer, head, role, entropies, dominant concept, one column
     per concept (fraction of phrases), and all phrases joined by " | "."""
     names = list(discovery.concepts.names)
-    with open(path, "w", newline="", encoding="utf-8") as f:
+    with atomic_write(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["layer", "head", "role", "entropy", "weighted_entropy", "dominant"]
                         + [f"p_{n}" for n in names] + ["phrases"])
@@ -126,5 +127,5 @@ def write_heatmap(discovery, path, title="Head roles"):
     handles = [Patch(color=c, label=f"{k}: {ROLE_KINDS[k]}") for k, c in zip(kinds, colors)]
     axes.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=4, fontsize=8, frameon=False)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    save_figure(figure, path, dpi=120)
     plt.close(figure)

@@ -25,6 +25,7 @@ from typing import Dict, Tuple
 import numpy as np
 
 from vlprompt.data.datasets.base_dataset import DatasetLayoutError
+from vlprompt.utils import atomic_write
 
 from .world import COLORS, SHAPES, TEXTURES, RenderStyle, render, sample_scene
 
@@ -140,9 +141,9 @@ def _write(spec, folder):
                 split[part].append([relative, label, synth_class.name])
     if spec.test_only:
         split["train"] = list(split["test"])
-    with open(os.path.join(folder, spec.split_file), "w") as f:
+    with atomic_write(os.path.join(folder, spec.split_file), "w") as f:
         json.dump(split, f)
-    with open(os.path.join(folder, META_FILE), "w") as f:
+    with atomic_write(os.path.join(folder, META_FILE), "w") as f:
         json.dump(_meta(spec), f, indent=2)
 
 

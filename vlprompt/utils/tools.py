@@ -1,20 +1,20 @@
 """File, JSON, image, seeding and name-matching helpers (Dassl ``utils.tools`` names).
 
-Every writer in the package goes through :func:`atomic_write`, so an interrupted
-run never leaves a half-written file under its final name.
+Every writer in the package goes through :func:`atomic_write` (from :mod:`vlprompt.fileio`,
+re-exported here), so an interrupted run never leaves a half-written file under its final name.
 """
-import contextlib
 import difflib
 import json
 import os
 import os.path as osp
 import random
-import tempfile
 import warnings
 
 import numpy as np
 import torch
 from PIL import Image
+
+from vlprompt.fileio import atomic_write, mkdir_if_missing, save_figure, write_text
 
 __all__ = [
     "CorruptFileError",
@@ -23,6 +23,8 @@ __all__ = [
     "atomic_write",
     "read_json",
     "write_json",
+    "write_text",
+    "save_figure",
     "read_image",
     "listdir_nohidden",
     "get_most_similar_str_to_a_from_b",
@@ -32,72 +34,12 @@ __all__ = [
 ]
 
 
-def _current_umask():
-    """The process umask (read once at import: os.umask can only be read by setting it)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _current_umask()
-
-
-def mkdir_if_missing(dirname):
-    """Create ``dirname`` and its parents; no error if it already exists (race-safe)."""
-    os.makedirs(dirname, exist_ok=True)
-
-
 def check_isfile(fpath):
     """Return True if ``fpath`` is an existing file; otherwise warn 'No file found at "PATH"' and return False."""
     isfile = osp.isfile(fpath)
     if not isfile:
         warnings.warn(f'No file found at "{fpath}"')
     return isfile
-
-
-def _fsync_directory(dirname):
-    """Persist a rename inside ``dirname`` (POSIX only; a no-op where directories cannot be opened)."""
-    if not hasattr(os, "O_DIRECTORY"):
-        return
-    fd = os.open(dirname, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def atomic_write(path, mode="wb", encoding="utf-8"):
-    """Context manager yielding a file object whose content replaces ``path`` atomically.
-
-    The data goes to a temporary file in the same directory (parents are created),
-    which is flushed, fsynced and then moved onto ``path`` with ``os.replace``. If the
-    block raises, the temporary file is deleted and ``path`` keeps its old content (or
-    stays absent): readers only ever see the old or the complete new file.
-
-    Args:
-        path (str): final file path.
-        mode (str): "wb" (binary) or "w" (text).
-        encoding (str): text encoding, used only with mode "w".
-    """
-    if mode not in ("w", "wb"):
-        raise ValueError(f'atomic_write() supports mode "w" or "wb", but got "{mode}"')
-    dirname = osp.dirname(osp.abspath(path))
-    mkdir_if_missing(dirname)
-    fd, tmp_path = tempfile.mkstemp(dir=dirname, prefix=f".{osp.basename(path)}.", suffix=".tmp")
-    try:
-        os.chmod(tmp_path, 0o666 & ~_UMASK)
-        file_kwargs = {"encoding": encoding} if mode == "w" else {}
-        with os.fdopen(fd, mode, **file_kwargs) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp_path, path)
-    except BaseException:
-        if osp.exists(tmp_path):
-            os.remove(tmp_path)
-        raise
-    _fsync_directory(dirname)
 
 
 class CorruptFileError(ValueError):
