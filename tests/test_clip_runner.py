@@ -106,11 +106,11 @@ def test_text_insertion_moves_eot_and_keeps_length(tiny):
     _, ids = _inputs(tokenizer)
     eot = ids.argmax(-1)
     plan = Plan(layers={1: InsertTokens(torch.randn(2, 32), at=1, keep_length=True)})
-    out = runner.text(ids, plan)
+    out = runner.text(ids, plan, all_tokens=True)
     assert out.tokens.shape[1] == int(eot.max()) + 2 + 1  # positions 0..max(eot) are computed
     assert torch.equal(out.eot, eot + 2)
     # Causal: tokens after the insertion point are affected, the SOT token is not.
-    plain = runner.text(ids)
+    plain = runner.text(ids, all_tokens=True)
     torch.testing.assert_close(out.tokens[:, 0], plain.tokens[:, 0], **TOL)
     assert not torch.allclose(out.features, plain.features)
 
@@ -255,6 +255,12 @@ def test_rows_of_the_last_block_equal_the_full_computation(tiny):
         block = model.visual.transformer.resblocks[0]
         x = torch.randn(2, 9, 64)
         torch.testing.assert_close(attention_block(block, x, rows=[4, 1]), attention_block(block, x)[:, [4, 1]], **TOL)
+        per_sequence = torch.tensor([[8, 2], [3, 5]])  # rows of each sequence of the batch
+        causal = torch.full((9, 9), float("-inf")).triu_(1)
+        for block_mask in (causal, causal + torch.randn(4, 9, 9)):  # [L, L] and per-head [heads, L, L]
+            every = attention_block(block, x, block_mask)
+            expected = torch.stack([every[0, [8, 2]], every[1, [3, 5]]])
+            torch.testing.assert_close(attention_block(block, x, block_mask, rows=per_sequence), expected, **TOL)
     assert some.tokens.shape == (3, 3, 64)
     torch.testing.assert_close(some.tokens, full.tokens[:, [0, 17, 19]], **TOL)
     torch.testing.assert_close(some.features, full.features, **TOL)
@@ -288,11 +294,16 @@ def test_truncated_text_equals_full_length_for_sentences_of_different_lengths(ti
     _, ids = _inputs(tokenizer)
     eot = ids.argmax(-1)
     assert len(set(eot.tolist())) == 3 and int(eot.max()) + 1 < ids.shape[1]
+    plan = Plan(layers={1: MapTokens(lambda x: x)})  # blocks 1.. run after the cached prefix
     with torch.no_grad():
-        out = text(ids)
+        out = text(ids, plan)
+        every = text(ids, plan, all_tokens=True)
         alone = torch.cat([text(ids[i : i + 1]).features for i in range(3)])
         full = _full_length_text(text, text.embed(ids), eot)
-    assert out.tokens.shape == (3, int(eot.max()) + 1, 32)
+    assert every.tokens.shape == (3, int(eot.max()) + 1, 32)
+    assert out.tokens.shape == (3, 1, 32)  # the last block computed the pooled tokens only
+    torch.testing.assert_close(out.tokens[:, 0], every.tokens[torch.arange(3), eot], **TOL)
+    torch.testing.assert_close(every.features, full, **TOL)
     torch.testing.assert_close(out.features, full, **TOL)
     torch.testing.assert_close(alone, full, **TOL)
     torch.testing.assert_close(out.features, reference.encode_text(ids), **TOL)
@@ -359,3 +370,15 @@ def test_text_masks_and_positions_from_the_end_refer_to_the_full_sequence(tiny):
         torch.testing.assert_close(masked.features, full, **TOL)
         assert not torch.allclose(masked.features, text(ids).features)
         torch.testing.assert_close(text(ids, padding).features, text(ids).features, **TOL)
+
+
+def test_encode_image_computes_the_class_token_only_in_the_last_block(tiny):
+    """encode_image(_plain) skips the last block's other rows: equal to the full computation,
+    also with prompts appended before ln_pre and replaced at the last block."""
+    model, reference, tokenizer = tiny
+    runner = CLIPRunner(model)
+    images, _ = _inputs(tokenizer)
+    plan = Plan(embed=[InsertTokens(torch.randn(2, 64))], layers={2: ReplaceTokens(torch.randn(2, 64), at=-2)})
+    with torch.no_grad():
+        torch.testing.assert_close(runner.encode_image(images, plan), runner.visual(images, plan).features, **TOL)
+        torch.testing.assert_close(runner.encode_image_plain(images), reference.encode_image(images), **TOL)

@@ -42,7 +42,9 @@ def test_chunk_size_does_not_change_the_logits(tiny_runner, chunk):  # noqa: F81
     images = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         reference = build(tiny_runner, TEXT_CHUNK_SIZE=15)(images)  # one pass: 3 images x 5 classes
-        torch.testing.assert_close(build(tiny_runner, TEXT_CHUNK_SIZE=chunk)(images), reference, rtol=1e-6, atol=1e-6)
+        # Equal up to float32 rounding: each pass computes text positions up to its own
+        # longest sentence, so the matrix shapes (and summation orders) differ by chunk.
+        torch.testing.assert_close(build(tiny_runner, TEXT_CHUNK_SIZE=chunk)(images), reference, **TOL)
 
 
 def test_chunked_training_gradients_equal_one_pass(tiny_runner):  # noqa: F811

@@ -178,7 +178,8 @@ class TowerOutput:
     Attributes:
         features: [N, E] projected pooled features (not normalised).
         tokens: [N, L, D] hidden states after the last block (before the final LN);
-            text: positions 0..max(eot) only, [N, max(eot) + 1, D].
+            text: positions 0..max(eot) only, [N, max(eot) + 1, D], or the pooled
+            tokens [N, 1, D] (see ``TextTower.forward``).
         eot: text only: [N] positions that were pooled.
     """
 
@@ -196,9 +197,11 @@ def attention_block(block, x, attn_mask=None, rows=None):
         block: open_clip ResidualAttentionBlock (frozen weights used as they are).
         x: [B, L, D].
         attn_mask: None, [L, L] or [heads, L, L]; broadcast over the batch.
-        rows: None, or the positions (a list of indices) whose outputs are wanted: keys
-            and values still come from all L positions, but queries, residuals and the
-            MLP are computed for those rows only (e.g. the pooled token of a last block).
+        rows: None, or the positions whose outputs are wanted: a list of indices shared by
+            the batch, or a LongTensor [B, R] of positions per sequence (e.g. each
+            sentence's end-of-text token). Keys and values still come from all L
+            positions, but queries, residuals and the MLP are computed for those rows only
+            (e.g. the pooled token of a last block).
 
     Returns:
         [B, L, D], or [B, R, D] for R ``rows``.
@@ -212,19 +215,36 @@ def attention_block(block, x, attn_mask=None, rows=None):
         q, k, v = qkv.view(batch, length, 3, heads, width // heads).permute(2, 0, 3, 1, 4)
     else:
         weight, bias = attn.in_proj_weight, attn.in_proj_bias
-        x = x[:, rows]
-        q = F.linear(h[:, rows], weight[:width], None if bias is None else bias[:width])
+        x = _select_rows(x, rows)
+        q = F.linear(_select_rows(h, rows), weight[:width], None if bias is None else bias[:width])
         q = q.view(batch, -1, heads, width // heads).transpose(1, 2)
         kv = F.linear(h, weight[width:], None if bias is None else bias[width:])
         k, v = kv.view(batch, length, 2, heads, width // heads).permute(2, 0, 3, 1, 4)
         if attn_mask is not None:
-            attn_mask = attn_mask[..., rows, :]
+            attn_mask = _select_mask_rows(attn_mask, rows)
     if attn_mask is not None:
         attn_mask = attn_mask.to(q.dtype)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
     out = out.transpose(1, 2).reshape(batch, -1, width)
     x = x + block.ls_1(attn.out_proj(out))
     return x + block.ls_2(block.mlp(block.ln_2(x)))
+
+
+def _select_rows(x, rows):
+    """x[:, rows] for [B, L, D] and a list of positions or per-sequence positions [B, R]."""
+    if torch.is_tensor(rows):
+        return x.gather(1, rows.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+    return x[:, rows]
+
+
+def _select_mask_rows(mask, rows):
+    """The query rows of an additive mask [L, L] or [heads, L, L]: [..., R, L] for a list of
+    positions, [B, 1 or heads, R, L] for per-sequence positions [B, R]."""
+    if not torch.is_tensor(rows):
+        return mask[..., rows, :]
+    if mask.dim() == 2:
+        return mask[rows].unsqueeze(1)
+    return mask[:, rows].transpose(0, 1)
 
 
 def _check_blocks(blocks, tower):
@@ -268,7 +288,8 @@ class _Tower(nn.Module):
                 end-of-text token can reach a pooled token), and masks given for the full
                 sequence are cut to that length.
             rows: positions whose outputs the last block computes (None: all; see
-                ``attention_block``).
+                ``attention_block``), or a function of the run state giving them after the
+                last block's edits.
         Returns:
             [N, L', D] hidden states at the input of block ``stop`` ([N, R, D] with rows).
         """
@@ -285,7 +306,8 @@ class _Tower(nn.Module):
                 if state.length is not None:
                     extra = extra[..., :length, :length]
                 mask = extra if mask is None else extra + mask.to(extra.dtype)
-            x = attention_block(self.blocks[index], x, mask, rows=rows if index == stop - 1 else None)
+            last_rows = (rows(state) if callable(rows) else rows) if index == stop - 1 else None
+            x = attention_block(self.blocks[index], x, mask, rows=last_rows)
         return x
 
 
@@ -401,6 +423,11 @@ class VisionTower(_Tower):
 
 # ----------------------------------------------------------------------------- text
 
+def _pooled_rows(state):
+    """Per-sentence rows [N, 1] of the pooled tokens (``run_blocks`` rows)."""
+    return state.eot.unsqueeze(1)
+
+
 class TextTower(_Tower):
     """CLIP's text tower driven block by block, with a cached frozen prefix.
 
@@ -467,7 +494,7 @@ class TextTower(_Tower):
             return self.text_projection(x)
         return x @ self.text_projection
 
-    def forward(self, token_ids=None, plan=EMPTY_PLAN, embeddings=None, eot=None):
+    def forward(self, token_ids=None, plan=EMPTY_PLAN, embeddings=None, eot=None, all_tokens=False):
         """Encode sentences.
 
         Args:
@@ -477,10 +504,14 @@ class TextTower(_Tower):
             embeddings: [N, L, D] token embeddings built by a method (e.g. CoOp's
                 prefix + context + suffix); replaces ``embed(token_ids)``.
             eot: [N] pooled positions of ``embeddings`` (required with embeddings).
+            all_tokens: compute every position in the last block; by default it computes
+                only the pooled token of each sentence (exact for the features).
 
         Returns:
-            TowerOutput with features [N, E], final tokens and the pooled positions
-            (moved by tokens inserted before them).
+            TowerOutput with features [N, E], the pooled positions (moved by tokens
+            inserted before them) and the final tokens: [N, max(eot) + 1, D] with
+            ``all_tokens`` (or when the plan leaves all blocks to the cached prefix),
+            else the pooled tokens [N, 1, D].
         """
         if embeddings is None and token_ids is None:
             raise ValueError("TextTower needs token_ids or embeddings.")
@@ -497,8 +528,12 @@ class TextTower(_Tower):
         else:
             x = self.prefix(token_ids, first, state.last)
             start = first
-        x = self.run_blocks(x, start, self.num_layers, plan, state)
-        pooled = x[torch.arange(x.shape[0], device=x.device), state.eot]
+        if all_tokens or start == self.num_layers:
+            x = self.run_blocks(x, start, self.num_layers, plan, state)
+            pooled = x[torch.arange(x.shape[0], device=x.device), state.eot]
+        else:
+            x = self.run_blocks(x, start, self.num_layers, plan, state, rows=_pooled_rows)
+            pooled = x[:, 0]
         return TowerOutput(features=self.project(pooled), tokens=x, eot=state.eot)
 
     @staticmethod
@@ -576,18 +611,21 @@ class CLIPRunner(nn.Module):
         return self.logit_scale.dtype
 
     def encode_image_plain(self, images):
-        """Image features [B, E] of the unmodified tower (any open_clip image tower)."""
+        """Image features [B, E] of the unmodified tower (any open_clip image tower).
+
+        The last block of a ViT computes the class token only (``rows=[0]``; exact).
+        """
         if self.visual is None:
             return self.plain_visual(images)
-        return self.visual(images).features
+        return self.visual(images, rows=[0]).features
 
     def encode_image(self, images, plan=EMPTY_PLAN):
-        """Image features [B, E] (not normalised)."""
+        """Image features [B, E] (not normalised); the last block computes the class token only."""
         if self.visual is None:
             if plan is not EMPTY_PLAN:
                 raise UnsupportedBackboneError("Prompted image encoding needs a ViT CLIP image tower.")
             return self.plain_visual(images)
-        return self.visual(images, plan).features
+        return self.visual(images, plan, rows=[0]).features
 
     def encode_text(self, token_ids, plan=EMPTY_PLAN):
         """Text features [N, E] (not normalised)."""
