@@ -94,13 +94,17 @@ class CoCoOpCLIP(PromptedCLIP):
     def conditional_similarities(self, image_features, contexts):
         """cos(f_b, text(contexts_b, c)) for all images b and classes c: [B, C].
 
-        The B x C prompts are encoded ``chunk_size`` at a time (flattened image-major).
-        When training needs more than one chunk, each chunk's text pass is recomputed in
-        the backward pass instead of being kept (activation checkpointing), so training
+        The B x C prompts are encoded ``chunk_size`` at a time, class by class from the
+        shortest sentence to the longest, so that a chunk's text pass (which computes
+        positions up to its longest sentence) holds sentences of similar lengths. When
+        training needs more than one chunk, each chunk's text pass is recomputed in the
+        backward pass instead of being kept (activation checkpointing), so training
         memory is bounded by the chunk too; the gradients are the same.
         """
         num_images, num_classes = image_features.shape[0], self.prompt_learner.num_classes
-        pairs = torch.arange(num_images * num_classes, device=image_features.device)
+        by_length = self.prompt_learner.eot.argsort(stable=True)
+        first_pair = torch.arange(num_images, device=image_features.device) * num_classes
+        pairs = (by_length.unsqueeze(1) + first_pair).flatten()  # index image * C + class, class-major
         chunks = pairs.split(self.chunk_size)
         recompute = torch.is_grad_enabled() and len(chunks) > 1
         similarities = []
@@ -111,7 +115,8 @@ class CoCoOpCLIP(PromptedCLIP):
             else:
                 text = self.encode_pairs(contexts[images], classes)
             similarities.append((image_features[images] * F.normalize(text, dim=-1)).sum(dim=-1))
-        return torch.cat(similarities).view(num_images, num_classes)
+        similarities = torch.cat(similarities)
+        return similarities.new_empty(pairs.shape).index_copy(0, pairs, similarities).view(num_images, num_classes)
 
     def encode_pairs(self, contexts, classes):
         """Text features [N, E] of N (context [N, n, D], class [N]) prompts."""
