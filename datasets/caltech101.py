@@ -1,8 +1,6 @@
 """Caltech-101, datasets.md §3.2."""
-import os
-
-from vlprompt.data.datasets import DATASET_REGISTRY, DatasetBase
-from vlprompt.data.splits import prepare_coop_splits, read_and_split_data
+from vlprompt.data.datasets import DATASET_REGISTRY
+from vlprompt.data.splits import CoopSplitDataset, read_and_split_data
 
 IGNORED = ("BACKGROUND_Google", "Faces_easy")
 # Folder name -> class name, for the folders whose name is not the class name (applied when a split is built).
@@ -10,10 +8,11 @@ NEW_CNAMES = {"airplanes": "airplane", "Faces": "face", "Leopards": "leopard", "
 
 
 @DATASET_REGISTRY.register()
-class Caltech101(DatasetBase):
+class Caltech101(CoopSplitDataset):
     """100 object categories (the background clutter and the duplicate face folder are left out)."""
 
     dataset_dir = "caltech-101"
+    image_folder = "101_ObjectCategories"
     required_paths = ("101_ObjectCategories",)
     split_file = "split_zhou_Caltech101.json"
     template = "a photo of a {}."
@@ -24,16 +23,6 @@ caltech-101/
   split_zhou_Caltech101.json
   split_fewshot/"""
 
-    def __init__(self, cfg):
-        self.find_dataset_dir(cfg)
-        self.image_dir = os.path.join(self.dataset_dir, "101_ObjectCategories")
-        self.split_path = os.path.join(self.dataset_dir, self.split_file)
-
-        train, val, test = prepare_coop_splits(
-            cfg,
-            self.dataset_dir,
-            lambda: read_and_split_data(self.image_dir, ignored=IGNORED, new_cnames=NEW_CNAMES),
-            self.split_path,
-            self.image_dir,
-        )
-        super().__init__(train_x=train, val=val, test=test)
+    def build_split(self):
+        """CoOp's folder split (50 % / 20 % / 30 % per class)."""
+        return read_and_split_data(self.image_dir, ignored=IGNORED, new_cnames=NEW_CNAMES)

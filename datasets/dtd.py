@@ -1,13 +1,11 @@
 """Describable Textures Dataset (datasets.md §3.9)."""
-import os
-
 from vlprompt.data import splits
-from vlprompt.data.datasets import DATASET_REGISTRY, DatasetBase
-from vlprompt.data.splits import prepare_coop_splits
+from vlprompt.data.datasets import DATASET_REGISTRY
+from vlprompt.data.splits import CoopSplitDataset
 
 
 @DATASET_REGISTRY.register()
-class DescribableTextures(DatasetBase):
+class DescribableTextures(CoopSplitDataset):
     """47 texture classes named by their folders; CoOp's 50/20/30 folder split.
 
     `read_and_split_data` stays reachable here because CoOp-family dataset files
@@ -15,6 +13,7 @@ class DescribableTextures(DatasetBase):
     """
 
     dataset_dir = "dtd"
+    image_folder = "images"
     required_paths = ("images",)
     split_file = "split_zhou_DescribableTextures.json"
     template = "{} texture."
@@ -28,16 +27,6 @@ dtd/
 
     read_and_split_data = staticmethod(splits.read_and_split_data)
 
-    def __init__(self, cfg):
-        self.find_dataset_dir(cfg)
-        self.image_dir = os.path.join(self.dataset_dir, "images")
-        self.split_path = os.path.join(self.dataset_dir, self.split_file)
-
-        train, val, test = prepare_coop_splits(
-            cfg,
-            self.dataset_dir,
-            lambda: self.read_and_split_data(self.image_dir),
-            self.split_path,
-            self.image_dir,
-        )
-        super().__init__(train_x=train, val=val, test=test)
+    def build_split(self):
+        """CoOp's folder split (50 % / 20 % / 30 % per class)."""
+        return self.read_and_split_data(self.image_dir)

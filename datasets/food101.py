@@ -1,15 +1,14 @@
 """Food-101, datasets.md §3.6."""
-import os
-
-from vlprompt.data.datasets import DATASET_REGISTRY, DatasetBase
-from vlprompt.data.splits import prepare_coop_splits, read_and_split_data
+from vlprompt.data.datasets import DATASET_REGISTRY
+from vlprompt.data.splits import CoopSplitDataset, read_and_split_data
 
 
 @DATASET_REGISTRY.register()
-class Food101(DatasetBase):
+class Food101(CoopSplitDataset):
     """101 dishes named by their folders; CoOp's 50/20/30 folder split (the official lists are not used)."""
 
     dataset_dir = "food-101"
+    image_folder = "images"
     required_paths = ("images",)
     split_file = "split_zhou_Food101.json"
     template = "a photo of {}, a type of food."
@@ -21,12 +20,6 @@ food-101/
   split_zhou_Food101.json
   split_fewshot/"""
 
-    def __init__(self, cfg):
-        self.find_dataset_dir(cfg)
-        self.image_dir = os.path.join(self.dataset_dir, "images")
-        self.split_path = os.path.join(self.dataset_dir, self.split_file)
-
-        train, val, test = prepare_coop_splits(
-            cfg, self.dataset_dir, lambda: read_and_split_data(self.image_dir), self.split_path, self.image_dir
-        )
-        super().__init__(train_x=train, val=val, test=test)
+    def build_split(self):
+        """CoOp's folder split (50 % / 20 % / 30 % per class)."""
+        return read_and_split_data(self.image_dir)

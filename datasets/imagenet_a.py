@@ -1,12 +1,10 @@
 """ImageNet-A, natural adversarial examples of 200 ImageNet classes (test only), datasets.md §4.3."""
-import os
-
-from vlprompt.data.datasets import DATASET_REGISTRY, DatasetBase
-from vlprompt.data.readers import read_class_folders, read_classnames
+from vlprompt.data.datasets import DATASET_REGISTRY
+from vlprompt.data.readers import ClassFolderTestSet
 
 
 @DATASET_REGISTRY.register()
-class ImageNetA(DatasetBase):
+class ImageNetA(ClassFolderTestSet):
     """A 200-way problem: the classes are the WNID folders present (sorted), named from ImageNet's classnames.txt.
 
     train_x = test = every image; no val, no few-shot, no subsampling. The folder is
@@ -14,6 +12,7 @@ class ImageNetA(DatasetBase):
     """
 
     dataset_dir = "imagenet-adversarial"
+    image_folder = "imagenet-a"
     dataset_dir_aliases = ("imagenet-a",)
     required_paths = ("imagenet-a", "classnames.txt")
     template = "a photo of a {}."
@@ -22,10 +21,3 @@ class ImageNetA(DatasetBase):
 imagenet-adversarial/   (or imagenet-a/)
   imagenet-a/n01498041/ … (200 WNID folders; README.txt is skipped)
   classnames.txt          (ImageNet's full 1,000-line file)"""
-
-    def __init__(self, cfg):
-        self.find_dataset_dir(cfg)
-        self.image_dir = os.path.join(self.dataset_dir, "imagenet-a")
-        classnames_file = os.path.join(self.dataset_dir, "classnames.txt")
-        data = read_class_folders(self.image_dir, read_classnames(classnames_file), classnames_file)
-        super().__init__(train_x=data, test=data)

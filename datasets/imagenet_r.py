@@ -1,12 +1,10 @@
 """ImageNet-R, renditions of 200 ImageNet classes (test only), datasets.md §4.4."""
-import os
-
-from vlprompt.data.datasets import DATASET_REGISTRY, DatasetBase
-from vlprompt.data.readers import read_class_folders, read_classnames
+from vlprompt.data.datasets import DATASET_REGISTRY
+from vlprompt.data.readers import ClassFolderTestSet
 
 
 @DATASET_REGISTRY.register()
-class ImageNetR(DatasetBase):
+class ImageNetR(ClassFolderTestSet):
     """A 200-way problem: the classes are the WNID folders present (sorted), named from ImageNet's classnames.txt.
 
     train_x = test = every image; no val, no few-shot, no subsampling. The folder is
@@ -14,6 +12,7 @@ class ImageNetR(DatasetBase):
     """
 
     dataset_dir = "imagenet-rendition"
+    image_folder = "imagenet-r"
     dataset_dir_aliases = ("imagenet-r",)
     required_paths = ("imagenet-r", "classnames.txt")
     template = "a photo of a {}."
@@ -22,10 +21,3 @@ class ImageNetR(DatasetBase):
 imagenet-rendition/   (or imagenet-r/)
   imagenet-r/n01443537/ … (200 WNID folders; README.txt is skipped)
   classnames.txt          (ImageNet's full 1,000-line file)"""
-
-    def __init__(self, cfg):
-        self.find_dataset_dir(cfg)
-        self.image_dir = os.path.join(self.dataset_dir, "imagenet-r")
-        classnames_file = os.path.join(self.dataset_dir, "classnames.txt")
-        data = read_class_folders(self.image_dir, read_classnames(classnames_file), classnames_file)
-        super().__init__(train_x=data, test=data)

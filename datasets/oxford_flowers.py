@@ -2,9 +2,9 @@
 import os
 import random
 
-from vlprompt.data.datasets import DATASET_REGISTRY, DatasetBase
+from vlprompt.data.datasets import DATASET_REGISTRY
 from vlprompt.data.readers import load_mat
-from vlprompt.data.splits import build_datums, prepare_coop_splits
+from vlprompt.data.splits import CoopSplitDataset, build_datums
 from vlprompt.utils import read_json
 
 LABEL_FILE = "imagelabels.mat"
@@ -12,10 +12,11 @@ NAME_FILE = "cat_to_name.json"
 
 
 @DATASET_REGISTRY.register()
-class OxfordFlowers(DatasetBase):
+class OxfordFlowers(CoopSplitDataset):
     """102 flower species; labels from imagelabels.mat, names from cat_to_name.json."""
 
     dataset_dir = "oxford_flowers"
+    image_folder = "jpg"
     required_paths = ("jpg",)
     split_file = "split_zhou_OxfordFlowers.json"
     split_sources = (LABEL_FILE, NAME_FILE)
@@ -29,17 +30,7 @@ oxford_flowers/
   split_zhou_OxfordFlowers.json
   split_fewshot/"""
 
-    def __init__(self, cfg):
-        self.find_dataset_dir(cfg)
-        self.image_dir = os.path.join(self.dataset_dir, "jpg")
-        self.split_path = os.path.join(self.dataset_dir, self.split_file)
-
-        train, val, test = prepare_coop_splits(
-            cfg, self.dataset_dir, self._build_split, self.split_path, self.image_dir
-        )
-        super().__init__(train_x=train, val=val, test=test)
-
-    def _build_split(self):
+    def build_split(self):
         """Per label (in order of first appearance): shuffle its images, then 50 % / 20 % / 30 %.
 
         imagelabels.mat "labels"[i] is the 1-based label of image_{i+1:05d}.jpg;

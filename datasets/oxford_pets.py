@@ -2,12 +2,12 @@
 import os
 
 from vlprompt.data import splits
-from vlprompt.data.datasets import DATASET_REGISTRY, DatasetBase
-from vlprompt.data.splits import build_datums, prepare_coop_splits
+from vlprompt.data.datasets import DATASET_REGISTRY
+from vlprompt.data.splits import CoopSplitDataset, build_datums, split_official_lists
 
 
 @DATASET_REGISTRY.register()
-class OxfordPets(DatasetBase):
+class OxfordPets(CoopSplitDataset):
     """37 breeds; labels and class names from the official annotation files.
 
     The CoOp split helpers stay reachable as static methods here because
@@ -15,6 +15,7 @@ class OxfordPets(DatasetBase):
     """
 
     dataset_dir = "oxford_pets"
+    image_folder = "images"
     required_paths = ("images",)
     split_file = "split_zhou_OxfordPets.json"
     split_sources = ("annotations/trainval.txt", "annotations/test.txt")
@@ -32,22 +33,14 @@ oxford_pets/
     split_trainval = staticmethod(splits.split_trainval)
     subsample_classes = staticmethod(splits.subsample_classes)
 
-    def __init__(self, cfg):
-        self.find_dataset_dir(cfg)
-        self.image_dir = os.path.join(self.dataset_dir, "images")
-        self.anno_dir = os.path.join(self.dataset_dir, "annotations")
-        self.split_path = os.path.join(self.dataset_dir, self.split_file)
+    @property
+    def anno_dir(self):
+        """The folder of the annotation lists (Dassl's attribute)."""
+        return os.path.join(self.dataset_dir, "annotations")
 
-        train, val, test = prepare_coop_splits(
-            cfg, self.dataset_dir, self._build_split, self.split_path, self.image_dir
-        )
-        super().__init__(train_x=train, val=val, test=test)
-
-    def _build_split(self):
-        trainval = self.read_data("trainval.txt")
-        test = self.read_data("test.txt")
-        train, val = self.split_trainval(trainval)
-        return train, val, test
+    def build_split(self):
+        """annotations/trainval.txt split 80 % / 20 % into train / val; annotations/test.txt is test."""
+        return split_official_lists(self.read_data, "trainval.txt", "test.txt")
 
     def read_data(self, split_file):
         """Read an annotation list: lines "IMAGE CLASS-ID SPECIES BREED-ID".

@@ -1,9 +1,9 @@
 """Stanford Cars, datasets.md §3.4."""
 import os
 
-from vlprompt.data.datasets import DATASET_REGISTRY, DatasetBase
+from vlprompt.data.datasets import DATASET_REGISTRY
 from vlprompt.data.readers import load_mat
-from vlprompt.data.splits import build_datums, prepare_coop_splits, split_trainval
+from vlprompt.data.splits import CoopSplitDataset, build_datums, split_official_lists
 
 TRAIN_ANNOS = "devkit/cars_train_annos.mat"
 TEST_ANNOS = "cars_test_annos_withlabels.mat"
@@ -17,7 +17,7 @@ def year_first(classname):
 
 
 @DATASET_REGISTRY.register()
-class StanfordCars(DatasetBase):
+class StanfordCars(CoopSplitDataset):
     """196 car models ("<year> <make> <model> <body>"); split entries are relative to the dataset folder."""
 
     dataset_dir = "stanford_cars"
@@ -35,20 +35,11 @@ stanford_cars/
   split_zhou_StanfordCars.json
   split_fewshot/"""
 
-    def __init__(self, cfg):
-        self.find_dataset_dir(cfg)
-        self.split_path = os.path.join(self.dataset_dir, self.split_file)
-
-        train, val, test = prepare_coop_splits(
-            cfg, self.dataset_dir, self._build_split, self.split_path, self.dataset_dir
+    def build_split(self):
+        """The devkit's train annotations split 80 % / 20 % into train / val; the test annotations are test."""
+        return split_official_lists(
+            lambda source: self.read_data(*source, META), ("cars_train", TRAIN_ANNOS), ("cars_test", TEST_ANNOS)
         )
-        super().__init__(train_x=train, val=val, test=test)
-
-    def _build_split(self):
-        trainval = self.read_data("cars_train", TRAIN_ANNOS, META)
-        test = self.read_data("cars_test", TEST_ANNOS, META)
-        train, val = split_trainval(trainval)
-        return train, val, test
 
     def read_data(self, image_folder, anno_file, meta_file):
         """Read an annotation .mat ("annotations": struct array with "fname" and 1-based "class").

@@ -1,8 +1,8 @@
 """SUN397 scene categories, datasets.md §3.8."""
 import os
 
-from vlprompt.data.datasets import DATASET_REGISTRY, DatasetBase
-from vlprompt.data.splits import build_datums, prepare_coop_splits, split_trainval
+from vlprompt.data.datasets import DATASET_REGISTRY
+from vlprompt.data.splits import CoopSplitDataset, split_official_lists
 
 CLASS_FILE = "ClassName.txt"
 PARTITION = ("Training_01.txt", "Testing_01.txt")
@@ -17,10 +17,11 @@ def scene_name(category):
 
 
 @DATASET_REGISTRY.register()
-class SUN397(DatasetBase):
+class SUN397(CoopSplitDataset):
     """397 scene categories; the split is built from partition 1 when the JSON is missing."""
 
     dataset_dir = "sun397"
+    image_folder = "SUN397"
     required_paths = ("SUN397",)
     split_file = "split_zhou_SUN397.json"
     split_sources = (CLASS_FILE, *PARTITION)
@@ -33,17 +34,7 @@ sun397/
   split_zhou_SUN397.json
   split_fewshot/"""
 
-    def __init__(self, cfg):
-        self.find_dataset_dir(cfg)
-        self.image_dir = os.path.join(self.dataset_dir, "SUN397")
-        self.split_path = os.path.join(self.dataset_dir, self.split_file)
-
-        train, val, test = prepare_coop_splits(
-            cfg, self.dataset_dir, self._build_split, self.split_path, self.image_dir
-        )
-        super().__init__(train_x=train, val=val, test=test)
-
-    def _build_split(self):
+    def build_split(self):
         """Label = line of the category in ClassName.txt ("/a/abbey" lines).
 
         Training_01 is split 80 % / 20 % into train / val; Testing_01 is test.
@@ -51,25 +42,16 @@ sun397/
         with open(os.path.join(self.dataset_dir, CLASS_FILE)) as f:
             categories = [line.strip()[1:] for line in f]
         cname2lab = {category: label for label, category in enumerate(categories)}
-        trainval = self.read_data(cname2lab, PARTITION[0])
-        test = self.read_data(cname2lab, PARTITION[1])
-        train, val = split_trainval(trainval)
-        return train, val, test
+        return split_official_lists(lambda list_file: self.read_data(cname2lab, list_file), *PARTITION)
 
     def read_data(self, cname2lab, list_file):
         """Read a partition list: image paths with a leading "/"; the category is the path's folder."""
-        filepath = os.path.join(self.dataset_dir, list_file)
-        records = []
-        with open(filepath) as f:
-            for number, line in enumerate(f, start=1):
-                relative = line.strip()[1:]
-                if not relative:
-                    continue
-                category = os.path.dirname(relative)
-                if category not in cname2lab:
-                    raise self.layout_error(
-                        f'{filepath}, line {number}: the category "{category}" is not a line of '
-                        f"{os.path.join(self.dataset_dir, CLASS_FILE)}"
-                    )
-                records.append((os.path.join(self.image_dir, relative), cname2lab[category], scene_name(category)))
-        return build_datums(records, filepath)
+
+        def parse_line(line):
+            relative = line.strip()[1:]
+            if not relative:
+                return None
+            category = os.path.dirname(relative)
+            return category, os.path.join(self.image_dir, relative), scene_name(category)
+
+        return self.read_list_file(list_file, parse_line, cname2lab, "category", CLASS_FILE)

@@ -92,19 +92,30 @@ def frozen(model):
     return {name: p.detach().clone() for name, p in model.named_parameters() if not p.requires_grad}
 
 
-def tiny_node(trainer, **updates):
-    """The trainer's config node with TINY_NODES[trainer] and ``updates`` applied."""
+def trainer_node(node_name, **changes):
+    """cfg.TRAINER.<node_name> of the default config (every trainer's node added) with ``changes`` applied."""
     cfg = get_cfg_default()
     extend_cfg(cfg)
-    node = cfg.TRAINER[trainer.upper()]
-    for name, value in {**TINY_NODES[trainer], **updates}.items():
+    node = cfg.TRAINER[node_name]
+    for name, value in changes.items():
         node[name] = value
     return node
+
+
+def tiny_node(trainer, **updates):
+    """The trainer's config node with TINY_NODES[trainer] and ``updates`` applied."""
+    return trainer_node(trainer.upper(), **{**TINY_NODES[trainer], **updates})
+
+
+def runner_and_tokenizer(clip_files):
+    """(CLIPRunner, Tokenizer) of the CLIP saved as ``clip_files`` = (config JSON, weights)."""
+    config, weights = clip_files
+    model, _ = load_clip(config, weights)
+    return CLIPRunner(model), Tokenizer(config)
 
 
 @pytest.fixture(scope="session")
 def tiny_runner(toy_world):
     """(CLIPRunner, Tokenizer) of the toy world's tiny CLIP."""
     _, clip_config, clip_weights = toy_world
-    model, _ = load_clip(clip_config, clip_weights)
-    return CLIPRunner(model), Tokenizer(clip_config)
+    return runner_and_tokenizer((clip_config, clip_weights))

@@ -5,11 +5,11 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from baseline_setup import runner_and_tokenizer, trainer_node
 
 import datasets  # noqa: F401  (registers OxfordPets)
 from trainers.clip_adapter import Adapter, CLIPAdapterCLIP, check_adapter_node
 from trainers.zsclip import TemplateCLIP
-from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file
 from vlprompt.engine import build_trainer
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, TINY_RESNET_CLIP_CONFIG, write_oxford_pets_tree, write_tiny_clip
@@ -20,18 +20,11 @@ CLASSES = ["red star", "blue circle", "green square"]
 
 
 def adapter_node(**changes):
-    cfg = get_cfg_default()
-    extend_cfg(cfg)
-    node = cfg.TRAINER.CLIPADAPTER
-    for key, value in changes.items():
-        node[key] = value
-    return node
+    return trainer_node("CLIPADAPTER", **changes)
 
 
 def build(clip_files, **changes):
-    config, weights = clip_files
-    model, _ = load_clip(config, weights)
-    clip, tokenizer = CLIPRunner(model), Tokenizer(config)
+    clip, tokenizer = runner_and_tokenizer(clip_files)
     torch.manual_seed(0)
     return (CLIPAdapterCLIP(clip, tokenizer, CLASSES, ["a photo of a {}."], adapter_node(**changes)),
             TemplateCLIP(clip, tokenizer, CLASSES, ["a photo of a {}."]))

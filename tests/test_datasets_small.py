@@ -4,13 +4,13 @@ import os
 import random
 
 import pytest
+from mini_datasets import cfg_for
 from PIL import Image
 
 import datasets  # noqa: F401  (registers the dataset classes)
 from datasets.dtd import DescribableTextures
 from datasets.eurosat import NEW_CNAMES, EuroSAT
 from datasets.oxford_pets import OxfordPets
-from vlprompt.config import get_cfg_default
 from vlprompt.data import splits
 from vlprompt.data.datasets import DATASET_REGISTRY, DatasetBase, DatasetLayoutError, build_dataset
 
@@ -18,17 +18,6 @@ from vlprompt.data.datasets import DATASET_REGISTRY, DatasetBase, DatasetLayoutE
 def _jpeg(path, shade=0):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     Image.new("RGB", (8, 8), (shade, 255 - shade, 128)).save(path, "JPEG")
-
-
-def _cfg(root, name, shots=-1, seed=1, subsample="all"):
-    cfg = get_cfg_default()
-    cfg.DATASET.ROOT = str(root)
-    cfg.DATASET.NAME = name
-    cfg.DATASET.NUM_SHOTS = shots
-    cfg.DATASET.SUBSAMPLE_CLASSES = subsample
-    cfg.SEED = seed
-    cfg.VERBOSE = False
-    return cfg
 
 
 # ---------------------------------------------------------------- OxfordPets
@@ -56,7 +45,7 @@ def _pets_tree(root, n_trainval=5, n_test=2):
 def test_oxford_pets_builds_split_from_annotations_then_reads_it(tmp_path, capsys):
     base = _pets_tree(tmp_path)
     random.seed(0)
-    dataset = OxfordPets(_cfg(tmp_path, "OxfordPets"))
+    dataset = OxfordPets(cfg_for(tmp_path, "OxfordPets"))
     split_path = os.path.join(base, "split_zhou_OxfordPets.json")
     out = capsys.readouterr().out
     assert "Splitting trainval into 80% train and 20% val" in out
@@ -77,7 +66,7 @@ def test_oxford_pets_builds_split_from_annotations_then_reads_it(tmp_path, capsy
         stored = json.load(f)
     assert stored["test"][0] == ["Abyssinian_6.jpg", 0, "abyssinian"]
 
-    reread = OxfordPets(_cfg(tmp_path, "OxfordPets"))
+    reread = OxfordPets(cfg_for(tmp_path, "OxfordPets"))
     assert f"Reading split from {split_path}" in capsys.readouterr().out
     assert [d.impath for d in reread.train_x] == [d.impath for d in dataset.train_x]
 
@@ -92,7 +81,7 @@ def test_oxford_pets_reads_published_split_json_and_subsamples(tmp_path):
     }
     with open(os.path.join(base, "split_zhou_OxfordPets.json"), "w") as f:
         json.dump(split, f)
-    new = build_dataset(_cfg(tmp_path, "OxfordPets", subsample="new"))
+    new = build_dataset(cfg_for(tmp_path, "OxfordPets", subsample="new"))
     assert new.classnames == ["egyptian_mau"]
     assert [os.path.basename(d.impath) for d in new.train_x] == ["Egyptian_Mau_1.jpg", "Egyptian_Mau_2.jpg"]
     assert [d.label for d in new.val + new.test] == [0, 0]
@@ -130,7 +119,7 @@ def _eurosat_tree(root, per_class=4):
 def test_eurosat_maps_folder_names_and_splits_base_new(tmp_path):
     base = _eurosat_tree(tmp_path)
     random.seed(0)
-    full = EuroSAT(_cfg(tmp_path, "EuroSAT"))
+    full = EuroSAT(cfg_for(tmp_path, "EuroSAT"))
     assert full.classnames == [
         "Annual Crop Land", "Forest", "Herbaceous Vegetation Land", "Highway or Road", "Industrial Buildings",
         "Pasture Land", "Permanent Crop Land", "Residential Buildings", "River", "Sea or Lake",
@@ -145,8 +134,8 @@ def test_eurosat_maps_folder_names_and_splits_base_new(tmp_path):
         assert filename.startswith(f"{folder}_") and classname == NEW_CNAMES[folder]
         assert label == sorted(EUROSAT_FOLDERS).index(folder)
 
-    base_ds = EuroSAT(_cfg(tmp_path, "EuroSAT", subsample="base"))
-    new_ds = EuroSAT(_cfg(tmp_path, "EuroSAT", subsample="new"))
+    base_ds = EuroSAT(cfg_for(tmp_path, "EuroSAT", subsample="base"))
+    new_ds = EuroSAT(cfg_for(tmp_path, "EuroSAT", subsample="new"))
     assert base_ds.classnames == full.classnames[:5]
     assert new_ds.classnames == full.classnames[5:]
     assert sorted({d.label for d in new_ds.test}) == [0, 1, 2, 3, 4]
@@ -155,7 +144,7 @@ def test_eurosat_maps_folder_names_and_splits_base_new(tmp_path):
 def test_eurosat_few_shot_uses_cache_name(tmp_path):
     base = _eurosat_tree(tmp_path)
     random.seed(2)
-    dataset = EuroSAT(_cfg(tmp_path, "EuroSAT", shots=1, seed=2))
+    dataset = EuroSAT(cfg_for(tmp_path, "EuroSAT", shots=1, seed=2))
     assert len(dataset.train_x) == 10 and len(dataset.val) == 10
     assert os.listdir(os.path.join(base, "split_fewshot")) == ["shot_1-seed_2.json"]
 
@@ -168,7 +157,7 @@ def test_dtd_folder_split_when_json_missing(tmp_path, capsys):
             _jpeg(os.path.join(tmp_path, "dtd", "images", category, f"{category}_{i:04d}.jpg"), shade=i)
     split_path = os.path.join(tmp_path, "dtd", "split_zhou_DescribableTextures.json")
     random.seed(0)
-    dataset = DescribableTextures(_cfg(tmp_path, "DescribableTextures"))
+    dataset = DescribableTextures(cfg_for(tmp_path, "DescribableTextures"))
     out = capsys.readouterr().out
     assert "Splitting into 50% train, 20% val, and 30% test" in out
     assert f"Saved split to {split_path}" in out
@@ -183,7 +172,7 @@ def test_dtd_folder_split_when_json_missing(tmp_path, capsys):
 
 def test_missing_dataset_folder_prints_layout(tmp_path):
     with pytest.raises(DatasetLayoutError) as info:
-        OxfordPets(_cfg(tmp_path, "OxfordPets"))
+        OxfordPets(cfg_for(tmp_path, "OxfordPets"))
     message = str(info.value)
     assert isinstance(info.value, FileNotFoundError)
     assert message.startswith('Dataset OxfordPets: no folder "oxford_pets" found;')
@@ -195,25 +184,25 @@ def test_missing_split_and_annotations_are_named(tmp_path):
     os.makedirs(os.path.join(tmp_path, "oxford_pets", "images"))
     with pytest.raises(DatasetLayoutError, match=r"lacks split_zhou_OxfordPets.json \(or, to build it, "
                        r"annotations/trainval.txt, annotations/test.txt\)"):
-        OxfordPets(_cfg(tmp_path, "OxfordPets"))
+        OxfordPets(cfg_for(tmp_path, "OxfordPets"))
 
 
 def test_missing_image_folder_is_named(tmp_path):
     os.makedirs(os.path.join(tmp_path, "eurosat"))
     with pytest.raises(DatasetLayoutError, match=r"the folder .*eurosat lacks 2750;") as info:
-        EuroSAT(_cfg(tmp_path, "EuroSAT"))
+        EuroSAT(cfg_for(tmp_path, "EuroSAT"))
     assert "2750/AnnualCrop/AnnualCrop_1.jpg" in str(info.value)
 
 
 def test_empty_root_is_explained(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(DatasetLayoutError, match="DATASET.ROOT is empty, so the current folder .* was searched"):
-        DescribableTextures(_cfg("", "DescribableTextures"))
+        DescribableTextures(cfg_for("", "DescribableTextures"))
 
 
 def test_unknown_dataset_name_lists_registered_names(tmp_path):
     with pytest.raises(ValueError, match=r"but got \[EuroSat\] \(do you mean \[EuroSAT\]\?\)") as info:
-        build_dataset(_cfg(tmp_path, "EuroSat"))
+        build_dataset(cfg_for(tmp_path, "EuroSat"))
     assert "'OxfordPets'" in str(info.value) and "'DescribableTextures'" in str(info.value)
 
 
@@ -226,7 +215,7 @@ class _TwoFolderNames(DatasetBase):
 
 def test_alternative_folder_names_are_tried_in_order(tmp_path):
     dataset = _TwoFolderNames.__new__(_TwoFolderNames)
-    cfg = _cfg(tmp_path, "_TwoFolderNames")
+    cfg = cfg_for(tmp_path, "_TwoFolderNames")
     names = ["imagenet-adversarial", "imagenet-a"]
     with pytest.raises(DatasetLayoutError, match='no folder "imagenet-adversarial" or "imagenet-a" found'):
         dataset.find_dataset_dir(cfg, folders=names)

@@ -4,12 +4,13 @@ and reading checkpoints in the reference layout."""
 import pytest
 import torch
 from torch import nn
+from yacs.config import CfgNode
 
 from vlprompt.clip import (
-    CLIPRunner, PromptedCLIP, TextContext, Tokenizer, check_context_init, check_prompt_depth, load_clip,
-    prompt_parameters, read_reference_checkpoints, text_prompt_plan, tower_depths, vision_prompt_plan,
+    CLIPRunner, PromptedCLIP, TextContext, Tokenizer, check_context_init, check_prompt_depth, check_prompt_sizes,
+    load_clip, prompt_parameters, read_reference_checkpoints, text_prompt_plan, tower_depths, vision_prompt_plan,
 )
-from vlprompt.config import ConfigError, check_choice, check_range
+from vlprompt.config import ConfigError, check_choice, check_range, get_cfg_default
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 CLASSNAMES = ["golden_retriever", "red star", "cat"]
@@ -121,6 +122,40 @@ def test_depth_checks_name_the_key_and_the_limit():
         check_prompt_depth("TRAINER.X.DEPTH_VISION", 2, 0, 0, "image", "RN50")
     check_prompt_depth("TRAINER.X.DEPTH_VISION", 0, 0, 0, "image", "RN50")
     check_prompt_depth("TRAINER.X.DEPTH", 40, None, 1, "text", "hf-hub:unknown")  # unknown: no upper bound
+
+
+def _prompt_cfg(backbone, **node):
+    cfg = get_cfg_default()
+    cfg.MODEL.BACKBONE.NAME = backbone
+    cfg.TRAINER.X = CfgNode(node)
+    return cfg
+
+
+def test_prompt_size_checks_cover_each_prompted_tower():
+    cfg = _prompt_cfg("ViT-B/16", DEPTH=12, N=2, DEPTH_V=12, N_V=4)
+    check_prompt_sizes(cfg, "X", text=("DEPTH", "N"), vision=("DEPTH_V", "N_V"))
+    with pytest.raises(ConfigError, match=r"TRAINER\.X\.DEPTH_V must be between 1 and 12, got 13\. The image tower"):
+        check_prompt_sizes(_prompt_cfg("ViT-B/16", DEPTH_V=13, N_V=2), "X", vision=("DEPTH_V", "N_V"))
+    with pytest.raises(ConfigError, match=r"TRAINER\.X\.DEPTH must be between 1 and 12, got 13\. The text tower"):
+        check_prompt_sizes(_prompt_cfg("ViT-B/16", DEPTH=13, N=0), "X", text=("DEPTH", "N"), vision=("DEPTH", "N"))
+    with pytest.raises(ConfigError, match=r"TRAINER\.X\.N must be at least 1, got 0"):
+        check_prompt_sizes(_prompt_cfg("ViT-B/16", DEPTH=3, N=0), "X", text=("DEPTH", "N"), vision=("DEPTH", "N"))
+    with pytest.raises(ConfigError, match="image tower of RN50 is not a ViT"):
+        check_prompt_sizes(_prompt_cfg("RN50", DEPTH=1, N=2), "X", text=("DEPTH", "N"), vision=("DEPTH", "N"))
+    check_prompt_sizes(_prompt_cfg("RN50", DEPTH=1, N=2), "X", text=("DEPTH", "N"))  # the text tower alone is fine
+
+
+def test_default_loss_is_cross_entropy_of_the_logits():
+    class FixedLogits(PromptedCLIP):
+        def forward(self, images):
+            return images.flatten(1)[:, :3] * 2.0
+
+    images = torch.randn(4, 3, 2, 2, generator=torch.Generator().manual_seed(0))
+    labels = torch.tensor([0, 2, 1, 2])
+    total, logits, terms = FixedLogits(clip=None).loss(images, labels)
+    torch.testing.assert_close(logits, images.flatten(1)[:, :3] * 2.0)
+    torch.testing.assert_close(total, torch.nn.functional.cross_entropy(logits, labels))
+    assert terms == {}
 
 
 def test_context_init_needs_as_many_tokens_as_vectors():

@@ -5,9 +5,7 @@ A tiny registered dataset (3 classes of 12x12 JPEGs) and a registered TrainerX s
 linear feature layer, a trainable linear head and a class-dependent buffer) run on the CPU with
 random resized crops and flips, so every run draws from the random number generators.
 """
-import contextlib
 import datetime
-import io
 import json
 import os
 import os.path as osp
@@ -17,22 +15,20 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 from torch import nn
 from torch.nn import functional as F
+from toy_images import NUM_CLASSES, SPLIT_SIZES, ToyColourDataset, quietly, write_toy_images
 from yacs.config import CfgNode
 
 import vlprompt
 from vlprompt.config import get_cfg_default
-from vlprompt.data.datasets import DATASET_REGISTRY, DatasetBase, Datum
+from vlprompt.data.datasets import DATASET_REGISTRY
 from vlprompt.engine import TRAINER_REGISTRY, TrainerBase, TrainerX, build_trainer
 from vlprompt.engine.amp import MixedPrecision, resolve_precision
 from vlprompt.metrics import compute_accuracy
 from vlprompt.optim import build_lr_scheduler, build_optimizer
 from vlprompt.utils import set_random_seed
 
-NUM_CLASSES = 3
-SPLIT_SIZES = {"train": 5, "val": 1, "test": 2}  # images per class
 BATCH_SIZE = 3  # 15 training images -> 5 batches per epoch
 BASE_LR = 0.5
 # Constant warm-up (1 epoch at 1e-5), then cosine over MAX_EPOCH = 3: 0.5, 0.5 * (1 + cos(pi / 3)) / 2.
@@ -54,18 +50,8 @@ RESULTS_KEYS = {
 
 
 @DATASET_REGISTRY.register()
-class EngineToyDataset(DatasetBase):
-    """DATASET.ROOT/c<label>/<split><i>.jpg for 3 classes (train 5, val 1, test 2 per class)."""
-
-    def __init__(self, cfg):
-        def items(split):
-            return [
-                Datum(impath=osp.join(cfg.DATASET.ROOT, f"c{label}", f"{split}{i}.jpg"), label=label, classname=f"class{label}")
-                for label in range(NUM_CLASSES)
-                for i in range(SPLIT_SIZES[split])
-            ]
-
-        super().__init__(train_x=items("train"), val=items("val"), test=items("test"))
+class EngineToyDataset(ToyColourDataset):
+    """The toy images of tests/toy_images.py: 3 classes (train 5, val 1, test 2 per class)."""
 
 
 class ToyNet(nn.Module):
@@ -120,17 +106,7 @@ class SimulatedKill(Exception):
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory):
     """Folder of the toy dataset's JPEGs: one base colour per class plus noise."""
-    root = tmp_path_factory.mktemp("toy_data")
-    rng = np.random.default_rng(0)
-    for label in range(NUM_CLASSES):
-        os.makedirs(root / f"c{label}")
-        base = np.zeros(3)
-        base[label] = 200.0
-        for split, count in SPLIT_SIZES.items():
-            for i in range(count):
-                pixels = np.clip(base + rng.normal(0, 40, size=(12, 12, 3)), 0, 255).astype(np.uint8)
-                Image.fromarray(pixels).save(root / f"c{label}" / f"{split}{i}.jpg")
-    return str(root)
+    return str(write_toy_images(tmp_path_factory.mktemp("toy_data")))
 
 
 def make_cfg(data_root, output_dir, max_epoch=3, checkpoint_freq=0, print_freq=2, final_model="last_step",
@@ -170,14 +146,6 @@ def build_seeded(cfg):
     return build_trainer(cfg)
 
 
-def run_capturing_stdout(function):
-    """(return value of ``function()``, its stdout as a list of lines)."""
-    buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer):
-        value = function()
-    return value, buffer.getvalue().splitlines()
-
-
 @pytest.fixture(scope="module")
 def full_run(data_root, tmp_path_factory):
     """An uninterrupted 3-epoch run (CHECKPOINT_FREQ 0): (trainer, stdout lines)."""
@@ -188,7 +156,7 @@ def full_run(data_root, tmp_path_factory):
         trainer.train()
         return trainer
 
-    return run_capturing_stdout(run)
+    return quietly(run)
 
 
 def read_results(output_dir):
@@ -214,8 +182,8 @@ def test_progress_lines_follow_print_freq_and_show_the_lr_in_effect(full_run):
 
 
 def test_every_batch_is_printed_when_an_epoch_has_fewer_batches_than_print_freq(data_root, tmp_path):
-    trainer, _ = run_capturing_stdout(lambda: build_seeded(make_cfg(data_root, tmp_path, max_epoch=1, print_freq=10)))
-    _, lines = run_capturing_stdout(trainer.train)
+    trainer, _ = quietly(lambda: build_seeded(make_cfg(data_root, tmp_path, max_epoch=1, print_freq=10)))
+    _, lines = quietly(trainer.train)
     matches = [PROGRESS_LINE.match(line) for line in lines if line.startswith("epoch [")]
     assert [(m.group(3), m.group(5)) for m in matches] == [
         ("1", "1.0000e-05"), ("2", "1.0000e-05"), ("3", "1.0000e-05"), ("4", "1.0000e-05"),
@@ -268,8 +236,8 @@ def test_checkpoint_content_drops_frozen_parameters_and_loads_weights_only(full_
 
 
 def test_save_frozen_weights_keeps_frozen_parameters(data_root, tmp_path):
-    trainer, _ = run_capturing_stdout(lambda: build_seeded(make_cfg(data_root, tmp_path, save_frozen=True)))
-    run_capturing_stdout(lambda: trainer.save_model(0, str(tmp_path)))
+    trainer, _ = quietly(lambda: build_seeded(make_cfg(data_root, tmp_path, save_frozen=True)))
+    quietly(lambda: trainer.save_model(0, str(tmp_path)))
     checkpoint = torch.load(tmp_path / "toy" / "model.pth.tar-1", weights_only=True)
     assert list(checkpoint["state_dict"]) == ["class_bias", "features.weight", "features.bias", "head.weight", "head.bias"]
 
@@ -277,7 +245,7 @@ def test_save_frozen_weights_keeps_frozen_parameters(data_root, tmp_path):
 def test_killed_and_resumed_run_equals_uninterrupted_run(full_run, data_root, tmp_path):
     full, _ = full_run
     cfg = make_cfg(data_root, tmp_path, checkpoint_freq=1)
-    first, _ = run_capturing_stdout(lambda: build_seeded(cfg))
+    first, _ = quietly(lambda: build_seeded(cfg))
     after_epoch = first.after_epoch
 
     def after_epoch_then_kill():
@@ -286,11 +254,11 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(full_run, data_root, tm
 
     first.after_epoch = after_epoch_then_kill
     with pytest.raises(SimulatedKill):
-        run_capturing_stdout(first.train)
+        quietly(first.train)
     assert sorted(os.listdir(tmp_path / "toy")) == ["checkpoint", "model.pth.tar-1"]
 
-    resumed, _ = run_capturing_stdout(lambda: build_seeded(cfg))
-    _, lines = run_capturing_stdout(resumed.train)
+    resumed, _ = quietly(lambda: build_seeded(cfg))
+    _, lines = quietly(resumed.train)
 
     assert f"Found checkpoint at {tmp_path} (will resume training)" in lines
     assert f'** RESUMING: "{tmp_path}" already holds checkpoints of an earlier run.' in lines
@@ -309,8 +277,8 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(full_run, data_root, tm
     assert resumed.last_test["metrics"] == full.last_test["metrics"]
     assert sorted(os.listdir(tmp_path / "toy")) == ["checkpoint", "model.pth.tar-1", "model.pth.tar-2", "model.pth.tar-3"]
 
-    relaunched, _ = run_capturing_stdout(lambda: build_seeded(cfg))
-    _, lines = run_capturing_stdout(relaunched.train)
+    relaunched, _ = quietly(lambda: build_seeded(cfg))
+    _, lines = quietly(relaunched.train)
     assert (
         "** All 3 epochs are already done (checkpoint of epoch 3): training is skipped "
         "and the final model is evaluated again." in lines
@@ -322,9 +290,9 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(full_run, data_root, tm
 
 def test_load_model_by_epoch_keeps_class_dependent_buffers(full_run, data_root, tmp_path):
     full, _ = full_run
-    trainer, _ = run_capturing_stdout(lambda: build_seeded(make_cfg(data_root, tmp_path)))
+    trainer, _ = quietly(lambda: build_seeded(make_cfg(data_root, tmp_path)))
     trainer.model.class_bias.fill_(7.0)
-    _, lines = run_capturing_stdout(lambda: trainer.load_model(full.output_dir, epoch=3))
+    _, lines = quietly(lambda: trainer.load_model(full.output_dir, epoch=3))
     path = osp.join(full.output_dir, "toy", "model.pth.tar-3")
     assert lines == [f'Loading weights to toy from "{path}" (epoch = 3)']
     assert torch.equal(trainer.model.head.weight, full.model.head.weight)
@@ -334,7 +302,7 @@ def test_load_model_by_epoch_keeps_class_dependent_buffers(full_run, data_root, 
 
 def test_load_model_reports_missing_file_with_available_epochs(full_run, data_root, tmp_path):
     full, _ = full_run
-    trainer, _ = run_capturing_stdout(lambda: build_seeded(make_cfg(data_root, tmp_path)))
+    trainer, _ = quietly(lambda: build_seeded(make_cfg(data_root, tmp_path)))
     path = osp.join(full.output_dir, "toy", "model.pth.tar-7")
     with pytest.raises(FileNotFoundError) as error:
         trainer.load_model(full.output_dir, epoch=7)
@@ -349,18 +317,18 @@ def test_load_model_reports_missing_file_with_available_epochs(full_run, data_ro
         f'Model not found at "{osp.join(nowhere, "toy", "model.pth.tar-1")}" '
         f'(the folder "{osp.join(nowhere, "toy")}" does not exist; check --model-dir)'
     )
-    _, lines = run_capturing_stdout(lambda: trainer.load_model(""))
+    _, lines = quietly(lambda: trainer.load_model(""))
     assert lines == [
         "Note that load_model() is skipped as no pretrained model is given (ignore this if it's done on purpose)"
     ]
 
 
 def test_load_model_reports_unexpected_and_missing_keys(data_root, tmp_path):
-    trainer, _ = run_capturing_stdout(lambda: build_seeded(make_cfg(data_root, tmp_path)))
+    trainer, _ = quietly(lambda: build_seeded(make_cfg(data_root, tmp_path)))
     state_dict = {"head.weight": torch.ones(NUM_CLASSES, 16), "extra.weight": torch.ones(2)}
     os.makedirs(tmp_path / "toy")
     torch.save({"state_dict": state_dict, "epoch": 4, "val_result": 61.04}, tmp_path / "toy" / "model.pth.tar-4")
-    _, lines = run_capturing_stdout(lambda: trainer.load_model(str(tmp_path), epoch=4))
+    _, lines = quietly(lambda: trainer.load_model(str(tmp_path), epoch=4))
     assert lines == [
         f'Loading weights to toy from "{tmp_path / "toy" / "model.pth.tar-4"}" (epoch = 4, val_result = 61.0)',
         "Warning: keys in the checkpoint that toy does not have (ignored): ['extra.weight']",
@@ -391,7 +359,7 @@ def test_results_file_after_training(full_run):
 
 def test_eval_only_results_record_loaded_epoch_and_zero_shot_records_zero(full_run, data_root, tmp_path):
     full, _ = full_run
-    trainer, _ = run_capturing_stdout(lambda: build_seeded(make_cfg(data_root, tmp_path / "eval")))
+    trainer, _ = quietly(lambda: build_seeded(make_cfg(data_root, tmp_path / "eval")))
     trainer.run_info.update(
         config_file="configs/trainers/Toy/toy.yaml",
         dataset_config_file="configs/datasets/toy_set.yaml",
@@ -399,9 +367,9 @@ def test_eval_only_results_record_loaded_epoch_and_zero_shot_records_zero(full_r
         model_dir=full.output_dir,
         load_epoch=3,
     )
-    run_capturing_stdout(lambda: trainer.load_model(full.output_dir, epoch=3))
-    run_capturing_stdout(trainer.test)
-    run_capturing_stdout(trainer.save_results)
+    quietly(lambda: trainer.load_model(full.output_dir, epoch=3))
+    quietly(trainer.test)
+    quietly(trainer.save_results)
     results = read_results(str(tmp_path / "eval"))
     assert (results["epoch"], results["eval_only"], results["load_epoch"]) == (3, True, 3)
     assert (results["model_dir"], results["dataset_config"]) == (full.output_dir, "toy_set")
@@ -409,22 +377,22 @@ def test_eval_only_results_record_loaded_epoch_and_zero_shot_records_zero(full_r
     # Same seed, so the same frozen layer: the loaded model scores exactly what the trained one did.
     assert results["metrics"] == full.last_test["metrics"]
 
-    zero_shot, _ = run_capturing_stdout(lambda: build_seeded(make_cfg(data_root, tmp_path / "zero_shot")))
-    run_capturing_stdout(lambda: zero_shot.load_model(""))
-    run_capturing_stdout(zero_shot.test)
-    run_capturing_stdout(zero_shot.save_results)
+    zero_shot, _ = quietly(lambda: build_seeded(make_cfg(data_root, tmp_path / "zero_shot")))
+    quietly(lambda: zero_shot.load_model(""))
+    quietly(zero_shot.test)
+    quietly(zero_shot.save_results)
     assert read_results(str(tmp_path / "zero_shot"))["epoch"] == 0
 
 
 def test_save_results_before_test_is_an_error(data_root, tmp_path):
-    trainer, _ = run_capturing_stdout(lambda: build_seeded(make_cfg(data_root, tmp_path)))
+    trainer, _ = quietly(lambda: build_seeded(make_cfg(data_root, tmp_path)))
     with pytest.raises(RuntimeError, match=r"test\(\) has not run yet"):
         trainer.save_results()
 
 
 def test_best_val_selects_on_val_and_deploys_the_best_checkpoint(data_root, tmp_path):
-    trainer, _ = run_capturing_stdout(lambda: build_seeded(make_cfg(data_root, tmp_path, max_epoch=2, final_model="best_val")))
-    _, lines = run_capturing_stdout(trainer.train)
+    trainer, _ = quietly(lambda: build_seeded(make_cfg(data_root, tmp_path, max_epoch=2, final_model="best_val")))
+    _, lines = quietly(trainer.train)
     assert lines.count("Evaluate on the *val* set") == 2
     best = torch.load(tmp_path / "toy" / "model-best.pth.tar", weights_only=True)
     assert best["val_result"] == trainer.best_result
@@ -439,9 +407,9 @@ def test_best_val_selects_on_val_and_deploys_the_best_checkpoint(data_root, tmp_
 
 
 def test_val_split_falls_back_to_test_with_a_warning(data_root, tmp_path):
-    trainer, _ = run_capturing_stdout(lambda: build_seeded(make_cfg(data_root, tmp_path)))
+    trainer, _ = quietly(lambda: build_seeded(make_cfg(data_root, tmp_path)))
     trainer.val_loader = None  # a dataset without a val split
-    _, lines = run_capturing_stdout(lambda: trainer.test(split="val"))
+    _, lines = quietly(lambda: trainer.test(split="val"))
     assert lines[:2] == [
         "Warning: the dataset has no val split, so the *test* set is evaluated instead "
         "(with TEST.FINAL_MODEL best_val the model is then selected on test data)",
@@ -467,7 +435,7 @@ def test_precision_is_resolved_from_the_trainer_node_and_is_fp32_on_cpu(data_roo
     assert resolve_precision(make_cfg(data_root, tmp_path)) == "fp32"
     cfg = make_cfg(data_root, tmp_path, prec="fp16")
     assert resolve_precision(cfg) == "fp16"
-    trainer, lines = run_capturing_stdout(lambda: build_seeded(cfg))
+    trainer, lines = quietly(lambda: build_seeded(cfg))
     assert "Precision fp16 was requested but the device is cpu: running in fp32" in lines
     assert (trainer.prec, trainer.amp.scaler) == ("fp32", None)
     with trainer.autocast():

@@ -6,11 +6,11 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from baseline_setup import runner_and_tokenizer, trainer_node
 
 import datasets  # noqa: F401  (registers OxfordPets)
 from trainers.rada import RAdaCLIP, check_rada_node
 from trainers.zsclip import TemplateCLIP
-from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
 from vlprompt.clip.rational import RationalMaskGenerator, mask_regularizer, rational_logits, rational_matrix
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file, merge_from_list
 from vlprompt.engine import build_trainer
@@ -30,19 +30,12 @@ def resnet_clip_files(tmp_path_factory):
 
 
 def rada_node(**changes):
-    cfg = get_cfg_default()
-    extend_cfg(cfg)
-    node = cfg.TRAINER.RADA
-    for key, value in changes.items():
-        node[key] = value
-    return node
+    return trainer_node("RADA", **changes)
 
 
 def build_models(clip_files, **changes):
     """(RAdaCLIP, TemplateCLIP) on the same frozen CLIP."""
-    config, weights = clip_files
-    model, _ = load_clip(config, weights)
-    clip, tokenizer = CLIPRunner(model), Tokenizer(config)
+    clip, tokenizer = runner_and_tokenizer(clip_files)
     torch.manual_seed(0)
     return (RAdaCLIP(clip, tokenizer, CLASSES, TEMPLATES, rada_node(**changes)),
             TemplateCLIP(clip, tokenizer, CLASSES, TEMPLATES))

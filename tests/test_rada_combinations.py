@@ -4,13 +4,13 @@ import os
 
 import pytest
 import torch
+from baseline_setup import runner_and_tokenizer
 
 import datasets  # noqa: F401  (registers OxfordPets)
 from trainers.ivlp import IVLPCLIP
 from trainers.rada_adapter import RAdaAdapterCLIP
 from trainers.rada_prompt import RAdaPromptCLIP
 from trainers.zsclip import TemplateCLIP
-from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
 from vlprompt.config import extend_cfg, get_cfg_default, merge_from_file, merge_from_list
 from vlprompt.engine import build_trainer
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
@@ -29,12 +29,6 @@ def node(name, **changes):
     for key, value in changes.items():
         result[key] = value
     return result
-
-
-def runner(clip_files):
-    config, weights = clip_files
-    model, _ = load_clip(config, weights)
-    return CLIPRunner(model), Tokenizer(config)
 
 
 def images(batch=4):
@@ -57,7 +51,7 @@ def changed_names(before, model):
 
 
 def test_rada_adapter_starts_at_zero_shot_clip_and_trains_adapters_and_generator(tiny_clip_files):
-    clip, tokenizer = runner(tiny_clip_files)
+    clip, tokenizer = runner_and_tokenizer(tiny_clip_files)
     torch.manual_seed(0)
     model = RAdaAdapterCLIP(clip, tokenizer, CLASSES, TEMPLATES, node("RAdaAdapter")).eval()
     zero_shot = TemplateCLIP(clip, tokenizer, CLASSES, TEMPLATES).eval()
@@ -71,7 +65,7 @@ def test_rada_adapter_starts_at_zero_shot_clip_and_trains_adapters_and_generator
 
 
 def test_rada_prompt_starts_at_ivlp_and_trains_prompts_and_generator(tiny_clip_files):
-    clip, tokenizer = runner(tiny_clip_files)
+    clip, tokenizer = runner_and_tokenizer(tiny_clip_files)
     settings = node("RAdaPrompt")
     torch.manual_seed(0)
     model = RAdaPromptCLIP(clip, tokenizer, CLASSES, settings).eval()

@@ -8,11 +8,11 @@ import sys
 
 import pytest
 import torch
+from baseline_setup import runner_and_tokenizer, trainer_node
 
 import datasets  # noqa: F401  (registers OxfordPets)
 from trainers.rada_fft import RAdaFFTCLIP, iteration_cosine_schedule
 from trainers.zsclip import TemplateCLIP
-from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file, merge_from_list
 from vlprompt.engine import build_trainer
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
@@ -24,21 +24,10 @@ CLASSES = ["red star", "blue circle", "green square", "cat"]
 TEMPLATES = ["a photo of a {}.", "a drawing of a {}."]
 
 
-def fft_node(**changes):
-    cfg = get_cfg_default()
-    extend_cfg(cfg)
-    node = cfg.TRAINER.RADAFFT
-    for key, value in changes.items():
-        node[key] = value
-    return node
-
-
 def build(clip_files, stage):
-    config, weights = clip_files
-    model, _ = load_clip(config, weights)
-    clip, tokenizer = CLIPRunner(model), Tokenizer(config)
+    clip, tokenizer = runner_and_tokenizer(clip_files)
     torch.manual_seed(0)
-    fft = RAdaFFTCLIP(clip, tokenizer, CLASSES, TEMPLATES, fft_node(STAGE=stage))
+    fft = RAdaFFTCLIP(clip, tokenizer, CLASSES, TEMPLATES, trainer_node("RADAFFT", STAGE=stage))
     fft.set_stage(stage)
     return fft, TemplateCLIP(clip, tokenizer, CLASSES, TEMPLATES)
 

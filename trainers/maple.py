@@ -15,10 +15,10 @@ from torch import nn
 from yacs.config import CfgNode as CN
 
 from vlprompt.clip import (
-    PromptedCLIP, TextContext, check_context_init, check_prompt_depth, prompt_parameters,
-    read_reference_checkpoints, text_prompt_plan, tower_depths, vision_prompt_plan,
+    PromptedCLIP, TextContext, check_context_init, check_prompt_sizes, prompt_parameters,
+    read_reference_checkpoints, text_prompt_plan, vision_prompt_plan,
 )
-from vlprompt.config import check_choice, check_range, register_cfg_extension
+from vlprompt.config import check_choice, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.amp import PRECISIONS
 
@@ -92,23 +92,17 @@ class MaPLeCLIP(PromptedCLIP):
     def forward(self, images):
         return self.cosine_logits(self.image_features(images), self.class_text_features())
 
-    def loss(self, images, labels):
-        logits = self(images)
-        return F.cross_entropy(logits, labels), logits, {}
-
 
 @TRAINER_REGISTRY.register()
 class MaPLe(ClipTrainer):
     """MaPLe trainer; the whole model is registered (as the reference) under "MultiModalPromptLearner"."""
 
     def check_cfg(self, cfg):
-        node, backbone = cfg.TRAINER.MAPLE, cfg.MODEL.BACKBONE.NAME
+        node = cfg.TRAINER.MAPLE
         check_choice("TRAINER.MAPLE.PREC", node.PREC, PRECISIONS)
-        vision_layers, text_layers = tower_depths(backbone)
-        check_prompt_depth("TRAINER.MAPLE.PROMPT_DEPTH", node.PROMPT_DEPTH, text_layers, 1, "text", backbone)
-        check_prompt_depth("TRAINER.MAPLE.PROMPT_DEPTH", node.PROMPT_DEPTH, vision_layers, 1, "image", backbone)
-        check_range("TRAINER.MAPLE.N_CTX", node.N_CTX, minimum=1)
-        check_context_init("TRAINER.MAPLE.N_CTX", node.N_CTX, "TRAINER.MAPLE.CTX_INIT", node.CTX_INIT, backbone)
+        check_prompt_sizes(cfg, "MAPLE", text=("PROMPT_DEPTH", "N_CTX"), vision=("PROMPT_DEPTH", "N_CTX"))
+        check_context_init("TRAINER.MAPLE.N_CTX", node.N_CTX, "TRAINER.MAPLE.CTX_INIT", node.CTX_INIT,
+                           cfg.MODEL.BACKBONE.NAME)
 
     def build_model(self):
         clip, tokenizer = self.build_clip()

@@ -10,10 +10,9 @@ import torch.nn.functional as F
 from yacs.config import CfgNode as CN
 
 from vlprompt.clip import (
-    PromptedCLIP, check_prompt_depth, prompt_parameters, read_reference_checkpoints, tower_depths,
-    vision_prompt_plan,
+    PromptedCLIP, check_prompt_sizes, prompt_parameters, read_reference_checkpoints, vision_prompt_plan,
 )
-from vlprompt.config import check_choice, check_range, register_cfg_extension
+from vlprompt.config import check_choice, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.amp import PRECISIONS
 
@@ -59,21 +58,14 @@ class VPTCLIP(PromptedCLIP):
         image_features = F.normalize(self.clip.encode_image(images, plan), dim=-1)
         return self.cosine_logits(image_features, self.class_text_features())
 
-    def loss(self, images, labels):
-        logits = self(images)
-        return F.cross_entropy(logits, labels), logits, {}
-
 
 @TRAINER_REGISTRY.register()
 class VPT(ClipTrainer):
     """VPT trainer; the whole model is registered (as the reference) under "prompt_learner"."""
 
     def check_cfg(self, cfg):
-        node, backbone = cfg.TRAINER.VPT, cfg.MODEL.BACKBONE.NAME
-        check_choice("TRAINER.VPT.PREC", node.PREC, PRECISIONS)
-        vision_layers, _ = tower_depths(backbone)
-        check_prompt_depth("TRAINER.VPT.PROMPT_DEPTH_VISION", node.PROMPT_DEPTH_VISION, vision_layers, 1, "image", backbone)
-        check_range("TRAINER.VPT.N_CTX_VISION", node.N_CTX_VISION, minimum=1)
+        check_choice("TRAINER.VPT.PREC", cfg.TRAINER.VPT.PREC, PRECISIONS)
+        check_prompt_sizes(cfg, "VPT", vision=("PROMPT_DEPTH_VISION", "N_CTX_VISION"))
 
     def build_model(self):
         clip, tokenizer = self.build_clip()

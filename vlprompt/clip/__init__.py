@@ -9,6 +9,6 @@ from .tokenizer import PromptTooLongError, Tokenizer
 from .prompts import CLASS_TOKEN_POSITIONS, TextContext
 from .model import PromptedCLIP
 from .deep_prompts import (
-    MAX_WORD_INIT, check_context_init, check_prompt_depth, prompt_parameters, read_reference_checkpoints,
-    text_prompt_plan, tower_depths, vision_prompt_plan,
+    MAX_WORD_INIT, check_context_init, check_prompt_depth, check_prompt_sizes, prompt_parameters,
+    read_reference_checkpoints, text_prompt_plan, tower_depths, vision_prompt_plan,
 )

@@ -30,7 +30,7 @@ from .tokenizer import Tokenizer
 
 __all__ = [
     "prompt_parameters", "vision_prompt_plan", "text_prompt_plan", "tower_depths",
-    "check_prompt_depth", "check_context_init", "read_reference_checkpoints", "MAX_WORD_INIT",
+    "check_prompt_depth", "check_prompt_sizes", "check_context_init", "read_reference_checkpoints", "MAX_WORD_INIT",
 ]
 
 # IVLP, MaPLe and PromptSRC initialise the text context from the init phrase only when
@@ -110,6 +110,30 @@ def check_prompt_depth(key, depth, num_layers, minimum, tower, backbone):
         )
     why = "" if num_layers is None else f"The {tower} tower of {backbone} has {num_layers} layers."
     check_range(key, depth, minimum, num_layers, why)
+
+
+def check_prompt_sizes(cfg, node_name, text=None, vision=None):
+    """ConfigError unless the deep prompts of TRAINER.<node_name> fit MODEL.BACKBONE.NAME.
+
+    Every prompted tower needs a depth within 1..its layers (``check_prompt_depth``)
+    and at least one token per layer; the depths are checked first (text, then image),
+    then the token counts.
+
+    Args:
+        cfg: the whole config.
+        node_name: the trainer's node, e.g. "MAPLE".
+        text, vision: (depth key, token-count key) in that node for the prompts of the
+            text / image tower (the same keys may serve both), or None for a tower
+            without deep prompts.
+    """
+    node, prefix, backbone = cfg.TRAINER[node_name], f"TRAINER.{node_name}", cfg.MODEL.BACKBONE.NAME
+    vision_layers, text_layers = tower_depths(backbone)
+    towers = [(keys, layers, tower) for keys, layers, tower in ((text, text_layers, "text"), (vision, vision_layers, "image"))
+              if keys is not None]
+    for (depth_key, _), layers, tower in towers:
+        check_prompt_depth(f"{prefix}.{depth_key}", node[depth_key], layers, 1, tower, backbone)
+    for count_key in dict.fromkeys(count_key for (_, count_key), _, _ in towers):
+        check_range(f"{prefix}.{count_key}", node[count_key], minimum=1)
 
 
 def check_context_init(n_key, n_ctx, init_key, ctx_init, backbone):

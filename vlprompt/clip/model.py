@@ -12,8 +12,9 @@ class PromptedCLIP(nn.Module):
     """What every CLIP method model shares.
 
     Subclasses implement ``compute_text_features()`` (class text features [C, E] for the
-    current class list) and ``forward(images)`` (logits [B, C]); training methods also
-    implement ``loss(images, labels) -> (total, logits, terms)``.
+    current class list) and ``forward(images)`` (logits [B, C]). Training uses
+    ``loss(images, labels) -> (total, logits, terms)``: cross-entropy of ``forward``'s
+    logits unless a method overrides it.
 
     Class text features are recomputed at every training step (they depend on learnable
     parts) but computed once per evaluation: without autograd, in eval mode or inside
@@ -75,3 +76,8 @@ class PromptedCLIP(nn.Module):
     def cosine_logits(self, image_features, text_features):
         """Scaled cosine logits [B, C] from normalised features [B, E] and [C, E]."""
         return self.logit_scale * image_features @ text_features.t()
+
+    def loss(self, images, labels):
+        """(cross-entropy of the logits [B, C] of ``images`` [B, 3, H, W] against ``labels`` [B], logits, {})."""
+        logits = self(images)
+        return F.cross_entropy(logits, labels), logits, {}

@@ -97,6 +97,36 @@ def build_data_loader(
     )
 
 
+def _loader_for_node(cfg, loader_cfg, data_source, tfm, is_train, dataset_wrapper=None):
+    """`build_data_loader` with the sampler and batch size of a DATALOADER node.
+
+    Args:
+        loader_cfg (CfgNode): DATALOADER.TRAIN_X, TRAIN_U (SAMPLER, BATCH_SIZE, N_DOMAIN,
+            N_INS) or TEST (SAMPLER, BATCH_SIZE; the sampler gets Dassl's default N_DOMAIN
+            0 and N_INS 2).
+        data_source, tfm, is_train, dataset_wrapper: as for `build_data_loader`.
+    """
+    sampling = {"n_domain": loader_cfg.N_DOMAIN, "n_ins": loader_cfg.N_INS} if is_train else {}
+    return build_data_loader(
+        cfg,
+        sampler_type=loader_cfg.SAMPLER,
+        data_source=data_source,
+        batch_size=loader_cfg.BATCH_SIZE,
+        tfm=tfm,
+        is_train=is_train,
+        dataset_wrapper=dataset_wrapper,
+        **sampling,
+    )
+
+
+def _transform(cfg, custom_tfm, is_train):
+    """`custom_tfm` if given (announced), else the transform built from INPUT."""
+    if custom_tfm is None:
+        return build_transform(cfg, is_train=is_train)
+    print(f"* Using custom transform for {'training' if is_train else 'testing'}")
+    return custom_tfm
+
+
 class SeededSampler(Sampler):
     """Pairs each index of `sampler` with a seed derived from one draw of torch's global generator per epoch.
 
@@ -161,69 +191,21 @@ class DataManager:
 
     def __init__(self, cfg, custom_tfm_train=None, custom_tfm_test=None, dataset_wrapper=None):
         dataset = build_dataset(cfg)
+        tfm_train = _transform(cfg, custom_tfm_train, is_train=True)
+        tfm_test = _transform(cfg, custom_tfm_test, is_train=False)
 
-        if custom_tfm_train is None:
-            tfm_train = build_transform(cfg, is_train=True)
-        else:
-            print("* Using custom transform for training")
-            tfm_train = custom_tfm_train
-
-        if custom_tfm_test is None:
-            tfm_test = build_transform(cfg, is_train=False)
-        else:
-            print("* Using custom transform for testing")
-            tfm_test = custom_tfm_test
+        def loader(loader_cfg, data_source, is_train):
+            tfm = tfm_train if is_train else tfm_test
+            return _loader_for_node(cfg, loader_cfg, data_source, tfm, is_train, dataset_wrapper)
 
         loader_x = cfg.DATALOADER.TRAIN_X
-        self.train_loader_x = build_data_loader(
-            cfg,
-            sampler_type=loader_x.SAMPLER,
-            data_source=dataset.train_x,
-            batch_size=loader_x.BATCH_SIZE,
-            n_domain=loader_x.N_DOMAIN,
-            n_ins=loader_x.N_INS,
-            tfm=tfm_train,
-            is_train=True,
-            dataset_wrapper=dataset_wrapper,
-        )
-
+        self.train_loader_x = loader(loader_x, dataset.train_x, is_train=True)
         self.train_loader_u = None
         if dataset.train_u:
             loader_u = loader_x if cfg.DATALOADER.TRAIN_U.SAME_AS_X else cfg.DATALOADER.TRAIN_U
-            self.train_loader_u = build_data_loader(
-                cfg,
-                sampler_type=loader_u.SAMPLER,
-                data_source=dataset.train_u,
-                batch_size=loader_u.BATCH_SIZE,
-                n_domain=loader_u.N_DOMAIN,
-                n_ins=loader_u.N_INS,
-                tfm=tfm_train,
-                is_train=True,
-                dataset_wrapper=dataset_wrapper,
-            )
-
-        loader_test = cfg.DATALOADER.TEST
-        self.val_loader = None
-        if dataset.val:
-            self.val_loader = build_data_loader(
-                cfg,
-                sampler_type=loader_test.SAMPLER,
-                data_source=dataset.val,
-                batch_size=loader_test.BATCH_SIZE,
-                tfm=tfm_test,
-                is_train=False,
-                dataset_wrapper=dataset_wrapper,
-            )
-
-        self.test_loader = build_data_loader(
-            cfg,
-            sampler_type=loader_test.SAMPLER,
-            data_source=dataset.test,
-            batch_size=loader_test.BATCH_SIZE,
-            tfm=tfm_test,
-            is_train=False,
-            dataset_wrapper=dataset_wrapper,
-        )
+            self.train_loader_u = loader(loader_u, dataset.train_u, is_train=True)
+        self.val_loader = loader(cfg.DATALOADER.TEST, dataset.val, is_train=False) if dataset.val else None
+        self.test_loader = loader(cfg.DATALOADER.TEST, dataset.test, is_train=False)
 
         self._num_classes = dataset.num_classes
         self._num_source_domains = len(cfg.DATASET.SOURCE_DOMAINS)

@@ -4,13 +4,17 @@
   copied into the folders of the four ImageNet variants;
 - `read_class_folders`: a folder of class folders (WordNet ids) listed into Datum,
   as ImageNet, ImageNet-Sketch, ImageNet-A and ImageNet-R do;
+- `ClassFolderTestSet`: the test-only datasets made of such a folder and a copy of
+  `classnames.txt` (ImageNet-Sketch, ImageNet-A, ImageNet-R);
 - `list_files`: a folder's image files in directory-listing order;
 - `load_mat`: MATLAB annotation files (StanfordCars, Flowers102), through SciPy,
   which is imported only when such a file has to be read.
 """
 import os
 
-from vlprompt.data.datasets.base_dataset import DATASETS_DOC, DatasetLayoutError, Datum
+from vlprompt.data.datasets.base_dataset import DATASETS_DOC, DatasetBase, DatasetLayoutError, Datum
+
+CLASSNAMES_FILE = "classnames.txt"
 
 
 def read_classnames(text_file):
@@ -120,3 +124,23 @@ def load_mat(path, needed_for):
             f"({DATASETS_DOC}), which makes the .mat files unnecessary."
         ) from None
     return loadmat(path)
+
+
+class ClassFolderTestSet(DatasetBase):
+    """A test-only dataset: WNID class folders under `image_folder`, named by the dataset's `classnames.txt`.
+
+    Labels are the positions of the folders present, sorted (`read_class_folders`);
+    train_x = test = every image; no val, no few-shot, no subsampling.
+
+    Class attributes (besides DatasetBase's):
+        image_folder (str): the folder of class folders, inside the dataset folder.
+    """
+
+    image_folder = ""
+
+    def __init__(self, cfg):
+        self.find_dataset_dir(cfg)
+        self.image_dir = os.path.join(self.dataset_dir, self.image_folder)
+        classnames_file = os.path.join(self.dataset_dir, CLASSNAMES_FILE)
+        data = read_class_folders(self.image_dir, read_classnames(classnames_file), classnames_file)
+        super().__init__(train_x=data, test=data)

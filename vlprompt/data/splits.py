@@ -1,8 +1,10 @@
 """CoOp's split helpers, the few-shot cache and the common dataset pipeline (engine.md §4.4–4.5).
 
-The dataset files call `prepare_coop_splits`, which runs the whole pipeline:
-split JSON (or the dataset's own split builder) -> few-shot sampling with a
-cache in `<dataset_dir>/split_fewshot/` -> base/new subsampling.
+The dataset files subclass `CoopSplitDataset`, whose constructor calls
+`prepare_coop_splits`, which runs the whole pipeline: split JSON (or the dataset's
+own split builder) -> few-shot sampling with a cache in `<dataset_dir>/split_fewshot/`
+-> base/new subsampling. `read_list_file` and `split_official_lists` are the
+builders' common parts (lists of images with their category, official train/test lists).
 
 Few-shot caches: Dassl writes `shot_{K}-seed_{SEED}.pkl` (a pickle of Datum
 objects); we read those with a restricted unpickler and write our own as
@@ -18,7 +20,9 @@ import random
 import warnings
 
 from vlprompt.data.checks import DatasetContentError
-from vlprompt.data.datasets.base_dataset import DATASETS_DOC, Datum, MissingImagesError, generate_fewshot_dataset
+from vlprompt.data.datasets.base_dataset import (
+    DATASETS_DOC, DatasetBase, Datum, MissingImagesError, generate_fewshot_dataset,
+)
 from vlprompt.utils import atomic_write, listdir_nohidden, mkdir_if_missing, read_json, write_json
 
 SUBSAMPLE_CHOICES = ("all", "base", "new")
@@ -133,6 +137,23 @@ def split_trainval(trainval, p_val=0.2):
         for position, index in enumerate(indices):
             (val if position < n_val else train).append(trainval[index])
     return train, val
+
+
+def split_official_lists(read_list, trainval_list, test_list):
+    """CoOp's split of a dataset with official trainval and test lists.
+
+    Args:
+        read_list (callable): list -> list[Datum] (reads one official list).
+        trainval_list, test_list: what `read_list` takes for each list (e.g. a file name).
+
+    Returns:
+        (list[Datum], list[Datum], list[Datum]): train and val (`split_trainval` of the
+        trainval list, 80 % / 20 % per class), test (the test list).
+    """
+    trainval = read_list(trainval_list)
+    test = read_list(test_list)
+    train, val = split_trainval(trainval)
+    return train, val, test
 
 
 def read_and_split_data(image_dir, p_trn=0.5, p_val=0.2, ignored=(), new_cnames=None):
@@ -541,3 +562,69 @@ def prepare_coop_splits(cfg, dataset_dir, build_split, split_path=None, path_pre
     else:
         train, val, test = subsample_classes(train, val, test, subsample=subsample)
     return train, val, test
+
+
+# ---------------------------------------------------------------- CoOp-layout datasets
+
+class CoopSplitDataset(DatasetBase):
+    """A dataset in CoOp's layout: images under `image_folder`, the split JSON `split_file`.
+
+    The constructor finds the dataset folder (`find_dataset_dir`), then runs
+    `prepare_coop_splits`: the split JSON is read, or built by `build_split()` and saved
+    when it is missing (built at every construction when `split_file` is None); few-shot
+    sampling and base/new subsampling follow.
+
+    Class attributes (besides DatasetBase's):
+        image_folder (str): folder of the images inside the dataset folder; the split
+            JSON's paths are relative to it ("" for paths relative to the dataset folder).
+
+    Instance attributes: dataset_dir, image_dir, split_path (absolute paths; split_path None
+    without a split file).
+    """
+
+    image_folder = ""
+
+    def __init__(self, cfg):
+        self.find_dataset_dir(cfg)
+        self.image_dir = os.path.join(self.dataset_dir, self.image_folder) if self.image_folder else self.dataset_dir
+        self.split_path = os.path.join(self.dataset_dir, self.split_file) if self.split_file else None
+        train, val, test = prepare_coop_splits(cfg, self.dataset_dir, self.build_split, self.split_path, self.image_dir)
+        super().__init__(train_x=train, val=val, test=test)
+
+    def build_split(self):
+        """(train, val, test) lists of Datum built from the dataset's own files (no split JSON yet)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement build_split().")
+
+    def read_list_file(self, list_file, parse_line, cname2lab, what, names_file):
+        """Read a list of images, one per line, each with its category.
+
+        Args:
+            list_file (str): the list, relative to the dataset folder.
+            parse_line (callable): line -> (category, image path, class name), or None for
+                a line without an image (blank).
+            cname2lab (dict[str, int]): category -> label.
+            what (str): what a category is ("category", "action", ...), for the error message.
+            names_file (str): the file that lists the categories (relative), for the error message.
+
+        Returns:
+            list[Datum]: in line order.
+
+        Raises:
+            DatasetLayoutError: a line's category is not in `cname2lab` (file and line named).
+            MissingImagesError: listed images do not exist.
+        """
+        filepath = os.path.join(self.dataset_dir, list_file)
+        records = []
+        with open(filepath) as f:
+            for number, line in enumerate(f, start=1):
+                entry = parse_line(line)
+                if entry is None:
+                    continue
+                category, impath, classname = entry
+                if category not in cname2lab:
+                    raise self.layout_error(
+                        f'{filepath}, line {number}: the {what} "{category}" is not listed in '
+                        f"{os.path.join(self.dataset_dir, names_file)}"
+                    )
+                records.append((impath, cname2lab[category], classname))
+        return build_datums(records, filepath)
