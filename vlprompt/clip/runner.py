@@ -538,8 +538,12 @@ class TextTower(_Tower):
 
     @staticmethod
     def _state(sequence, eot):
-        """Run state of a batch: pooled positions [N], their maximum, the full length L."""
-        last = int(eot.max()) if eot.numel() else 0
+        """Run state of a batch: pooled positions [N], their maximum, the full length L.
+
+        Meta tensors (models built for their shapes only) have no values: every position
+        is kept.
+        """
+        last = int(eot.max()) if eot.numel() and not eot.is_meta else sequence.shape[1] - 1
         return RunState(eot=eot, last=last, length=sequence.shape[1])
 
     def prefix(self, token_ids, stop, last=None):
