@@ -1,16 +1,19 @@
 """Shared set-up of the baseline-trainer tests: a tiny random CLIP, a miniature OxfordPets
 tree, and configs that fit the tiny towers (3 image layers of width 64, 2 text layers of
 width 32, joint embedding 32)."""
+import os
+
 import pytest
 
 import datasets  # noqa: F401  (registers the datasets)
 import trainers  # noqa: F401  (registers the trainers and their config nodes)
 from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
-from vlprompt.config import extend_cfg, get_cfg_default
+from vlprompt.config import extend_cfg, get_cfg_default, merge_from_file, merge_from_list
 from vlprompt.engine import build_trainer
 from vlprompt.testing import write_oxford_pets_tree, write_tiny_clip
 from vlprompt.utils import set_random_seed
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASELINES = ("CoCoOp", "KgCoOp", "IVLP", "MaPLe", "PromptSRC", "VPT")
 
 # Settings of each trainer's node that fit the tiny CLIP (depths within its layers).
@@ -73,6 +76,26 @@ def make_cfg(toy_world, trainer, output_dir, node=None, subsample="base", **keys
             group = group[name]
         group[leaf] = value
     cfg.freeze()
+    return cfg
+
+
+def toy_pets_cfg(trainer, trainer_config, data_root, output_dir, clip_files, *opts):
+    """Frozen config of ``trainer`` on a miniature OxfordPets under ``data_root`` (seed 1 set, CPU, quiet).
+
+    Args:
+        trainer_config: the trainer YAML under configs/trainers/ (e.g. "RAda/toy.yaml").
+        clip_files: (CLIP config JSON, weights). opts: KEY VALUE overrides, applied last.
+    """
+    cfg = get_cfg_default()
+    extend_cfg(cfg)
+    merge_from_file(cfg, os.path.join(ROOT, "configs/datasets/oxford_pets.yaml"))
+    merge_from_file(cfg, os.path.join(ROOT, "configs/trainers", trainer_config))
+    cfg.TRAINER.NAME, cfg.DATASET.ROOT, cfg.OUTPUT_DIR = trainer, data_root, str(output_dir)
+    cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.WEIGHTS = clip_files
+    cfg.SEED, cfg.USE_CUDA, cfg.VERBOSE = 1, False, False
+    merge_from_list(cfg, list(opts))
+    cfg.freeze()
+    set_random_seed(cfg.SEED)
     return cfg
 
 

@@ -5,17 +5,15 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from baseline_setup import runner_and_tokenizer, trainer_node
+from baseline_setup import runner_and_tokenizer, toy_pets_cfg, trainer_node
 
 import datasets  # noqa: F401  (registers OxfordPets)
 from trainers.clip_adapter import Adapter, CLIPAdapterCLIP, check_adapter_node
 from trainers.zsclip import TemplateCLIP
-from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file
+from vlprompt.config import ConfigError
 from vlprompt.engine import build_trainer
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, TINY_RESNET_CLIP_CONFIG, write_oxford_pets_tree, write_tiny_clip
-from vlprompt.utils import set_random_seed
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLASSES = ["red star", "blue circle", "green square"]
 
 
@@ -78,15 +76,8 @@ def test_config_checks():
 def test_trainer_runs_on_a_resnet_clip_with_cached_features(tmp_path):
     clip_files = write_tiny_clip(str(tmp_path / "clip"), name="tiny-rn-adapter", config=TINY_RESNET_CLIP_CONFIG)
     write_oxford_pets_tree(str(tmp_path / "data"), classes=OXFORD_PETS_TOY_CLASSES[:3], train=4, val=1, test=2)
-    cfg = get_cfg_default()
-    extend_cfg(cfg)
-    merge_from_file(cfg, os.path.join(ROOT, "configs/datasets/oxford_pets.yaml"))
-    merge_from_file(cfg, os.path.join(ROOT, "configs/trainers/CLIPAdapter/toy.yaml"))
-    cfg.TRAINER.NAME, cfg.DATASET.ROOT, cfg.OUTPUT_DIR = "CLIPAdapter", str(tmp_path / "data"), str(tmp_path / "run")
-    cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.WEIGHTS = clip_files
-    cfg.SEED, cfg.USE_CUDA, cfg.VERBOSE, cfg.OPTIM.MAX_EPOCH = 1, False, False, 2
-    cfg.freeze()
-    set_random_seed(1)
+    cfg = toy_pets_cfg("CLIPAdapter", "CLIPAdapter/toy.yaml", str(tmp_path / "data"), tmp_path / "run", clip_files,
+                       "OPTIM.MAX_EPOCH", "2")
     trainer = build_trainer(cfg)
     initial = copy.deepcopy(trainer.model.adapters.state_dict())
     trainer.train()

@@ -6,18 +6,16 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from baseline_setup import runner_and_tokenizer, trainer_node
+from baseline_setup import runner_and_tokenizer, toy_pets_cfg, trainer_node
 
 import datasets  # noqa: F401  (registers OxfordPets)
 from trainers.rada import RAdaCLIP, check_rada_node
 from trainers.zsclip import TemplateCLIP
 from vlprompt.clip.rational import RationalMaskGenerator, mask_regularizer, rational_logits, rational_matrix
-from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file, merge_from_list
+from vlprompt.config import ConfigError
 from vlprompt.engine import build_trainer
 from vlprompt.testing import TINY_RESNET_CLIP_CONFIG, write_oxford_pets_tree, write_tiny_clip
-from vlprompt.utils import set_random_seed
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLASSES = ["red star", "blue circle", "green square", "golden retriever", "cat"]
 TEMPLATES = ["a photo of a {}."]
 
@@ -191,18 +189,7 @@ def test_config_checks_name_the_key():
 # ------------------------------------------------------------------------- trainer
 
 def trainer_cfg(data_root, output_dir, clip_files, *opts):
-    cfg = get_cfg_default()
-    extend_cfg(cfg)
-    merge_from_file(cfg, os.path.join(ROOT, "configs/datasets/oxford_pets.yaml"))
-    merge_from_file(cfg, os.path.join(ROOT, "configs/trainers/RAda/toy.yaml"))
-    cfg.TRAINER.NAME = "RAda"
-    cfg.DATASET.ROOT, cfg.OUTPUT_DIR = data_root, str(output_dir)
-    cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.WEIGHTS = clip_files
-    cfg.SEED, cfg.USE_CUDA, cfg.VERBOSE = 1, False, False
-    merge_from_list(cfg, list(opts))
-    cfg.freeze()
-    set_random_seed(cfg.SEED)
-    return cfg
+    return toy_pets_cfg("RAda", "RAda/toy.yaml", data_root, output_dir, clip_files, *opts)
 
 
 @pytest.fixture(scope="module")

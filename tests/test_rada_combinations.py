@@ -4,17 +4,16 @@ import os
 
 import pytest
 import torch
-from baseline_setup import runner_and_tokenizer
+from baseline_setup import runner_and_tokenizer, toy_pets_cfg
 
 import datasets  # noqa: F401  (registers OxfordPets)
 from trainers.ivlp import IVLPCLIP
 from trainers.rada_adapter import RAdaAdapterCLIP
 from trainers.rada_prompt import RAdaPromptCLIP
 from trainers.zsclip import TemplateCLIP
-from vlprompt.config import extend_cfg, get_cfg_default, merge_from_file, merge_from_list
+from vlprompt.config import extend_cfg, get_cfg_default, merge_from_file
 from vlprompt.engine import build_trainer
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
-from vlprompt.utils import set_random_seed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLASSES = ["red star", "blue circle", "green square", "cat"]
@@ -93,16 +92,7 @@ def data_root(tmp_path_factory):
     ("RAdaPrompt", ("VLPromptLearner",)),
 ])
 def test_trainers_train_and_save_their_parts(trainer, folders, data_root, tiny_clip_files, tmp_path):
-    cfg = get_cfg_default()
-    extend_cfg(cfg)
-    merge_from_file(cfg, os.path.join(ROOT, "configs/datasets/oxford_pets.yaml"))
-    merge_from_file(cfg, os.path.join(ROOT, f"configs/trainers/{trainer}/toy.yaml"))
-    cfg.TRAINER.NAME, cfg.DATASET.ROOT, cfg.OUTPUT_DIR = trainer, data_root, str(tmp_path)
-    cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.WEIGHTS = tiny_clip_files
-    cfg.SEED, cfg.USE_CUDA, cfg.VERBOSE = 1, False, False
-    merge_from_list(cfg, ["OPTIM.MAX_EPOCH", "1"])
-    cfg.freeze()
-    set_random_seed(1)
+    cfg = toy_pets_cfg(trainer, f"{trainer}/toy.yaml", data_root, tmp_path, tiny_clip_files, "OPTIM.MAX_EPOCH", "1")
     run = build_trainer(cfg)
     run.train()
     assert run.last_test["num_samples"] == 6

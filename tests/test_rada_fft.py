@@ -8,15 +8,15 @@ import sys
 
 import pytest
 import torch
-from baseline_setup import runner_and_tokenizer, trainer_node
+from baseline_setup import runner_and_tokenizer, toy_pets_cfg, trainer_node
 
 import datasets  # noqa: F401  (registers OxfordPets)
 from trainers.rada_fft import RAdaFFTCLIP, iteration_cosine_schedule
 from trainers.zsclip import TemplateCLIP
-from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file, merge_from_list
+from vlprompt.config import ConfigError
 from vlprompt.engine import build_trainer
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
-from vlprompt.utils import load_checkpoint, set_random_seed, setup_logger
+from vlprompt.utils import load_checkpoint, setup_logger
 from vlprompt.utils.logger import close_logger
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -94,17 +94,7 @@ def data_root(tmp_path_factory):
 
 
 def fft_cfg(data_root, output_dir, clip_files, stage, *opts):
-    cfg = get_cfg_default()
-    extend_cfg(cfg)
-    merge_from_file(cfg, os.path.join(ROOT, "configs/datasets/oxford_pets.yaml"))
-    merge_from_file(cfg, os.path.join(ROOT, f"configs/trainers/RAdaFFT/toy_stage{stage}.yaml"))
-    cfg.TRAINER.NAME, cfg.DATASET.ROOT, cfg.OUTPUT_DIR = "RAdaFFT", data_root, str(output_dir)
-    cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.WEIGHTS = clip_files
-    cfg.SEED, cfg.USE_CUDA, cfg.VERBOSE = 1, False, False
-    merge_from_list(cfg, list(opts))
-    cfg.freeze()
-    set_random_seed(cfg.SEED)
-    return cfg
+    return toy_pets_cfg("RAdaFFT", f"RAdaFFT/toy_stage{stage}.yaml", data_root, output_dir, clip_files, *opts)
 
 
 def generator_state(state_dict):

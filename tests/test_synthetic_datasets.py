@@ -4,10 +4,10 @@ import os
 
 import numpy as np
 import pytest
+from mini_datasets import cfg_for
 from PIL import Image
 
 import datasets  # noqa: F401  (registers the datasets)
-from vlprompt.config import get_cfg_default
 from vlprompt.data.datasets import DATASET_REGISTRY, DatasetLayoutError
 from vlprompt.synthetic.downstream import (
     COLOR_SHAPE_CLASSES, SETS, SetSpec, StaleSyntheticDataError, SynthClass, ensure_dataset,
@@ -20,16 +20,6 @@ SMALL = SetSpec(
      SynthClass("blue ring", {"color": "blue", "shape": "ring"})),
     RenderStyle(backgrounds=("bright",)), counts=(3, 1, 2), seed=5,
 )
-
-
-def make_cfg(root, name, shots=-1, subsample="all", seed=1):
-    cfg = get_cfg_default()
-    cfg.DATASET.ROOT = str(root)
-    cfg.DATASET.NAME = name
-    cfg.DATASET.NUM_SHOTS = shots
-    cfg.DATASET.SUBSAMPLE_CLASSES = subsample
-    cfg.SEED = seed
-    return cfg
 
 
 def test_ensure_dataset_writes_the_coop_layout_once(tmp_path):
@@ -77,25 +67,25 @@ def synthetic_root(tmp_path_factory):
 
 
 def test_main_set_loads_through_the_registry_with_few_shot_and_subsampling(synthetic_root):
-    base = DATASET_REGISTRY.get("SyntheticShapes")(make_cfg(synthetic_root, "SyntheticShapes", 16, "base"))
+    base = DATASET_REGISTRY.get("SyntheticShapes")(cfg_for(synthetic_root, "SyntheticShapes", 16, "base"))
     assert base.classnames == [c.name for c in COLOR_SHAPE_CLASSES[:40]]
     assert (len(base.train_x), len(base.val), len(base.test)) == (16 * 40, 4 * 40, 25 * 40)
     assert os.path.isfile(synthetic_root / "synthetic_shapes" / "split_fewshot" / "shot_16-seed_1.json")
-    new = DATASET_REGISTRY.get("SyntheticShapes")(make_cfg(synthetic_root, "SyntheticShapes", 16, "new"))
+    new = DATASET_REGISTRY.get("SyntheticShapes")(cfg_for(synthetic_root, "SyntheticShapes", 16, "new"))
     assert new.classnames == [c.name for c in COLOR_SHAPE_CLASSES[40:]]
     assert new.test[0].label == 0 and new.test[0].classname == COLOR_SHAPE_CLASSES[40].name
 
 
 def test_domain_generalisation_sets_are_test_only(synthetic_root):
     for name in ("SyntheticShapesV2", "SyntheticShapesSketch"):
-        dataset = DATASET_REGISTRY.get(name)(make_cfg(synthetic_root, name))
+        dataset = DATASET_REGISTRY.get(name)(cfg_for(synthetic_root, name))
         assert dataset.classnames == [c.name for c in COLOR_SHAPE_CLASSES]
         assert len(dataset.test) == 15 * 80 and not dataset.val
         assert [d.impath for d in dataset.train_x] == [d.impath for d in dataset.test]
 
 
 def test_cross_dataset_set_has_its_own_vocabulary(synthetic_root):
-    dataset = DATASET_REGISTRY.get("SyntheticPatterns")(make_cfg(synthetic_root, "SyntheticPatterns"))
+    dataset = DATASET_REGISTRY.get("SyntheticPatterns")(cfg_for(synthetic_root, "SyntheticPatterns"))
     assert len(dataset.classnames) == 40 and "striped star" in dataset.classnames
     assert not set(dataset.classnames) & {c.name for c in COLOR_SHAPE_CLASSES}
     assert set(SETS) == {"SyntheticShapes", "SyntheticPatterns", "SyntheticShapesV2", "SyntheticShapesSketch"}
@@ -105,4 +95,4 @@ def test_an_incomplete_set_names_the_fix(tmp_path):
     folder = ensure_dataset(str(tmp_path), SETS["SyntheticShapesSketch"])
     os.remove(os.path.join(folder, "split_zhou_SyntheticShapesSketch.json"))
     with pytest.raises(DatasetLayoutError, match="Delete that folder"):
-        DATASET_REGISTRY.get("SyntheticShapesSketch")(make_cfg(tmp_path, "SyntheticShapesSketch"))
+        DATASET_REGISTRY.get("SyntheticShapesSketch")(cfg_for(tmp_path, "SyntheticShapesSketch"))
