@@ -34,7 +34,10 @@ fp32 on the CPU with 2 threads. The table lists the issue's targets next to the 
     python tools/benchmark.py --device cuda --amp --batch 16 --eval-batch 250 --threads 0
 
 On a CPU shared with other jobs, ``--clock cpu`` times the process's CPU time (all its
-threads) instead of the wall clock; images/s are always per wall-clock second.
+threads) instead of the wall clock, with OMP_WAIT_POLICY=PASSIVE (unless set): spinning
+OpenMP threads would add CPU time without work (a RAdaAdapter step on cached features
+measured 0.05 CPU-s passive, 0.5-1.6 CPU-s spinning, on 2 threads of a loaded machine).
+Images/s are always per wall-clock second.
 Trailing KEY VALUE pairs override every case's config (e.g. TRAINER.DEAR.LAMBDA_REG 0).
 """
 import argparse
@@ -60,6 +63,7 @@ sys.path.insert(0, ROOT)
 import trainers  # noqa: E402,F401  (registers the trainers and their config nodes)
 from vlprompt.config import extend_cfg, get_cfg_default, merge_from_file, merge_from_list  # noqa: E402
 from vlprompt.engine import TRAINER_REGISTRY  # noqa: E402
+from vlprompt.utils import write_text  # noqa: E402
 
 TRAIN, CACHED, EVAL_ONLY, TEST_TIME = "train", "cached", "eval-only", "test-time"
 OFFICIAL_EVAL = "2.8-3.3"  # the official implementations re-encode every class text per batch
@@ -431,6 +435,8 @@ def run_in_subprocess(case, settings):
     """measure_case in a fresh process (clean peak memory); the record, or {"case", "error"}."""
     command = [sys.executable, osp.abspath(__file__), "--worker", case.name, "--worker-settings", json.dumps(settings)]
     environment = dict(os.environ, OMP_NUM_THREADS=str(settings["threads"] or os.cpu_count()))
+    if settings["clock"] == "cpu":  # idle OpenMP threads sleep instead of spinning, which CPU time would count
+        environment.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=environment)
     if result.returncode != 0:
         return {"case": case.name, "trainer": case.trainer, "error": result.stderr.strip().splitlines()[-5:]}
@@ -564,9 +570,7 @@ def main(argv=None):
     report = {"settings": settings, **report, "results": records}
     print_report(report, args.format, args.compare)
     if args.json:
-        os.makedirs(osp.dirname(osp.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as file:
-            json.dump(report, file, indent=1)
+        write_text(json.dumps(report, indent=1), args.json)
         print(f"JSON written to {args.json}")
     return 1 if any("error" in record for record in records) else 0
 
