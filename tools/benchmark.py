@@ -460,10 +460,10 @@ def table_rows(records):
         text = record["text_per_evaluation_ratio"]
         rows.append([
             record["case"], record["batch"], f"{record['learnable_params']:,}",
-            f"{train['wall_ms']:.0f}" if train else "", f"{train['images_per_s']:.1f}" if train else "",
+            f"{train['wall_ms']:.0f}" if train else "", f"{train['images_per_s']:.3g}" if train else "",
             f"{train['ratio']:.3f}" if train else "", target_cell(train),
             f"{train['official_ratio']:g}" if train and train["official_ratio"] else "",
-            f"{evaluation['images_per_s']:.1f}", f"{evaluation['ratio']:.2f}", target_cell(evaluation),
+            f"{evaluation['images_per_s']:.3g}", f"{evaluation['ratio']:.2f}", target_cell(evaluation),
             evaluation["official_ratio"] or "", "" if text is None else f"{max(text, 0.0):.2f}",
             f"{record['peak_memory_mib']:.0f}",
         ])
