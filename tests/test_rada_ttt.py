@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+from baseline_setup import toy_pets_cfg
 from PIL import Image
 
 import datasets  # noqa: F401  (registers OxfordPets)
@@ -14,7 +15,6 @@ from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from
 from vlprompt.data.test_time_views import EpisodeViews, ViewAugmenter, image_seed
 from vlprompt.engine import build_trainer
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
-from vlprompt.utils import set_random_seed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -62,17 +62,7 @@ def data_root(tmp_path_factory):
 
 
 def make_trainer(data_root, clip_files, output_dir, *opts, trainer="RAdaTTT", config="RAdaTTT/toy.yaml"):
-    cfg = get_cfg_default()
-    extend_cfg(cfg)
-    merge_from_file(cfg, os.path.join(ROOT, "configs/datasets/oxford_pets.yaml"))
-    merge_from_file(cfg, os.path.join(ROOT, "configs/trainers", config))
-    cfg.TRAINER.NAME, cfg.DATASET.ROOT, cfg.OUTPUT_DIR = trainer, data_root, str(output_dir)
-    cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.WEIGHTS = clip_files
-    cfg.SEED, cfg.USE_CUDA, cfg.VERBOSE = 1, False, False
-    merge_from_list(cfg, list(opts))
-    cfg.freeze()
-    set_random_seed(cfg.SEED)
-    return build_trainer(cfg)
+    return build_trainer(toy_pets_cfg(trainer, config, data_root, output_dir, clip_files, *opts))
 
 
 def predictions(trainer, data_source, batch_size):

@@ -728,10 +728,6 @@ _RAW_WRITES_ALLOWED = {  # (file, start of the call's source)
     ("tools/benchmark_cocoop.py", "torch.save(logits, args.logits)"),
     # A kernel control file, not data: resets the peak-memory counter.
     ("tools/benchmark.py", "open('/proc/self/clear_refs', 'w')"),
-    # Open: the benchmark report (--json) is still written in place; once tools/benchmark.py writes
-    # it with vlprompt.fileio.atomic_write(args.json, "w"), these two entries go.
-    ("tools/benchmark.py", "open(args.json, 'w')"),
-    ("tools/benchmark.py", "json.dump("),
 }
 _SERIALISERS = {"torch.save": 1, "json.dump": 1, "pickle.dump": 1, "yaml.safe_dump": 1, "yaml.dump": 1, "np.save": 0}
 
