@@ -123,10 +123,6 @@ class CoCoOpCLIP(PromptedCLIP):
         prompts = self.prompt_learner
         return self.clip.text(embeddings=prompts.pair_embeddings(contexts, classes), eot=prompts.eot[classes]).features
 
-    def loss(self, images, labels):
-        logits = self(images)
-        return F.cross_entropy(logits, labels), logits, {}
-
 
 @TRAINER_REGISTRY.register()
 class CoCoOp(ClipTrainer):

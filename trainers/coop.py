@@ -47,10 +47,6 @@ class CoOpCLIP(PromptedCLIP):
         image_features = F.normalize(self.clip.encode_image(images), dim=-1)
         return self.cosine_logits(image_features, self.class_text_features())
 
-    def loss(self, images, labels):
-        logits = self(images)
-        return F.cross_entropy(logits, labels), logits, {}
-
 
 @TRAINER_REGISTRY.register()
 class CoOp(ClipTrainer):

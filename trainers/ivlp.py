@@ -72,10 +72,6 @@ class IVLPCLIP(PromptedCLIP):
     def forward(self, images):
         return self.cosine_logits(self.image_features(images), self.class_text_features())
 
-    def loss(self, images, labels):
-        logits = self(images)
-        return F.cross_entropy(logits, labels), logits, {}
-
 
 def check_vl_prompt_config(cfg, node_name):
     """check_cfg of the IVLP parameterisation (IVLP, PromptSRC): PREC, depths, sizes, init phrase."""
