@@ -151,6 +151,13 @@ def check_coverage(registered, cases=CASES):
         )
 
 
+def project_trainers():
+    """Registered trainers defined in the ``trainers`` package (not ones a test or a user
+    script registered for itself), in registration order."""
+    return [name for name in TRAINER_REGISTRY.registered_names()
+            if TRAINER_REGISTRY.get(name).__module__.split(".")[0] == "trainers"]
+
+
 def select_cases(names, cases=CASES):
     """The cases whose trainer or case name is in ``names`` (all cases when ``names`` is empty)."""
     if not names:
@@ -549,7 +556,7 @@ def main(argv=None):
         print_report(read_report(args.show), args.format, args.compare)
         return 0
     try:
-        check_coverage(TRAINER_REGISTRY.registered_names())
+        check_coverage(project_trainers())
     except BenchmarkCoverageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
