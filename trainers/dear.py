@@ -144,16 +144,10 @@ class DeARCLIP(PromptedCLIP):
         self.set_classnames(classnames)
 
     def set_classnames(self, classnames):
-        """Tokenize the template sentences of a class list (room left for the text prompts).
-
-        Padding beyond the longest sentence plus the inserted prompts is dropped: under the
-        causal mask it never reaches an end-of-text token, so the features are unchanged
-        and the text side costs several times less than at the full context length.
-        """
+        """Tokenize the template sentences of a class list (room left for the text prompts;
+        the runner computes only the positions up to the last end-of-text token)."""
         sentences = [fill_template(self.template, name) for name in classnames]
-        n_ctx = self.prompt_learner.text_tokens.shape[0]
-        ids = self.tokenizer(sentences, reserve=n_ctx)
-        ids = ids[:, : int(self.clip.text.eot_positions(ids).max()) + 1 + n_ctx]
+        ids = self.tokenizer(sentences, reserve=self.prompt_learner.text_tokens.shape[0])
         self.register_buffer("token_ids", ids.to(self.logit_scale.device), persistent=False)
         self._frozen_text = self._eval_text_features = None
 
