@@ -10,7 +10,7 @@ import torch
 
 from vlprompt.clip import (
     CLIPLoadError, CLIPRunner, InsertTokens, MapTokens, Plan, PromptTooLongError, ReplaceTokens,
-    Tokenizer, attention_block, load_clip,
+    SharedPrefix, Tokenizer, attention_block, block_qkv, load_clip,
 )
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -237,6 +237,54 @@ def test_vit_b16_random_weights_equal_open_clip():
     with torch.no_grad():
         torch.testing.assert_close(runner.encode_image(images), reference.encode_image(images), **TOL)
         torch.testing.assert_close(runner.encode_text(ids), reference.encode_text(ids), **TOL)
+
+
+def test_known_projections_of_the_first_positions_equal_projecting_them(tiny):
+    """attention_block with (q, k, v) of the first N positions given equals projecting all of
+    them, for every row, some rows, and per-head masks; gradients reach the new positions."""
+    model, _, _ = tiny
+    block = model.visual.transformer.resblocks[1]
+    base = torch.randn(2, 7, 64)
+    added = torch.randn(2, 3, 64, requires_grad=True)
+    x = torch.cat([base, added], 1)
+    known = block_qkv(block, base)
+    assert [t.shape for t in known] == [(2, 4, 7, 16)] * 3
+    mask = torch.zeros(4, 10, 10)
+    mask[0, :7, 7:] = float("-inf")
+    mask[2, 7:, :7] = float("-inf")
+    for attn_mask in (None, mask):
+        torch.testing.assert_close(attention_block(block, x, attn_mask, known=known),
+                                   attention_block(block, x, attn_mask), **TOL)
+        for rows in ([0, 8], torch.tensor([[9, 0], [3, 7]])):
+            torch.testing.assert_close(attention_block(block, x, attn_mask, rows=rows, known=known),
+                                       attention_block(block, x, attn_mask, rows=rows), **TOL)
+    attention_block(block, x, mask, known=known).sum().backward()
+    assert added.grad is not None and added.grad.abs().sum() > 0
+
+
+def test_shared_prefix_runs_equal_runs_from_hidden_states(tiny):
+    """Two runs from one SharedPrefix (a plan appending tokens there, and the plain tower)
+    equal the same runs from the hidden states; the shared part has no autograd."""
+    model, _, tokenizer = tiny
+    runner = CLIPRunner(model)
+    images, _ = _inputs(tokenizer)
+    extra = torch.randn(2, 64, requires_grad=True)
+    mask = torch.zeros(4, 19, 19)
+    mask[:2, :17, 17:] = float("-inf")
+    plan = Plan(layers={1: InsertTokens(extra), 2: MapTokens(lambda x: 2 * x)}, masks={1: mask})
+    prefix = runner.visual.shared_prefix(images, 1)
+    assert isinstance(prefix, SharedPrefix) and prefix.start == 1
+    assert prefix.hidden.grad_fn is None and all(t.grad_fn is None for t in prefix.qkv)
+    hidden = runner.visual.run_prefix(images, 1)
+    prompted = runner.visual(prefix=prefix, plan=plan, rows=[0, 17, 18])
+    torch.testing.assert_close(prompted.tokens, runner.visual(hidden=hidden, start=1, plan=plan, rows=[0, 17, 18]).tokens,
+                               **TOL)
+    torch.testing.assert_close(runner.visual(prefix=prefix, rows=[0]).features, runner.visual(images).features, **TOL)
+    prompted.features.sum().backward()
+    assert extra.grad.abs().sum() > 0
+    past_the_end = runner.visual.shared_prefix(images, runner.visual.num_layers)
+    assert past_the_end.qkv is None
+    torch.testing.assert_close(runner.visual(prefix=past_the_end).features, runner.visual(images).features, **TOL)
 
 
 def test_rows_of_the_last_block_equal_the_full_computation(tiny):

@@ -211,6 +211,23 @@ def test_fusion_logits_and_loss_terms(tiny):
     assert set(plain.loss(x, labels)[2]) == {"ce"}
 
 
+def test_regulariser_compares_with_plain_frozen_clip(tiny):
+    """L_reg's frozen branch (continued from the shared layer-J prefix and its projections)
+    gives plain frozen CLIP's features: the term equals the one computed from scratch."""
+    dear = build(tiny)
+    randomise_prompts(dear)
+    x, labels = images(), torch.tensor([0, 2, 1])
+    f_cls = dear.encode_image(x)[0]
+    text = dear.compute_text_features()
+    with torch.no_grad():
+        frozen_image = dear.clip.encode_image_plain(x)
+        frozen_text = dear.clip.text(dear.token_ids).features
+    expected = (1 - F.cosine_similarity(f_cls, frozen_image, dim=-1)).mean() + (
+        1 - F.cosine_similarity(text, frozen_text, dim=-1)).mean()
+    assert expected > 1e-3
+    torch.testing.assert_close(dear.loss(x, labels)[2]["reg"], expected.detach(), rtol=1e-5, atol=1e-6)
+
+
 def test_one_step_changes_only_deears_tensors(tiny):
     dear = build(tiny)
     learnable = dict(dear.prompt_learner.named_parameters())

@@ -209,19 +209,20 @@ class DeARCLIP(PromptedCLIP):
         return self._frozen_text
 
     def encode_image(self, images):
-        """Returns f_cls [B, E], attribute features [B, K, E] and the hidden states [B, N, D_v]
-        at the input of layer J (frozen prefix, no autograd; shared with the frozen branch)."""
+        """Returns f_cls [B, E], attribute features [B, K, E] and the SharedPrefix at layer J:
+        the frozen prefix's hidden states [B, N, D_v] and layer J's q, k, v of them (no
+        autograd), which the frozen branch of L_reg continues from."""
         visual = self.clip.visual
-        hidden = visual.run_prefix(images, self.vision_block)
+        prefix = visual.shared_prefix(images, self.vision_block)
+        hidden = prefix.hidden
         num_original = hidden.shape[1]
         num_attr = len(self.attributes) * self.tokens_per_attribute
         rows = [0, *range(num_original, num_original + num_attr)]  # the last block computes only these
-        out = visual(hidden=hidden, start=self.vision_block, plan=self.vision_plan(num_original, hidden.device),
-                     rows=rows)
+        out = visual(prefix=prefix, plan=self.vision_plan(num_original, hidden.device), rows=rows)
         if not self.attributes:
-            return out.features, out.features.new_zeros(out.features.shape[0], 0, out.features.shape[1]), hidden
+            return out.features, out.features.new_zeros(out.features.shape[0], 0, out.features.shape[1]), prefix
         attr = out.tokens[:, 1:].unflatten(1, (len(self.attributes), self.tokens_per_attribute))
-        return out.features, visual.ln_post(attr.mean(2)) @ self.prompt_learner.attr_proj, hidden
+        return out.features, visual.ln_post(attr.mean(2)) @ self.prompt_learner.attr_proj, prefix
 
     def fusion_weights(self):
         """w = softmax(a): [K + 1], w_0 for the class feature."""
@@ -241,14 +242,14 @@ class DeARCLIP(PromptedCLIP):
         return self.fused_logits(f_cls, f_attr, text_features)
 
     def loss(self, images, labels):
-        f_cls, f_attr, hidden = self.encode_image(images)
+        f_cls, f_attr, prefix = self.encode_image(images)
         text_features = F.normalize(self.compute_text_features(), dim=-1)
         logits = self.fused_logits(f_cls, f_attr, text_features)
         ce = F.cross_entropy(logits, labels)
         total, terms = ce, {"ce": ce.detach()}
         if self.lambda_reg > 0:
             with torch.no_grad():
-                frozen_image = self.clip.visual(hidden=hidden, start=self.vision_block, rows=[0]).features
+                frozen_image = self.clip.visual(prefix=prefix, rows=[0]).features
             reg = (1 - F.cosine_similarity(f_cls, frozen_image, dim=-1)).mean() + (
                 1 - F.cosine_similarity(text_features, self.frozen_text_features(), dim=-1)).mean()
             total, terms["reg"] = total + self.lambda_reg * reg, reg.detach()

@@ -38,7 +38,8 @@ from open_clip.transformer import ResidualAttentionBlock, VisionTransformer
 
 __all__ = [
     "InsertTokens", "ReplaceTokens", "MapTokens", "Plan", "RunState", "TowerOutput",
-    "VisionTower", "TextTower", "CLIPRunner", "attention_block", "UnsupportedBackboneError",
+    "SharedPrefix", "VisionTower", "TextTower", "CLIPRunner", "attention_block", "block_qkv",
+    "UnsupportedBackboneError",
 ]
 
 
@@ -188,9 +189,30 @@ class TowerOutput:
     eot: Optional[torch.Tensor] = None
 
 
+@dataclass
+class SharedPrefix:
+    """The unmodified image tower's state at the input of block ``start``, with that
+    block's projections of it, computed once for several runs that start there.
+
+    DeAR's prompted branch (which appends attribute tokens at ``start``) and the frozen
+    branch of its regulariser begin with the same N tokens, so block ``start`` normalises
+    and projects them once; each run projects only the tokens it adds.
+
+    Attributes:
+        hidden: [B, N, D] hidden states at the input of block ``start``.
+        start: 0-based index of the first block the runs compute.
+        qkv: block ``start``'s (q, k, v) of ``hidden``, each [B, heads, N, D / heads]
+            (None when ``start`` is past the last block).
+    """
+
+    hidden: torch.Tensor
+    start: int
+    qkv: Optional[tuple] = None
+
+
 # ----------------------------------------------------------------------------- blocks
 
-def attention_block(block, x, attn_mask=None, rows=None):
+def attention_block(block, x, attn_mask=None, rows=None, known=None):
     """One pre-LN residual block of CLIP with an optional additive attention mask.
 
     Args:
@@ -202,32 +224,50 @@ def attention_block(block, x, attn_mask=None, rows=None):
             sentence's end-of-text token). Keys and values still come from all L
             positions, but queries, residuals and the MLP are computed for those rows only
             (e.g. the pooled token of a last block).
+        known: None, or this block's (q, k, v) of the first N positions of ``x``, each
+            [B, heads, N, D / heads] (see :class:`SharedPrefix`); only positions N.. are
+            normalised and projected.
 
     Returns:
         [B, L, D], or [B, R, D] for R ``rows``.
     """
     attn = block.attn
-    h = block.ln_1(x)
-    batch, length, width = h.shape
+    batch, length, width = x.shape
     heads = attn.num_heads
+    weight, bias = attn.in_proj_weight, attn.in_proj_bias
+    num_known = 0 if known is None else known[0].shape[2]
+    h = block.ln_1(x[:, num_known:])
     if rows is None:
-        qkv = F.linear(h, attn.in_proj_weight, attn.in_proj_bias)
-        q, k, v = qkv.view(batch, length, 3, heads, width // heads).permute(2, 0, 3, 1, 4)
+        q, k, v = _split_heads(F.linear(h, weight, bias), 3, heads)
     else:
-        weight, bias = attn.in_proj_weight, attn.in_proj_bias
+        h_rows = _select_rows(h, rows) if known is None else block.ln_1(_select_rows(x, rows))
+        (q,) = _split_heads(F.linear(h_rows, weight[:width], None if bias is None else bias[:width]), 1, heads)
+        k, v = _split_heads(F.linear(h, weight[width:], None if bias is None else bias[width:]), 2, heads)
         x = _select_rows(x, rows)
-        q = F.linear(_select_rows(h, rows), weight[:width], None if bias is None else bias[:width])
-        q = q.view(batch, -1, heads, width // heads).transpose(1, 2)
-        kv = F.linear(h, weight[width:], None if bias is None else bias[width:])
-        k, v = kv.view(batch, length, 2, heads, width // heads).permute(2, 0, 3, 1, 4)
         if attn_mask is not None:
             attn_mask = _select_mask_rows(attn_mask, rows)
+    if known is not None:
+        k, v = torch.cat([known[1], k], 2), torch.cat([known[2], v], 2)
+        if rows is None:
+            q = torch.cat([known[0], q], 2)
     if attn_mask is not None:
         attn_mask = attn_mask.to(q.dtype)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
     out = out.transpose(1, 2).reshape(batch, -1, width)
     x = x + block.ls_1(attn.out_proj(out))
     return x + block.ls_2(block.mlp(block.ln_2(x)))
+
+
+def block_qkv(block, x):
+    """A block's queries, keys and values of ``x`` [B, L, D]: 3 x [B, heads, L, D / heads]."""
+    attn = block.attn
+    return _split_heads(F.linear(block.ln_1(x), attn.in_proj_weight, attn.in_proj_bias), 3, attn.num_heads)
+
+
+def _split_heads(projected, parts, heads):
+    """[B, L, parts * D] -> ``parts`` tensors [B, heads, L, D / heads]."""
+    batch, length, width = projected.shape
+    return projected.view(batch, length, parts, heads, width // (parts * heads)).permute(2, 0, 3, 1, 4).unbind(0)
 
 
 def _select_rows(x, rows):
@@ -278,7 +318,7 @@ class _Tower(nn.Module):
         """The tower's own additive mask for a sequence of ``length`` (None: no mask)."""
         return None
 
-    def run_blocks(self, x, start, stop, plan=EMPTY_PLAN, state=None, rows=None):
+    def run_blocks(self, x, start, stop, plan=EMPTY_PLAN, state=None, rows=None, known=None):
         """Run blocks ``start .. stop-1`` with the plan's edits and masks.
 
         Args:
@@ -290,6 +330,8 @@ class _Tower(nn.Module):
             rows: positions whose outputs the last block computes (None: all; see
                 ``attention_block``), or a function of the run state giving them after the
                 last block's edits.
+            known: block ``start``'s (q, k, v) of the first N positions of its input
+                after the plan's edits there (``SharedPrefix.qkv``; edits must keep them).
         Returns:
             [N, L', D] hidden states at the input of block ``stop`` ([N, R, D] with rows).
         """
@@ -307,7 +349,7 @@ class _Tower(nn.Module):
                     extra = extra[..., :length, :length]
                 mask = extra if mask is None else extra + mask.to(extra.dtype)
             last_rows = (rows(state) if callable(rows) else rows) if index == stop - 1 else None
-            x = attention_block(self.blocks[index], x, mask, rows=last_rows)
+            x = attention_block(self.blocks[index], x, mask, rows=last_rows, known=known if index == start else None)
         return x
 
 
@@ -371,7 +413,7 @@ class VisionTower(_Tower):
         """``ln_post`` then the frozen projection: [..., D] -> [..., E]."""
         return self.ln_post(tokens) @ self.proj
 
-    def forward(self, images=None, plan=EMPTY_PLAN, hidden=None, start=0, rows=None):
+    def forward(self, images=None, plan=EMPTY_PLAN, hidden=None, start=0, rows=None, prefix=None):
         """Encode images, or continue from hidden states.
 
         Args:
@@ -383,6 +425,8 @@ class VisionTower(_Tower):
             rows: None, or the token positions the last block computes, starting with
                 the class token 0 (e.g. ``[0]``, or ``[0]`` plus appended prompt tokens):
                 the other positions' final states are skipped, which is exact for them.
+            prefix: a SharedPrefix to continue from (instead of ``hidden`` and ``start``);
+                the plan's edits at ``prefix.start`` must keep its N tokens first.
 
         Returns:
             TowerOutput with features [B, E] (class token) and final tokens ([B, L, D],
@@ -390,14 +434,17 @@ class VisionTower(_Tower):
         """
         if rows is not None and (len(rows) == 0 or int(rows[0]) != 0):
             raise ValueError(f"rows must start with the class token position 0, got {list(rows)}.")
-        if hidden is None:
+        known = None
+        if prefix is not None:
+            hidden, start, known = prefix.hidden, prefix.start, prefix.qkv
+        elif hidden is None:
             first = plan.first_layer(self.num_layers)
             if first < 0:
                 hidden = self.stem(images, plan)
             else:
                 hidden = self.run_prefix(images, first)
                 start = first
-        x = self.run_blocks(hidden, start, self.num_layers, plan, rows=rows)
+        x = self.run_blocks(hidden, start, self.num_layers, plan, rows=rows, known=known)
         return TowerOutput(features=self.project(x[:, 0]), tokens=x)
 
     def run_prefix(self, images, stop):
@@ -408,6 +455,15 @@ class VisionTower(_Tower):
         stop = min(stop, self.num_layers)
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self._prefix_frozen(stop)):
             return self.run_blocks(self.stem(images), 0, stop)
+
+    def shared_prefix(self, images, start):
+        """``run_prefix`` plus block ``start``'s q, k, v of it: a SharedPrefix for several
+        runs from ``start`` (no autograd when the weights up to that block are frozen)."""
+        hidden = self.run_prefix(images, start)
+        if start >= self.num_layers:
+            return SharedPrefix(hidden, start)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self._prefix_frozen(start + 1)):
+            return SharedPrefix(hidden, start, block_qkv(self.blocks[start], hidden))
 
     def _prefix_frozen(self, stop):
         return not any(p.requires_grad for p in self._stem_parameters()) and not any(
