@@ -55,3 +55,16 @@ def test_a_missing_config_file_is_reported(tmp_path):
     args = benchmark_dear.build_parser().parse_args(["--config-file", str(tmp_path / "nope.yaml"), "--cpu"])
     with pytest.raises(benchmark_dear.ConfigError, match="does not exist"):
         benchmark_dear.main(args)
+
+
+def test_default_settings_are_the_papers_vit_b16_config():
+    from vlprompt.config import extend_cfg, get_cfg_default, merge_from_file
+
+    args = benchmark_dear.build_parser().parse_args([])
+    assert args.config_file == os.path.join(ROOT, "configs/trainers/DeAR/vit_b16_base2new.yaml")
+    assert args.weights == "random" and args.batch == 16
+    cfg = get_cfg_default()
+    extend_cfg(cfg)
+    merge_from_file(cfg, args.config_file)
+    assert cfg.MODEL.BACKBONE.NAME == "ViT-B/16"
+    assert (cfg.TRAINER.DEAR.INJECT_LAYER, cfg.TRAINER.DEAR.LAMBDA_REG, len(cfg.TRAINER.DEAR.ATTRIBUTES)) == (9, 1.0, 5)

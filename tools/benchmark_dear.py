@@ -1,9 +1,9 @@
 """Cost of a DeAR training step, with and without the self-regulariser L_reg.
 
 Builds the ViT-B/16 architecture with random weights (no download; the cost does not
-depend on the weight values) and DeAR with the paper's settings (role map of
-configs/head_roles/vit_b16_openai.yaml, J = 9, 5 attributes, 4 text tokens), then times
-on one batch:
+depend on the weight values) and DeAR with the paper's settings from
+configs/trainers/DeAR/vit_b16_base2new.yaml (role map of configs/head_roles/vit_b16_openai.yaml,
+J = 9, 5 attributes, 4 text tokens), then times on one batch:
 
 * ``frozen``: a plain frozen CLIP image forward of the batch (no autograd);
 * ``dear``: a DeAR training step (forward, loss, backward, AdamW step) with L_reg;
@@ -23,8 +23,9 @@ process's CPU time instead (all its threads).
     python tools/benchmark_dear.py --batch 4 --rounds 5 --clock cpu --flops  # a quicker CPU run
     python tools/benchmark_dear.py --config-file configs/trainers/DeAR/synthetic.yaml --image-size 32
 
-``--config-file`` takes the backbone and TRAINER.DEAR from a trainer config instead (e.g.
-the tiny synthetic CLIP); ``--weights`` defaults to random weights either way.
+``--config-file`` takes the backbone and TRAINER.DEAR from another trainer config (e.g.
+the tiny synthetic CLIP); ``--weights`` defaults to random weights either way. Run it from
+the repository root (role-map paths in the configs are relative to it).
 """
 import argparse
 import os
@@ -34,7 +35,9 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAPER_CONFIG = os.path.join(ROOT, "configs", "trainers", "DeAR", "vit_b16_base2new.yaml")
+sys.path.insert(0, ROOT)
 
 from trainers.dear import DeARCLIP, check_dear_config, deep_head_roles  # noqa: E402
 from vlprompt.clip import CLIPRunner, Tokenizer, load_clip  # noqa: E402
@@ -45,8 +48,7 @@ from vlprompt.engine.amp import MixedPrecision  # noqa: E402
 def build_model(args, lambda_reg, device):
     cfg = get_cfg_default()
     extend_cfg(cfg)
-    if args.config_file:
-        merge_from_file(cfg, args.config_file)
+    merge_from_file(cfg, args.config_file)
     node = cfg.TRAINER.DEAR
     node.LAMBDA_REG = lambda_reg
     node.MASK_STRATEGY = args.mask_strategy or node.MASK_STRATEGY
@@ -166,8 +168,9 @@ def build_parser():
     parser.add_argument("--rounds", type=int, default=10, help="timed rounds")
     parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
     parser.add_argument("--prec", default="amp", help="TRAINER.DEAR.PREC (CUDA only; CPU runs fp32)")
-    parser.add_argument("--config-file", help="a DeAR trainer config (backbone and TRAINER.DEAR); "
-                        "default: ViT-B/16 with the paper's settings")
+    parser.add_argument("--config-file", default=PAPER_CONFIG,
+                        help="a DeAR trainer config: its backbone and TRAINER.DEAR are used "
+                             "(default: configs/trainers/DeAR/vit_b16_base2new.yaml, the paper's settings)")
     parser.add_argument("--weights", default="random", help="MODEL.BACKBONE.WEIGHTS (default: random weights)")
     parser.add_argument("--mask-strategy", help="TRAINER.DEAR.MASK_STRATEGY (default: the config's, role)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
