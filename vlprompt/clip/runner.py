@@ -18,7 +18,9 @@ describes:
 
 Blocks before the first layer the plan touches run without autograd when their
 weights are frozen, and for text the hidden state there is cached per token-id tensor,
-so a fixed class list costs its prefix once. The text tower computes only positions
+so a fixed class list costs its prefix once. ``VisionTower.shared_prefix`` returns an
+image prefix together with the next block's q, k, v of it (:class:`SharedPrefix`), for
+several runs from that block (DeAR's prompted pass and its regulariser's frozen branch). The text tower computes only positions
 0..max(eot) of a batch: under the causal mask nothing after the last end-of-text token
 can reach a pooled token (77 positions hold sentences of typically 10-25 tokens). Edits
 still address positions of the full sequence (``ReplaceTokens(at=-n)``, ``keep_length``),
