@@ -282,6 +282,11 @@ def test_shared_prefix_runs_equal_runs_from_hidden_states(tiny):
     torch.testing.assert_close(runner.visual(prefix=prefix, rows=[0]).features, runner.visual(images).features, **TOL)
     prompted.features.sum().backward()
     assert extra.grad.abs().sum() > 0
+    for edit in (MapTokens(lambda x: 2 * x), ReplaceTokens(extra, at=0), InsertTokens(extra, at=1)):
+        with pytest.raises(ValueError, match="may only insert tokens after its 17 tokens"):
+            runner.visual(prefix=prefix, plan=Plan(layers={1: edit}))
+    with pytest.raises(ValueError, match="not both"):
+        runner.visual(prefix=prefix, hidden=hidden)
     past_the_end = runner.visual.shared_prefix(images, runner.visual.num_layers)
     assert past_the_end.qkv is None
     torch.testing.assert_close(runner.visual(prefix=past_the_end).features, runner.visual(images).features, **TOL)

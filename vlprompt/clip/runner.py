@@ -438,6 +438,7 @@ class VisionTower(_Tower):
             raise ValueError(f"rows must start with the class token position 0, got {list(rows)}.")
         known = None
         if prefix is not None:
+            _check_shared_prefix_edits(prefix, plan, hidden)
             hidden, start, known = prefix.hidden, prefix.start, prefix.qkv
         elif hidden is None:
             first = plan.first_layer(self.num_layers)
@@ -477,6 +478,21 @@ class VisionTower(_Tower):
         yield self.class_embedding
         yield self.positional_embedding
         yield from self.ln_pre.parameters()
+
+
+def _check_shared_prefix_edits(prefix, plan, hidden):
+    """A run from a SharedPrefix may only append tokens at its block (the known q, k, v
+    are those of the prefix's N tokens at positions 0..N-1)."""
+    if hidden is not None:
+        raise ValueError("Give the image tower hidden states or a SharedPrefix, not both.")
+    num_known = prefix.hidden.shape[1]
+    for edit in plan.edits_at(prefix.start):
+        if not (isinstance(edit, InsertTokens) and (edit.at is None or edit.at >= num_known)):
+            raise ValueError(
+                f"A run from a SharedPrefix at block {prefix.start} may only insert tokens after its "
+                f"{num_known} tokens there (InsertTokens at the end); got {type(edit).__name__}, which "
+                "would change tokens whose projections the prefix holds."
+            )
 
 
 # ----------------------------------------------------------------------------- text
