@@ -1,5 +1,7 @@
 """tools/benchmark_dear.py on the tiny synthetic CLIP: L_reg costs exactly its frozen branch,
 and that branch reuses the prompted pass's prefix and layer J's projections (issue 6)."""
+import contextlib
+import io
 import os
 import sys
 
@@ -19,19 +21,26 @@ def tiny_run():
             "--batch", str(BATCH), "--num-classes", "6", "--rounds", "1", "--warmup", "0", "--flops",
             "--clock", "cpu", "--prec", "fp32", "--cpu", "--threads", "2"]
     args = benchmark_dear.build_parser().parse_args(argv)
-    return args, benchmark_dear.main(args)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        result = benchmark_dear.main(args)
+    return args, result, printed.getvalue()
 
 
-def test_every_case_is_timed(tiny_run, capsys):
-    _, result = tiny_run
-    assert set(result["median"]) == {"frozen", "dear", "dear_noreg", "reg_branch"}
-    assert all(seconds > 0 for seconds in result["median"].values())
+def test_every_case_is_timed_and_reported(tiny_run):
+    _, result, printed = tiny_run
+    median = result["median"]
+    assert set(median) == {"frozen", "dear", "dear_noreg", "reg_branch"}
+    assert all(seconds > 0 for seconds in median.values())
+    assert f"L_reg adds {100 * (median['dear'] / median['dear_noreg'] - 1):.1f} % to the training step" in printed
+    assert (f"training step / frozen CLIP forward: with L_reg {median['dear'] / median['frozen']:.2f}x, "
+            f"without {median['dear_noreg'] / median['frozen']:.2f}x") in printed
 
 
 def test_regulariser_costs_exactly_its_frozen_branch(tiny_run):
     """The step with L_reg does the FLOPs of the step without it plus those of the frozen branch:
     no second prefix, no second projection of layer J's input."""
-    _, result = tiny_run
+    _, result, _ = tiny_run
     flops = result["flops"]
     assert flops["dear"] - flops["dear_noreg"] == flops["reg_branch"]
     assert 0 < flops["reg_branch"] < flops["frozen"] / 2  # layers 4..6 of 6, the last one for [CLS] only
@@ -39,7 +48,7 @@ def test_regulariser_costs_exactly_its_frozen_branch(tiny_run):
 
 def test_frozen_branch_skips_the_projections_it_shares(tiny_run):
     """Continuing from the SharedPrefix saves exactly layer J's q, k, v of the N original tokens."""
-    args, result = tiny_run
+    args, result, _ = tiny_run
     dear, _, _ = benchmark_dear.build_model(args, 1.0, torch.device("cpu"))
     images = torch.randn(BATCH, 3, 32, 32)
     visual = dear.clip.visual

@@ -155,9 +155,9 @@ def main(args):
           f"(target <= 15 %; the paper reports about 35 %); its frozen branch alone is "
           f"{100 * median['reg_branch'] / median['dear_noreg']:.1f} % of the step without it "
           f"and {median['reg_branch'] / median['frozen']:.2f}x a frozen CLIP forward")
-    return {"median": median, "flops": flops}
     print(f"training step / frozen CLIP forward: with L_reg {median['dear'] / median['frozen']:.2f}x, "
           f"without {median['dear_noreg'] / median['frozen']:.2f}x")
+    return {"median": median, "flops": flops}
 
 
 def build_parser():

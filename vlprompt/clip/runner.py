@@ -20,13 +20,13 @@ Blocks before the first layer the plan touches run without autograd when their
 weights are frozen, and for text the hidden state there is cached per token-id tensor,
 so a fixed class list costs its prefix once. ``VisionTower.shared_prefix`` returns an
 image prefix together with the next block's q, k, v of it (:class:`SharedPrefix`), for
-several runs from that block (DeAR's prompted pass and its regulariser's frozen branch). The text tower computes only positions
-0..max(eot) of a batch: under the causal mask nothing after the last end-of-text token
-can reach a pooled token (77 positions hold sentences of typically 10-25 tokens). Edits
-still address positions of the full sequence (``ReplaceTokens(at=-n)``, ``keep_length``),
-masks may be given for the full length, and ``MapTokens`` functions see the computed
-part. The frozen weights are used as they are: attention calls the block's own
-projections through ``scaled_dot_product_attention``.
+several runs from that block (DeAR's prompted pass and its regulariser's frozen branch).
+The text tower computes only positions 0..max(eot) of a batch: under the causal mask
+nothing after the last end-of-text token can reach a pooled token (77 positions hold
+sentences of typically 10-25 tokens). Edits still address positions of the full sequence
+(``ReplaceTokens(at=-n)``, ``keep_length``), masks may be given for the full length, and
+``MapTokens`` functions see the computed part. The frozen weights are used as they are:
+attention calls the block's own projections through ``scaled_dot_product_attention``.
 """
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -234,14 +234,14 @@ def attention_block(block, x, attn_mask=None, rows=None, known=None):
         [B, L, D], or [B, R, D] for R ``rows``.
     """
     attn = block.attn
-    batch, length, width = x.shape
+    batch, _, width = x.shape
     heads = attn.num_heads
     weight, bias = attn.in_proj_weight, attn.in_proj_bias
     num_known = 0 if known is None else known[0].shape[2]
-    h = block.ln_1(x[:, num_known:])
     if rows is None:
-        q, k, v = _split_heads(F.linear(h, weight, bias), 3, heads)
+        q, k, v = block_qkv(block, x[:, num_known:])
     else:
+        h = block.ln_1(x[:, num_known:])
         h_rows = _select_rows(h, rows) if known is None else block.ln_1(_select_rows(x, rows))
         (q,) = _split_heads(F.linear(h_rows, weight[:width], None if bias is None else bias[:width]), 1, heads)
         k, v = _split_heads(F.linear(h, weight[width:], None if bias is None else bias[width:]), 2, heads)
