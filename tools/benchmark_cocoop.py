@@ -37,6 +37,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmark import current_rss_mib  # noqa: E402  (tools/benchmark.py, beside this script)
+
 
 def clip_config(text_layers):
     """open_clip config: ViT-B/16's text tower shape (with ``text_layers`` blocks), tiny ViT."""
@@ -46,11 +48,6 @@ def clip_config(text_layers):
         "vision_cfg": {"image_size": 32, "layers": 1, "width": 64, "patch_size": 16, "head_width": 16},
         "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 512, "heads": 8, "layers": text_layers},
     }
-
-
-def current_rss_mb():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def class_names(count):
@@ -80,7 +77,7 @@ def worker(args):
     cocoop = CoCoOpCLIP(CLIPRunner(model), Tokenizer(args.config), class_names(args.classes), node).eval()
     size = model.visual.image_size[0]
     images = torch.randn(args.images, 3, size, size, generator=torch.Generator().manual_seed(1))
-    before = current_rss_mb()
+    before = current_rss_mib()
     start, start_cpu = time.perf_counter(), time.process_time()
     if args.train:  # forward and backward of the training loss
         loss, logits, _ = cocoop.train().loss(images, torch.zeros(args.images, dtype=torch.long))

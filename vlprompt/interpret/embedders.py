@@ -28,17 +28,13 @@ class OptionalDependencyError(RuntimeError):
 def clip_text_embeddings(runner, tokenizer, texts: List[str], batch_size=256):
     """Unit-norm CLIP text features [M, E] of ``texts`` (computed on the runner's device).
 
-    With a causal text tower, positions after a sentence's end-of-text token cannot
-    change its pooled feature, so each batch is cut after its last end-of-text token
-    (short descriptions then cost a fraction of the full context length).
+    The runner computes each batch only up to its last end-of-text token, so short
+    descriptions cost a fraction of the full context length.
     """
     device = runner.logit_scale.device
-    causal = runner.text.attn_mask is not None
     chunks = []
     for start in range(0, len(texts), batch_size):
         ids = tokenizer(texts[start : start + batch_size]).to(device)
-        if causal:
-            ids = ids[:, : int(runner.text.eot_positions(ids).max()) + 1]
         chunks.append(F.normalize(runner.text(ids).features.float(), dim=-1))
     return torch.cat(chunks).cpu()
 
