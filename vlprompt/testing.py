@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vlprompt.utils import atomic_write
+from vlprompt.utils import atomic_write, write_json
 
 __all__ = [
     "TINY_CLIP_CONFIG", "TINY_RESNET_CLIP_CONFIG", "write_tiny_clip", "write_oxford_pets_tree", "OXFORD_PETS_TOY_CLASSES",
@@ -95,6 +95,5 @@ def write_oxford_pets_tree(root, classes=OXFORD_PETS_TOY_CLASSES, train=8, val=2
                 split[part].append([name, label, breed.lower()])
     for part in split:
         random.Random(part).shuffle(split[part])
-    with atomic_write(os.path.join(dataset_dir, "split_zhou_OxfordPets.json"), "w") as f:
-        json.dump(split, f, indent=4)
+    write_json(split, os.path.join(dataset_dir, "split_zhou_OxfordPets.json"))
     return dataset_dir
