@@ -1,7 +1,5 @@
 """tools/benchmark_dear.py on the tiny synthetic CLIP: L_reg costs exactly its frozen branch,
 and that branch reuses the prompted pass's prefix and layer J's projections (issue 6)."""
-import contextlib
-import io
 import os
 import sys
 
@@ -10,6 +8,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
 import benchmark_dear  # noqa: E402
+from toy_images import quietly  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH = 2
@@ -19,12 +18,10 @@ BATCH = 2
 def tiny_run():
     argv = ["--config-file", os.path.join(ROOT, "configs/trainers/DeAR/synthetic.yaml"), "--image-size", "32",
             "--batch", str(BATCH), "--num-classes", "6", "--rounds", "1", "--warmup", "0", "--flops",
-            "--clock", "cpu", "--prec", "fp32", "--cpu", "--threads", "2"]
+            "--clock", "cpu", "--prec", "fp32", "--cpu", "--threads", "0"]
     args = benchmark_dear.build_parser().parse_args(argv)
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        result = benchmark_dear.main(args)
-    return args, result, printed.getvalue()
+    result, lines = quietly(lambda: benchmark_dear.main(args))
+    return args, result, "\n".join(lines)
 
 
 def test_every_case_is_timed_and_reported(tiny_run):

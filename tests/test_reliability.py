@@ -700,6 +700,11 @@ WRITTEN_FILE_KINDS = [
 ]
 
 
+def test_every_writer_is_in_the_parametrised_kinds(tmp_path):
+    """A writer added to _writers but not to WRITTEN_FILE_KINDS would never be tested."""
+    assert [name for name, _ in _writers(tmp_path)] == WRITTEN_FILE_KINDS
+
+
 @pytest.mark.parametrize("kind", WRITTEN_FILE_KINDS)
 def test_a_write_that_fails_midway_keeps_the_previous_file(tmp_path, monkeypatch, kind):
     """Each file kind, rewritten while the disk fills up in the middle of the write, keeps its old bytes."""
