@@ -43,6 +43,11 @@ def test_main_job_commands_run(tmp_path):
     row = re.search(r"^\| synthetic_shapes +\| ([\d.]+) +\| ([\d.]+) +\| ([\d.]+)", result.stdout, re.M)
     assert row, result.stdout[-2000:]
     assert (float(row.group(1)), float(row.group(2))) == (base, new)
+    quoted = re.search(r"It ends with `synthetic_shapes \| ([\d.]+) \| ([\d.]+) \| ([\d.]+)`", section("Main job"))
+    assert quoted, "the README no longer quotes the main job's table row"
+    # The README's figures, within what another CPU's floating-point order can move (1.5 points).
+    assert [float(value) for value in row.groups()] == pytest.approx([float(value) for value in quoted.groups()],
+                                                                     abs=1.5)
 
 
 def test_adding_a_trainer_example_trains(tmp_path, tiny_clip_files):
