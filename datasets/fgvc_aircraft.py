@@ -42,4 +42,4 @@ fgvc_aircraft/            (the data/ folder of fgvc-aircraft-2013b, renamed)
                 return None
             return classname, os.path.join(self.image_dir, image_id + ".jpg"), classname
 
-        return self.read_list_file(list_file, parse_line, cname2lab, "variant", "variants.txt")
+        return self.read_list_file(list_file, parse_line, cname2lab, "variant", "variants.txt", "IMAGEID VARIANT NAME")

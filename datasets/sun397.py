@@ -54,4 +54,4 @@ sun397/
             category = os.path.dirname(relative)
             return category, os.path.join(self.image_dir, relative), scene_name(category)
 
-        return self.read_list_file(list_file, parse_line, cname2lab, "category", CLASS_FILE)
+        return self.read_list_file(list_file, parse_line, cname2lab, "category", CLASS_FILE, "/LETTER/CATEGORY/IMAGE.jpg")

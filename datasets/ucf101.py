@@ -60,4 +60,4 @@ ucf101/
             folder = renamed_action(action)
             return action, os.path.join(self.image_dir, folder, video.replace(".avi", ".jpg")), folder
 
-        return self.read_list_file(list_file, parse_line, cname2lab, "action", CLASS_INDEX)
+        return self.read_list_file(list_file, parse_line, cname2lab, "action", CLASS_INDEX, "ACTION/VIDEO.avi [LABEL]")

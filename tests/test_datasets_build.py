@@ -216,6 +216,11 @@ def test_ucf101_builds_split_from_official_lists_with_renamed_folders(tmp_path):
     assert (len(dataset.train_x), len(dataset.val), len(dataset.test)) == (12, 3, 3)
     stored = _split_json(base / "split_zhou_UCF101.json")
     assert ["Yo_Yo/v_YoYo_g06_c01.jpg", 100, "Yo_Yo"] in stored["test"]
+    (base / "split_zhou_UCF101.json").unlink()
+    write_text(str(base / "ucfTrainTestlist" / "testlist01.txt"), test[:1] + ["YoYo_v_YoYo_g06_c01.avi"])
+    with pytest.raises(DatasetLayoutError, match=r'testlist01.txt, line 2: "YoYo_v_YoYo_g06_c01.avi" is not a line '
+                                                 r'"ACTION/VIDEO.avi \[LABEL\]"'):
+        build_dataset(cfg_for(tmp_path, "UCF101"))
 
 
 # ---------------------------------------------------------------- ImageNet

@@ -595,29 +595,37 @@ class CoopSplitDataset(DatasetBase):
         """(train, val, test) lists of Datum built from the dataset's own files (no split JSON yet)."""
         raise NotImplementedError(f"{type(self).__name__} must implement build_split().")
 
-    def read_list_file(self, list_file, parse_line, cname2lab, what, names_file):
+    def read_list_file(self, list_file, parse_line, cname2lab, what, names_file, line_format):
         """Read a list of images, one per line, each with its category.
 
         Args:
             list_file (str): the list, relative to the dataset folder.
             parse_line (callable): line -> (category, image path, class name), or None for
-                a line without an image (blank).
+                a line without an image (blank); a ValueError marks a malformed line.
             cname2lab (dict[str, int]): category -> label.
             what (str): what a category is ("category", "action", ...), for the error message.
             names_file (str): the file that lists the categories (relative), for the error message.
+            line_format (str): what a line looks like (e.g. "ACTION/VIDEO.avi [LABEL]"), for the
+                error message of a malformed line.
 
         Returns:
             list[Datum]: in line order.
 
         Raises:
-            DatasetLayoutError: a line's category is not in `cname2lab` (file and line named).
+            DatasetLayoutError: a line is malformed, or its category is not in `cname2lab`
+                (file and line named).
             MissingImagesError: listed images do not exist.
         """
         filepath = os.path.join(self.dataset_dir, list_file)
         records = []
         with open(filepath) as f:
             for number, line in enumerate(f, start=1):
-                entry = parse_line(line)
+                try:
+                    entry = parse_line(line)
+                except ValueError as error:
+                    raise self.layout_error(
+                        f'{filepath}, line {number}: "{line.strip()}" is not a line "{line_format}" ({error})'
+                    ) from None
                 if entry is None:
                     continue
                 category, impath, classname = entry
