@@ -97,28 +97,6 @@ def build_data_loader(
     )
 
 
-def _loader_for_node(cfg, loader_cfg, data_source, tfm, is_train, dataset_wrapper=None):
-    """`build_data_loader` with the sampler and batch size of a DATALOADER node.
-
-    Args:
-        loader_cfg (CfgNode): DATALOADER.TRAIN_X, TRAIN_U (SAMPLER, BATCH_SIZE, N_DOMAIN,
-            N_INS) or TEST (SAMPLER, BATCH_SIZE; the sampler gets Dassl's default N_DOMAIN
-            0 and N_INS 2).
-        data_source, tfm, is_train, dataset_wrapper: as for `build_data_loader`.
-    """
-    sampling = {"n_domain": loader_cfg.N_DOMAIN, "n_ins": loader_cfg.N_INS} if is_train else {}
-    return build_data_loader(
-        cfg,
-        sampler_type=loader_cfg.SAMPLER,
-        data_source=data_source,
-        batch_size=loader_cfg.BATCH_SIZE,
-        tfm=tfm,
-        is_train=is_train,
-        dataset_wrapper=dataset_wrapper,
-        **sampling,
-    )
-
-
 def _transform(cfg, custom_tfm, is_train):
     """`custom_tfm` if given (announced), else the transform built from INPUT."""
     if custom_tfm is None:
@@ -195,8 +173,19 @@ class DataManager:
         tfm_test = _transform(cfg, custom_tfm_test, is_train=False)
 
         def loader(loader_cfg, data_source, is_train):
-            tfm = tfm_train if is_train else tfm_test
-            return _loader_for_node(cfg, loader_cfg, data_source, tfm, is_train, dataset_wrapper)
+            """`build_data_loader` with the sampler and batch size of a DATALOADER node; TEST has
+            no N_DOMAIN / N_INS and its sampler gets Dassl's defaults 0 and 2."""
+            return build_data_loader(
+                cfg,
+                sampler_type=loader_cfg.SAMPLER,
+                data_source=data_source,
+                batch_size=loader_cfg.BATCH_SIZE,
+                n_domain=loader_cfg.get("N_DOMAIN", 0),
+                n_ins=loader_cfg.get("N_INS", 2),
+                tfm=tfm_train if is_train else tfm_test,
+                is_train=is_train,
+                dataset_wrapper=dataset_wrapper,
+            )
 
         loader_x = cfg.DATALOADER.TRAIN_X
         self.train_loader_x = loader(loader_x, dataset.train_x, is_train=True)
