@@ -31,7 +31,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import torch
 
@@ -43,6 +42,7 @@ from trainers.dear import DeARCLIP, check_dear_config, deep_head_roles  # noqa: 
 from vlprompt.clip import CLIPRunner, Tokenizer, load_clip  # noqa: E402
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file  # noqa: E402
 from vlprompt.engine.amp import MixedPrecision  # noqa: E402
+from benchmark import clocks, peak_memory_mib, reset_peak_memory  # noqa: E402  (tools/benchmark.py)
 
 
 def build_model(args, lambda_reg, device):
@@ -76,11 +76,6 @@ def count_flops(cases):
             fn()
         flops[name] = counter.get_total_flops()
     return flops
-
-
-def synchronize(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def main(args):
@@ -120,20 +115,18 @@ def main(args):
         fn()
     flops = count_flops(cases) if args.flops else {}
     times = {name: [] for name in cases}
-    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    which = 1 if args.clock == "cpu" else 0  # benchmark.clocks gives (wall, CPU)
     peak = {}
     for round_index in range(args.warmup + args.rounds):  # interleaved rounds
         for name, fn in cases.items():
             if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats()
-            synchronize(device)
-            start = clock()
+                reset_peak_memory(device)
+            start = clocks(device)[which]
             fn()
-            synchronize(device)
             if round_index >= args.warmup:
-                times[name].append(clock() - start)
+                times[name].append(clocks(device)[which] - start)
             if device.type == "cuda":
-                peak[name] = torch.cuda.max_memory_allocated() / 2**20
+                peak[name] = peak_memory_mib(device)
 
     median = {name: statistics.median(values) for name, values in times.items()}
     print(f"device {device} ({torch.get_num_threads()} threads), precision {amp.prec}, batch {args.batch}, "
