@@ -166,3 +166,16 @@ def test_trainers_registered_by_tests_are_not_counted(monkeypatch):
     assert "ScriptTrainer" in TRAINER_REGISTRY.registered_names()
     assert "ScriptTrainer" not in benchmark.project_trainers()
     benchmark.check_coverage(benchmark.project_trainers())
+
+
+def test_a_case_measured_in_its_own_process_gives_the_in_process_record(tiny_run):
+    """The default mode: each case in a fresh process (--worker), its record read back as JSON."""
+    report = tiny_run
+    in_process = next(record for record in report["results"] if record["case"] == "ZeroshotCLIP")
+    case = next(case for case in benchmark.CASES if case.name == "ZeroshotCLIP")
+    record = benchmark.run_in_subprocess(case, report["settings"])
+    assert "error" not in record, record
+    assert set(record) == set(in_process)
+    assert record["learnable_params"] == in_process["learnable_params"] == 0
+    assert record["train"] is None and record["eval"]["images_per_s"] > 0
+    assert record["peak_memory_mib"] > 0 and record["memory_kind"] == "process peak RSS"
