@@ -21,7 +21,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from vlprompt.clip import CLIPRunner, load_clip  # noqa: E402
+from vlprompt.interpret.concepts import concept_entropy  # noqa: E402
 from vlprompt.interpret.decomposition import decompose_image_features  # noqa: E402
+from vlprompt.synthetic.captions import attribute_ids  # noqa: E402
 from vlprompt.synthetic.pretraining import images_to_tensor  # noqa: E402
 from vlprompt.synthetic.world import ATTRIBUTES, render, sample_scene  # noqa: E402
 
@@ -33,9 +35,10 @@ def eta_squared(contributions, values):
     """Share of the variance of ``contributions`` [N, E] explained by the grouping ``values`` [N]."""
     centred = contributions - contributions.mean(axis=0)
     total = (centred ** 2).sum()
-    between = sum(
-        (values == v).sum() * (centred[values == v].mean(axis=0) ** 2).sum() for v in np.unique(values)
-    )
+    between = 0.0
+    for value in np.unique(values):
+        group = centred[values == value]
+        between += len(group) * (group.mean(axis=0) ** 2).sum()
     return between / total
 
 
@@ -56,15 +59,15 @@ def main(argv=None):
     with torch.no_grad():
         heads = decompose_image_features(runner.visual, images, args.layers).heads.numpy()  # [N, n, H, E]
     depth = runner.visual.num_layers
+    values = attribute_ids(scenes)  # [N, len(ATTRIBUTES)]
 
     print(f"eta^2 of each head's direct contribution per attribute ({args.num_images} pretraining-style images)")
     print("layer head  " + " ".join(f"{a:>10}" for a in ATTRIBUTES) + "   entropy  dominant")
     for i in range(heads.shape[1]):
         for h in range(heads.shape[2]):
-            shares = np.array([eta_squared(heads[:, i, h], np.array([getattr(s, a) for s in scenes]))
-                               for a in ATTRIBUTES])
+            shares = np.array([eta_squared(heads[:, i, h], values[:, k]) for k in range(len(ATTRIBUTES))])
             p = shares / shares.sum()
-            entropy = float(-(p * np.log(p + 1e-12)).sum())
+            entropy = concept_entropy(p)
             layer = depth - heads.shape[1] + i + 1
             print(f"{layer:>5} {h:>4}  " + " ".join(f"{v:10.3f}" for v in shares)
                   + f"   {entropy:7.3f}  {ATTRIBUTES[int(np.argmax(shares))]} ({p.max():.0%})")
