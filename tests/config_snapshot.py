@@ -121,6 +121,143 @@ def load_snapshot(path=SNAPSHOT):
         return json.load(f)
 
 
+class _Absent:
+    """The value of a key that a config does not have."""
+
+    def __repr__(self):
+        return "<absent>"
+
+
+ABSENT = _Absent()
+
+
+class ChangeListError(ValueError):
+    """A malformed entry in the list of intended changes."""
+
+
+CHANGE_FIELDS = ("file", "key", "before", "after", "reason")
+
+
+def load_changes(path):
+    """The intended changes: a YAML list of ``{file, key, before, after, reason}`` mappings.
+
+    ``file`` is a snapshot path or ``defaults``; ``before`` / ``after`` are written as in a
+    config YAML (decoded the same way: ``1e-5`` is the float 1e-05, ``(0.5, 1.0)`` a list);
+    leaving ``before`` out means the key did not exist, leaving ``after`` out that it no longer
+    exists. Returns a list of dicts with ``before`` / ``after`` set to ABSENT where left out.
+
+    Raises:
+        ChangeListError: not a list, an entry with unknown or missing fields, or a value that
+            is not a string where one is needed.
+    """
+    import yaml
+    from yacs.config import CfgNode
+
+    with open(path, encoding="utf-8") as f:
+        entries = yaml.safe_load(f) or []
+    if not isinstance(entries, list):
+        raise ChangeListError(f"{path} must hold a YAML list of entries, got a {type(entries).__name__}.")
+    changes = []
+    for index, entry in enumerate(entries, 1):
+        where = f"{path}, entry {index}"
+        if not isinstance(entry, dict):
+            raise ChangeListError(f"{where}: expected a mapping with {', '.join(CHANGE_FIELDS)}, got {entry!r}.")
+        unknown = sorted(set(entry) - set(CHANGE_FIELDS))
+        missing = [name for name in ("file", "key", "reason") if not entry.get(name)]
+        if unknown or missing:
+            raise ChangeListError(f"{where}: unknown field(s) {unknown}, missing field(s) {missing}; "
+                                  f"an entry has {', '.join(CHANGE_FIELDS)} (before/after optional).")
+        if "before" not in entry and "after" not in entry:
+            raise ChangeListError(f"{where}: give before, after or both.")
+        for name in ("file", "key", "reason"):
+            if not isinstance(entry[name], str):
+                raise ChangeListError(f"{where}: {name} must be a string, got {entry[name]!r}.")
+        change = {name: entry[name] for name in ("file", "key", "reason")}
+        for name in ("before", "after"):
+            change[name] = plain(CfgNode._decode_cfg_value(entry[name])) if name in entry else ABSENT
+        changes.append(change)
+    return changes
+
+
+def same(a, b):
+    """Exact equality of plain values (or ABSENT): 1, 1.0 and True differ; floats compare exactly."""
+    if a is ABSENT or b is ABSENT:
+        return a is b
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def snapshot_value(snapshot, file, key):
+    """The stored value of ``key`` for ``file`` (``defaults`` or a snapshot path), or ABSENT."""
+    if file == "defaults":
+        return snapshot["defaults"].get(key, ABSENT)
+    entry = snapshot["files"][file]
+    return entry[key] if key in entry else snapshot["defaults"].get(key, ABSENT)
+
+
+def apply_changes(snapshot, changes):
+    """The snapshot after the intended changes, and the problems of the change list.
+
+    Returns:
+        (expected, problems): expected = ``{"defaults": flat, "files": {path: flat}}`` with the
+        *full* flat config of every file (defaults updated with the file's entry, then the
+        changes); problems = messages for entries whose ``before`` no longer matches the
+        snapshot, that name an unknown file, repeat another entry or change nothing.
+    """
+    problems, seen = [], set()
+    defaults = dict(snapshot["defaults"])
+    file_changes = {}
+    for change in changes:
+        file, key = change["file"], change["key"]
+        label = f"change {file} {key} ({change['reason']})"
+        if file != "defaults" and file not in snapshot["files"]:
+            problems.append(f"{label}: '{file}' is neither 'defaults' nor a config of the snapshot.")
+            continue
+        if (file, key) in seen:
+            problems.append(f"{label}: listed twice; give one entry per file and key.")
+            continue
+        seen.add((file, key))
+        stored = snapshot_value(snapshot, file, key)
+        if not same(stored, change["before"]):
+            problems.append(f"{label} is stale: its before is {change['before']!r}, but the snapshot has {stored!r}.")
+        if same(change["before"], change["after"]):
+            problems.append(f"{label}: before and after are the same ({change['after']!r}), so it changes nothing.")
+        if file == "defaults":
+            _assign(defaults, key, change["after"])
+        else:
+            file_changes.setdefault(file, []).append(change)
+    files = {}
+    for path, entry in snapshot["files"].items():
+        full = dict(defaults)
+        full.update(entry)
+        for change in file_changes.get(path, []):
+            _assign(full, change["key"], change["after"])
+        files[path] = full
+    return {"defaults": defaults, "files": files}, problems
+
+
+def _assign(flat, key, value):
+    if value is ABSENT:
+        flat.pop(key, None)
+    else:
+        flat[key] = value
+
+
+def differences(expected, actual, listed_keys=()):
+    """Messages for every key whose value differs between two flat configs (sorted by key);
+    ``listed_keys`` are keys that an intended change covers (said in the message)."""
+    messages = []
+    for key in sorted(set(expected) | set(actual)):
+        want, have = expected.get(key, ABSENT), actual.get(key, ABSENT)
+        if same(want, have):
+            continue
+        if key in listed_keys:
+            messages.append(f"{key}: the listed change says after = {want!r}, but the config now gives {have!r}.")
+        else:
+            messages.append(f"{key}: the snapshot has {want!r}, but the config now gives {have!r} "
+                            "(an unlisted change).")
+    return messages
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Write the merged-config snapshot (module docstring).")
     parser.add_argument("--add-new", action="store_true",
