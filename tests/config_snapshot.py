@@ -32,7 +32,7 @@ from pathlib import Path
 
 import trainers  # noqa: F401  (registers every trainer's config node, as train.py does)
 from vlprompt.config import extend_cfg, get_cfg_default, merge_from_file
-from vlprompt.config.merge import _load_yaml
+from vlprompt.config.merge import config_chain
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAPSHOT = ROOT / "tests" / "fixtures" / "merged_configs.json"
@@ -80,8 +80,8 @@ def merged_config(relative_path, root=ROOT):
 
 
 def keys_set_by(relative_path, root=ROOT):
-    """Dotted keys that the config file writes."""
-    return set(flatten(_load_yaml(str(Path(root, relative_path)))))
+    """Dotted keys that the config file writes, itself or through its ``_BASE_`` chain."""
+    return {key for _, node in config_chain(str(Path(root, relative_path))) for key in flatten(node)}
 
 
 def file_entry(relative_path, root=ROOT):
