@@ -5,12 +5,12 @@ Typical set-up (train.py)::
     cfg = get_cfg_default()
     extend_cfg(cfg)                      # trainer nodes, e.g. TRAINER.COOP
     merge_from_file(cfg, dataset_yaml)
-    merge_from_file(cfg, method_yaml)
+    merge_from_file(cfg, method_yaml)     # follows its _BASE_ chain, bases first
     merge_from_list(cfg, opts)
     cfg.freeze()
 """
 from .defaults import _C as _CFG_DEFAULT
-from .merge import ConfigError, merge_from_file, merge_from_list
+from .merge import ConfigError, config_chain, merge_from_file, merge_from_list
 from .checks import check_choice, check_range
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "register_cfg_extension",
     "extend_cfg",
     "ConfigError",
+    "config_chain",
     "merge_from_file",
     "merge_from_list",
     "check_choice",

@@ -5,6 +5,13 @@ every key must exist, string values are literal-evaluated, int and float do not 
 list and tuple convert into each other. Before merging, the input is checked with
 yacs's own decoding and type rules, and any failure becomes one :class:`ConfigError`
 paragraph naming the key, where it came from, and what would be accepted.
+
+Inheritance: a config file may name a base config at its top level,
+``_BASE_: ../_base_/clip.yaml``, whose path is relative to the folder of the file that names
+it (an absolute path also works). Bases chain to any depth; the base is merged first, so the
+child's values override it, key by key (a list replaces the base's list, it is not appended
+to). Every file of the chain is checked before anything is merged, and an error names the
+file the bad key or value came from.
 """
 import copy
 import difflib
@@ -13,9 +20,10 @@ import os.path as osp
 import yaml
 from yacs.config import CfgNode, _check_and_coerce_cfg_value_type
 
-__all__ = ["ConfigError", "merge_from_file", "merge_from_list"]
+__all__ = ["ConfigError", "config_chain", "merge_from_file", "merge_from_list"]
 
 COMMAND_LINE = "command line"
+BASE_KEY = "_BASE_"
 
 
 class ConfigError(ValueError):
@@ -68,6 +76,8 @@ def _unknown_key_error(cfg, full_key, source):
             f" Nodes under TRAINER (e.g. TRAINER.{parts[1]}) are added by their trainer module: "
             "import it so it registers its extension, and call extend_cfg(cfg) before merging."
         )
+    if parts[-1] == BASE_KEY:
+        hint = f" {BASE_KEY} (the base config's path) is only read at the top level of a config file."
     return ConfigError(
         f'Unknown config key "{full_key}" (from {source}). Every key must already exist in the '
         f"defaults or in a trainer's node. {suggestion}{hint}"
@@ -136,8 +146,8 @@ def _lookup(cfg, full_key, source):
     return node
 
 
-def _load_yaml(path):
-    """Read a YAML config file into a CfgNode (as yacs does), with readable errors."""
+def _read_yaml(path):
+    """The top-level mapping of a YAML config file, with readable errors."""
     with open(path, "r", encoding="utf-8") as f:
         try:
             data = yaml.safe_load(f)
@@ -151,27 +161,97 @@ def _load_yaml(path):
             f'Config file "{path}" must hold a mapping of KEY: VALUE entries at the top level, '
             f"but holds a {type(data).__name__}"
         )
+    return data
+
+
+def _to_node(data, path):
+    """``data`` as a CfgNode (as yacs reads a file)."""
     try:
         return CfgNode(data)
     except AssertionError as error:
         raise ConfigError(f'Config file "{path}" holds a value that a config cannot store: {error}') from None
 
 
-def merge_from_file(cfg, path):
-    """Merge the YAML file ``path`` into ``cfg`` (yacs semantics).
-
-    Raises:
-        ConfigError: missing or unreadable file, unknown key, or wrong value type.
-    """
+def _check_exists(path):
     if not osp.isfile(path):
         raise ConfigError(
             f'Config file "{path}" does not exist (looked for "{osp.abspath(path)}"). Relative config '
             "paths are read from the current directory: give them relative to the repository root "
             "and run from there, or give an absolute path."
         )
-    other = _load_yaml(path)
-    _check_node(cfg, cfg, other, "", f'config file "{path}"')
-    cfg.merge_from_other_cfg(other)
+
+
+def _arrow(paths):
+    return " -> ".join(f'"{path}"' for path in paths)
+
+
+def _base_of(path, base, chain):
+    """The path of the base config that ``path`` names with ``_BASE_: base``."""
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(
+            f'Config file "{path}" has {BASE_KEY}: {base!r} ({_type_name(base)}), but {BASE_KEY} must be the '
+            "path of a base config file (a string, relative to the folder of the file that names it)."
+        )
+    base_path = osp.normpath(osp.join(osp.dirname(path), base))
+    if not osp.isfile(base_path):
+        raise ConfigError(
+            f'Config file "{path}" names {BASE_KEY}: "{base}", which does not exist (looked for '
+            f'"{osp.abspath(base_path)}"; {BASE_KEY} paths are relative to the folder of the file that names '
+            f"them). Chain: {_arrow(chain + [base_path])}."
+        )
+    return base_path
+
+
+def config_chain(path):
+    """The files that make up the config file ``path``, following ``_BASE_`` (module docstring).
+
+    Returns:
+        ``[(file, node), ...]`` base first and ``path`` last; each node is that file's own
+        keys as a CfgNode, without ``_BASE_``. Files are named as given (``path``) or as
+        joined from their child's folder.
+
+    Raises:
+        ConfigError: a missing or unreadable file, a ``_BASE_`` that is not a path string,
+            or a cycle (every message names the files of the chain).
+    """
+    _check_exists(path)
+    chain, nodes, seen = [], [], set()
+    current = path
+    while current is not None:
+        chain.append(current)
+        real = osp.realpath(current)
+        if real in seen:
+            raise ConfigError(f'Config file "{path}" inherits from itself through {BASE_KEY}: {_arrow(chain)}.')
+        seen.add(real)
+        data = _read_yaml(current)
+        has_base = BASE_KEY in data
+        base = data.pop(BASE_KEY, None)
+        nodes.append(_to_node(data, current))
+        current = _base_of(current, base, chain) if has_base else None
+    return list(zip(chain, nodes))[::-1]
+
+
+def _file_source(file, files):
+    """How an error names ``file``, one of ``files`` (a chain, base first)."""
+    if len(files) == 1:
+        return f'config file "{file}"'
+    return f'config file "{file}", in the {BASE_KEY} chain {_arrow(files[::-1])}'
+
+
+def merge_from_file(cfg, path):
+    """Merge the YAML file ``path`` and its ``_BASE_`` chain into ``cfg`` (yacs semantics;
+    bases first, so the child overrides).
+
+    Raises:
+        ConfigError: missing or unreadable file, bad ``_BASE_``, unknown key, or wrong value
+            type; nothing is merged then.
+    """
+    chain = config_chain(path)
+    files = [file for file, _ in chain]
+    for file, node in chain:
+        _check_node(cfg, cfg, node, "", _file_source(file, files))
+    for _, node in chain:
+        cfg.merge_from_other_cfg(node)
 
 
 def merge_from_list(cfg, opts):
