@@ -61,6 +61,15 @@ class HookToyTrainerOwnEpochEnd(HookToyTrainer):
         self.own_epoch_ends = getattr(self, "own_epoch_ends", 0) + 1
 
 
+@TRAINER_REGISTRY.register()
+class HookToyTrainerRecorded(HookToyTrainer):
+    """Adds a Recorder to the default hooks through build_hooks (the pattern of the README)."""
+
+    def build_hooks(self):
+        self.recorder = Recorder()
+        return super().build_hooks() + [self.recorder]
+
+
 class Recorder(HookBase):
     """Records (stage, epoch, batch) of every call, and what the trainer looked like then."""
 
@@ -142,10 +151,11 @@ def test_hooks_are_called_in_lifecycle_order_after_the_default_hooks(data_root, 
 
 def test_a_resumed_finished_run_calls_only_the_train_hooks(data_root, tmp_path):
     quietly(make_trainer(data_root, tmp_path).train)
-    trainer = make_trainer(data_root, tmp_path)
-    recorder = Recorder()
-    trainer.register_hooks([recorder])
+    trainer = make_trainer(data_root, tmp_path, name="HookToyTrainerRecorded")
+    assert [type(hook).__name__ for hook in trainer.hooks] == [
+        "CheckpointHook", "FinalEvaluationHook", "LoggingHook", "Recorder"]
     quietly(trainer.train)
+    recorder = trainer.recorder
     assert [stage for stage, _, _ in recorder.calls] == ["before_train", "after_train"]
     assert recorder.calls[0] == ("before_train", EPOCHS, None)  # CheckpointHook resumed before it
 
