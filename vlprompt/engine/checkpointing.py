@@ -15,6 +15,8 @@ any of them; the engine always calls them through the trainer):
 * ``save_mid_epoch_model(directory, batches_done, data_position)``;
 * ``resume_model_if_exist(directory)`` -> epoch index to continue from: restores weights,
   optimizer, scheduler, RNG, scaler and trainer states from the newest usable checkpoint;
+  after a mid-epoch checkpoint, ``epoch_batches(loader, num_batches)`` then gives the
+  batches the interrupted epoch had not run;
 * ``load_model(directory, epoch=None)``: weights only, non-strict, class-dependent keys
   (``get_class_dependent_keys``) dropped, missing/unexpected keys reported.
 
@@ -37,6 +39,7 @@ from vlprompt.utils import get_rng_state, load_checkpoint, restore_checkpoint, s
 from .hooks import HookBase
 from .resume import (
     checkpoint_files,
+    continue_epoch,
     find_resume_point,
     mid_epoch_file_name,
     prune_mid_epoch_checkpoints,
@@ -189,6 +192,15 @@ class CheckpointingMixin:
         self.last_checkpoint = point.paths[self.get_model_names()[0]]
         print(resume_banner(directory, point.epochs_done, self.max_epoch, point.batches_done))
         return point.epochs_done
+
+    def epoch_batches(self, loader, num_batches):
+        """(iterator over this epoch's training batches, index of its first batch): the whole
+        ``loader``, or right after resuming from a mid-epoch checkpoint the batches that the
+        interrupted epoch had not run (:func:`vlprompt.engine.resume.continue_epoch`)."""
+        pending, self._pending_mid_epoch = self._pending_mid_epoch, None
+        if pending is None:
+            return iter(loader), 0
+        return continue_epoch(loader, pending, num_batches, self.last_checkpoint)
 
     # ----------------------------------------------------------------------------------------
     # Loading weights

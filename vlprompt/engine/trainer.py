@@ -40,7 +40,6 @@ from .evaluation import EvaluationMixin, FinalEvaluationHook
 from .hooks import HookBase, call_hooks
 from .progress import LoggingHook, WriterMixin
 from .results import RUN_INFO_DEFAULTS
-from .resume import continue_epoch
 from .steps import NonFiniteLossError, OptimizationMixin
 
 __all__ = ["NonFiniteLossError", "SimpleTrainer", "TrainerBase", "TrainerX"]
@@ -300,7 +299,7 @@ class TrainerX(SimpleTrainer):
         batch_time = AverageMeter()
         data_time = AverageMeter()
         self.num_batches = len(self.train_loader_x)
-        batches, first_batch = self._epoch_batches()
+        batches, first_batch = self.epoch_batches(self.train_loader_x, self.num_batches)
 
         end = time.time()
         for self.batch_idx, batch in enumerate(batches, start=first_batch):
@@ -311,14 +310,6 @@ class TrainerX(SimpleTrainer):
             self.log_training_step(losses, batch_time, data_time, self.cfg.TRAIN.PRINT_FREQ)
             call_hooks(self.hooks, "after_step", self)
             end = time.time()
-
-    def _epoch_batches(self):
-        """(iterator over this epoch's training batches, index of its first batch): the whole
-        loader, or after a mid-epoch resume the batches the interrupted epoch had not run."""
-        pending, self._pending_mid_epoch = self._pending_mid_epoch, None
-        if pending is None:
-            return iter(self.train_loader_x), 0
-        return continue_epoch(self.train_loader_x, pending, self.num_batches, self.last_checkpoint)
 
     def parse_batch_train(self, batch):
         """(images, labels, domains) moved to the device."""
