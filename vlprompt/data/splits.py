@@ -1,4 +1,4 @@
-"""CoOp's split helpers, the few-shot cache and the common dataset pipeline (engine.md §4.4–4.5).
+"""CoOp's split helpers and the common dataset pipeline (engine.md §4.4–4.5).
 
 The dataset files subclass `CoopSplitDataset`, whose constructor calls
 `prepare_coop_splits`, which runs the whole pipeline: split JSON (or the dataset's
@@ -6,37 +6,46 @@ own split builder) -> few-shot sampling with a cache in `<dataset_dir>/split_few
 -> base/new subsampling. `read_list_file` and `split_official_lists` are the
 builders' common parts (lists of images with their category, official train/test lists).
 
-Few-shot caches: Dassl writes `shot_{K}-seed_{SEED}.pkl` (a pickle of Datum
-objects); we read those with a restricted unpickler and write our own as
-`shot_{K}-seed_{SEED}.json`. Both hold absolute image paths; paths that moved
-with the dataset folder are rewritten on load.
+The few-shot cache lives in :mod:`vlprompt.data.fewshot_cache` and the files of Datum lists
+(Dassl's pickles, our JSON, moved paths) in :mod:`vlprompt.data.datum_files`; the names that
+datasets, tools and train.py import from here (`FEWSHOT_DIRNAME`, `UnsafePickleError`,
+`read_datum_pickle`, `write_datum_json`, `load_datum_cache`, `fewshot_cache_stem`,
+`load_fewshot_cache`, `save_fewshot_cache`) are re-exported, so this module is the one
+import path of the dataset pipeline.
 """
-import builtins
-import json
 import math
 import os
-import pickle
 import random
-import warnings
 
-from vlprompt.data.checks import DatasetContentError
-from vlprompt.data.datasets.base_dataset import (
-    DATASETS_DOC, DatasetBase, Datum, MissingImagesError, generate_fewshot_dataset,
+from vlprompt.data.datasets.base_dataset import DatasetBase, Datum, MissingImagesError
+from vlprompt.data.datum_files import UnsafePickleError, missing_images_message, read_datum_pickle, write_datum_json
+from vlprompt.data.fewshot_cache import (
+    FEWSHOT_DIRNAME, fewshot_cache_stem, fewshot_with_cache, load_datum_cache, load_fewshot_cache, save_fewshot_cache,
 )
-from vlprompt.utils import atomic_write, listdir_nohidden, mkdir_if_missing, read_json, write_json
+from vlprompt.utils import listdir_nohidden, mkdir_if_missing, read_json, write_json
+
+__all__ = [
+    "FEWSHOT_DIRNAME",
+    "SUBSAMPLE_CHOICES",
+    "CoopSplitDataset",
+    "UnsafePickleError",
+    "build_datums",
+    "fewshot_cache_stem",
+    "load_datum_cache",
+    "load_fewshot_cache",
+    "prepare_coop_splits",
+    "read_and_split_data",
+    "read_datum_pickle",
+    "read_split",
+    "save_fewshot_cache",
+    "save_split",
+    "split_official_lists",
+    "split_trainval",
+    "subsample_classes",
+    "write_datum_json",
+]
 
 SUBSAMPLE_CHOICES = ("all", "base", "new")
-FEWSHOT_DIRNAME = "split_fewshot"
-_MAX_LISTED_PATHS = 5
-
-
-def _missing_images_message(missing, total, source):
-    shown = "\n".join(f"  {path}" for path in missing[:_MAX_LISTED_PATHS])
-    return (
-        f"{len(missing)} of {total} images listed in {source} do not exist (an incomplete download, "
-        f"or DATASET.ROOT pointing at another copy? {DATASETS_DOC} gives each dataset's layout). "
-        f"First {min(len(missing), _MAX_LISTED_PATHS)}:\n{shown}"
-    )
 
 
 def build_datums(records, source):
@@ -55,7 +64,7 @@ def build_datums(records, source):
     records = list(records)
     missing = [impath for impath, _, _ in records if not os.path.isfile(impath)]
     if missing:
-        raise MissingImagesError(_missing_images_message(missing, len(records), source))
+        raise MissingImagesError(missing_images_message(missing, len(records), source))
     return [Datum.unchecked(impath, label, 0, classname) for impath, label, classname in records]
 
 
@@ -245,278 +254,6 @@ def subsample_classes(*datasets, subsample="all"):
     ]
 
 
-# ---------------------------------------------------------------- pickles of Datum
-
-_DATUM_GLOBALS = {
-    ("dassl.data.datasets.base_dataset", "Datum"),
-    ("vlprompt.data.datasets.base_dataset", "Datum"),
-}
-_CONTAINER_BUILTINS = {"dict", "list", "tuple", "set", "frozenset"}
-
-
-class UnsafePickleError(pickle.UnpicklingError):
-    """A pickle of Datum lists references something other than Datum and builtin containers."""
-
-
-class _DatumUnpickler(pickle.Unpickler):
-    """Unpickler that resolves only Datum (Dassl's or ours) and builtin containers.
-
-    Datum objects are rebuilt from their pickled instance dict (their constructor
-    does not run); any other global is refused before it can be called.
-    """
-
-    def find_class(self, module, name):
-        if (module, name) in _DATUM_GLOBALS:
-            return Datum
-        if module == "builtins" and name in _CONTAINER_BUILTINS:
-            return getattr(builtins, name)
-        raise UnsafePickleError(f"{module}.{name}")
-
-
-def _check_datum_lists(data, path):
-    """Validate {split name: [Datum, ...]} loaded from `path`."""
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} should hold a dict of lists of Datum, got {type(data).__name__}.")
-    for name, items in data.items():
-        if not isinstance(items, list):
-            raise ValueError(f'{path}: entry "{name}" should be a list of Datum, got {type(items).__name__}.')
-        for item in items:
-            valid = (
-                isinstance(item, Datum)
-                and isinstance(getattr(item, "_impath", None), str)
-                and isinstance(getattr(item, "_label", None), int)
-                and isinstance(getattr(item, "_domain", None), int)
-                and isinstance(getattr(item, "_classname", None), str)
-            )
-            if not valid:
-                raise ValueError(
-                    f'{path}: entry "{name}" holds {item!r}, which is not a Datum with str _impath, '
-                    "int _label, int _domain and str _classname."
-                )
-
-
-def read_datum_pickle(path):
-    """Load a pickle of {split name: [Datum, ...]} written by Dassl or by vlprompt, safely.
-
-    Only `dassl.data.datasets.base_dataset.Datum`, `vlprompt.data.datasets.base_dataset.Datum`
-    and builtin containers may appear; Datum objects are restored without running
-    their constructor.
-
-    Raises:
-        UnsafePickleError: the pickle references any other class or function.
-        ValueError: the content is not a dict of lists of Datum.
-    """
-    with open(path, "rb") as f:
-        try:
-            data = _DatumUnpickler(f).load()
-        except UnsafePickleError as error:
-            raise UnsafePickleError(
-                f"Refusing to unpickle {path}: it references {error}, but this file may only contain "
-                "Datum objects (dassl.data.datasets.base_dataset.Datum or "
-                "vlprompt.data.datasets.base_dataset.Datum) in dicts and lists. Delete it if you "
-                "do not trust where it came from."
-            ) from None
-    _check_datum_lists(data, path)
-    return data
-
-
-def read_datum_json(path):
-    """Load {split name: [[impath, label, domain, classname], ...]} as {split name: [Datum, ...]}."""
-    raw = read_json(path)
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path} should hold a JSON object of lists, got {type(raw).__name__}.")
-    data = {}
-    for name, entries in raw.items():
-        if not isinstance(entries, list) or any(
-            not isinstance(entry, list) or len(entry) != 4 for entry in entries
-        ):
-            raise ValueError(f'{path}: "{name}" should be a list of [impath, label, domain, classname].')
-        data[name] = [Datum.unchecked(impath, label, domain, cname) for impath, label, domain, cname in entries]
-    _check_datum_lists(data, path)
-    return data
-
-
-def write_datum_json(data, path, compact=False):
-    """Atomically write {split name: [Datum, ...]} as JSON lists [impath, label, domain, classname].
-
-    `compact` drops the indentation (for large lists such as ImageNet's).
-    """
-    payload = {
-        name: [[item.impath, item.label, item.domain, item.classname] for item in items]
-        for name, items in data.items()
-    }
-    if compact:
-        with atomic_write(path, "w") as f:
-            json.dump(payload, f, separators=(",", ":"))
-    else:
-        write_json(payload, path)
-
-
-def _relocated_path(impath, dataset_dir):
-    """The path of `impath` under `dataset_dir` if it moved with the dataset folder, else None.
-
-    Every occurrence of the dataset folder's name as a path component is tried
-    (last first): the part after it, joined to `dataset_dir`, must be a file.
-    """
-    folder = os.path.basename(os.path.normpath(dataset_dir))
-    parts = impath.replace("\\", "/").split("/")
-    for index in reversed(range(len(parts))):
-        if parts[index] == folder:
-            candidate = os.path.join(dataset_dir, *parts[index + 1 :])
-            if os.path.isfile(candidate):
-                return candidate
-    return None
-
-
-def relocate_datums(data, dataset_dir, source):
-    """Rewrite image paths that moved with the dataset folder (e.g. a cache from another machine).
-
-    An existing path is kept. A missing one is replaced by its tail after the
-    dataset folder's name, joined to `dataset_dir`, if that file exists.
-
-    Args:
-        data (dict[str, list[Datum]]): loaded lists.
-        dataset_dir (str): the dataset folder on this machine.
-        source (str): the file the lists come from, for the error message.
-
-    Returns:
-        dict[str, list[Datum]]: the same lists, with rewritten items where needed.
-
-    Raises:
-        MissingImagesError: a path neither exists nor can be found under `dataset_dir`.
-    """
-    relocated, missing, total = {}, [], 0
-    for name, items in data.items():
-        kept = []
-        for item in items:
-            total += 1
-            if os.path.isfile(item.impath):
-                kept.append(item)
-                continue
-            new_path = _relocated_path(item.impath, dataset_dir)
-            if new_path is None:
-                missing.append(item.impath)
-            else:
-                kept.append(Datum.unchecked(new_path, item.label, item.domain, item.classname))
-        relocated[name] = kept
-    if missing:
-        raise MissingImagesError(
-            _missing_images_message(missing, total, source)
-            + f"\nNone of them was found under {dataset_dir} either. Delete {source} to sample "
-            "the few-shot data again (the same seed and split give the same selection), or restore the images."
-        )
-    return relocated
-
-
-# ---------------------------------------------------------------- few-shot cache
-
-def fewshot_cache_stem(dataset_dir, num_shots, seed):
-    """`<dataset_dir>/split_fewshot/shot_{K}-seed_{SEED}` (without extension)."""
-    return os.path.join(dataset_dir, FEWSHOT_DIRNAME, f"shot_{num_shots}-seed_{seed}")
-
-
-def load_datum_cache(stem, dataset_dir, announce=None):
-    """Load `<stem>.pkl` (Dassl's pickle) or else `<stem>.json` (ours), with moved paths rewritten.
-
-    The pickle is read with the restricted unpickler (`read_datum_pickle`), so only
-    Datum objects in dicts and lists load; paths that moved with the dataset folder
-    are rewritten (`relocate_datums`). `announce`, if given, is printed before the
-    file's path.
-
-    Returns:
-        (str, dict[str, list[Datum]]) | None: the file read and its lists; None if neither file exists.
-    """
-    for path, reader in ((stem + ".pkl", read_datum_pickle), (stem + ".json", read_datum_json)):
-        if os.path.isfile(path):
-            if announce:
-                print(f"{announce} {path}")
-            return path, relocate_datums(reader(path), dataset_dir, path)
-    return None
-
-
-def load_fewshot_cache(dataset_dir, num_shots, seed):
-    """Load the cached few-shot lists, or return None if there is no cache.
-
-    Dassl's `shot_K-seed_S.pkl` is preferred over our `shot_K-seed_S.json`.
-
-    Returns:
-        dict[str, list[Datum]] | None: {"train": [...], "val": [...]} ({"train"} for ImageNet).
-    """
-    stem = fewshot_cache_stem(dataset_dir, num_shots, seed)
-    loaded = load_datum_cache(stem, dataset_dir, announce="Loading preprocessed few-shot data from")
-    return None if loaded is None else loaded[1]
-
-
-def save_fewshot_cache(dataset_dir, num_shots, seed, data):
-    """Write the few-shot lists to `shot_K-seed_S.json` (atomically) and return its path."""
-    path = fewshot_cache_stem(dataset_dir, num_shots, seed) + ".json"
-    print(f"Saving preprocessed few-shot data to {path}")
-    write_datum_json(data, path)
-    return path
-
-
-def _fewshot_with_cache(dataset_dir, num_shots, seed, train, val):
-    """Few-shot train (K) and val (min(K, 4)) from the cache, or sampled and cached.
-
-    `val` None (ImageNet): only train is sampled and cached.
-    """
-    if seed < 0:
-        warnings.warn(
-            f"SEED is {seed} (unseeded run): the few-shot cache "
-            f"{fewshot_cache_stem(dataset_dir, num_shots, seed)}.* is shared by every unseeded "
-            f"{num_shots}-shot run, so all of them use the same selection; set SEED >= 0 to get "
-            "one selection per seed.",
-            stacklevel=3,
-        )
-    splits = ("train",) if val is None else ("train", "val")
-    data = load_fewshot_cache(dataset_dir, num_shots, seed)
-    if data is not None:
-        absent = [name for name in splits if name not in data]
-        if absent:
-            raise ValueError(
-                f"The few-shot cache {fewshot_cache_stem(dataset_dir, num_shots, seed)} has no "
-                f"{' / '.join(absent)} list; delete it to sample again."
-            )
-        _check_cache_matches_split(data, {"train": train, "val": val}, dataset_dir, num_shots, seed)
-        return data["train"], (None if val is None else data["val"])
-
-    train = generate_fewshot_dataset(train, num_shots=num_shots)
-    data = {"train": train}
-    if val is not None:
-        val = generate_fewshot_dataset(val, num_shots=min(num_shots, 4))
-        data["val"] = val
-    save_fewshot_cache(dataset_dir, num_shots, seed, data)
-    return train, val
-
-
-def _item_key(item, folder):
-    """(path below the dataset folder `folder`, label, classname): an item's identity across machines."""
-    parts = os.path.normpath(item.impath).replace("\\", "/").split("/")
-    tail = parts[len(parts) - parts[::-1].index(folder):] if folder in parts else parts
-    return "/".join(tail), item.label, item.classname
-
-
-def _check_cache_matches_split(cached, current, dataset_dir, num_shots, seed):
-    """Raise DatasetContentError if a cached few-shot item is not in the split it was sampled from.
-
-    Args:
-        cached: {"train": [Datum], "val": [Datum]} from the cache.
-        current: {"train": [Datum], "val": [Datum] or None}: the lists of the current split.
-    """
-    folder = os.path.basename(os.path.normpath(dataset_dir))
-    for name, items in current.items():
-        if items is None:
-            continue
-        known = {_item_key(item, folder) for item in items}
-        foreign = [item for item in cached[name] if _item_key(item, folder) not in known]
-        if foreign:
-            stem = fewshot_cache_stem(dataset_dir, num_shots, seed)
-            raise DatasetContentError(
-                f"The few-shot cache {stem}.* does not match the current split: {len(foreign)} of its "
-                f"{len(cached[name])} {name} items are not in the split's {name} list with the same label and "
-                f'class name (e.g. "{foreign[0].impath}", label {foreign[0].label}, "{foreign[0].classname}"). '
-                "The split file or the dataset changed after the cache was written; delete the cache to sample again."
-            )
 
 
 def prepare_coop_splits(cfg, dataset_dir, build_split, split_path=None, path_prefix=None):
@@ -554,7 +291,7 @@ def prepare_coop_splits(cfg, dataset_dir, build_split, split_path=None, path_pre
 
     num_shots = cfg.DATASET.NUM_SHOTS
     if num_shots >= 1:
-        train, val = _fewshot_with_cache(dataset_dir, num_shots, cfg.SEED, train, val)
+        train, val = fewshot_with_cache(dataset_dir, num_shots, cfg.SEED, train, val)
 
     subsample = cfg.DATASET.SUBSAMPLE_CLASSES
     if val is None:

@@ -13,21 +13,28 @@ the newest one whose files all load is used. A file that does not load (truncate
 copy, corrupted on disk) is skipped with a message naming it and the reason, and the
 previous position is tried. Files are written with ``atomic_write``, so a save killed
 midway leaves only a hidden temporary file, which is removed here.
+
+After a mid-epoch checkpoint, :func:`continue_epoch` gives the batches the interrupted epoch
+had not run yet (the loader's sampler must be resumable: those of :mod:`vlprompt.data.samplers`);
+:func:`resume_banner` is the message that tells the user a run resumes and from where.
 """
 import os
 import os.path as osp
 import re
 from dataclasses import dataclass, field
 
-from vlprompt.utils import CheckpointError, check_checkpoint_content, load_checkpoint
+from vlprompt.utils import CheckpointError, check_checkpoint_content, load_checkpoint, set_rng_state
 
 __all__ = [
     "MID_EPOCH_KEEP",
     "ResumePoint",
     "checkpoint_files",
+    "continue_epoch",
     "find_resume_point",
     "mid_epoch_file_name",
     "prune_mid_epoch_checkpoints",
+    "resumable_sampler",
+    "resume_banner",
 ]
 
 _EPOCH_FILE = re.compile(r"^model\.pth\.tar-(\d+)$")
@@ -175,3 +182,71 @@ def find_resume_point(directory, names):
             + "\nDelete them to train from scratch, or use another --output-dir."
         )
     return None
+
+
+def resume_banner(directory, start_epoch, max_epoch, batches_done=0):
+    """The framed message saying that the run in ``directory`` resumes, and where it goes on."""
+    if batches_done:
+        plan = (
+            f"** Training resumes in epoch {start_epoch + 1}/{max_epoch} after batch {batches_done} "
+            "(weights, optimizer, scheduler, RNG states and data order restored)."
+        )
+    elif start_epoch >= max_epoch:
+        plan = (
+            f"** All {max_epoch} epochs are already done (checkpoint of epoch {start_epoch}): "
+            "training is skipped and the final model is evaluated again."
+        )
+    else:
+        plan = (
+            f"** Training resumes after epoch {start_epoch}: the next epoch is "
+            f"{start_epoch + 1}/{max_epoch} (weights, optimizer, scheduler and RNG states restored)."
+        )
+    line = "*" * 78
+    return "\n".join(
+        [
+            line,
+            f'** RESUMING: "{directory}" already holds checkpoints of an earlier run.',
+            plan,
+            "** To start a fresh run instead, use another --output-dir (or delete that folder).",
+            line,
+        ]
+    )
+
+
+def resumable_sampler(loader):
+    """The sampler of ``loader`` if it can resume mid-epoch (has ``resume_epoch`` and the loader
+    batches), else None (e.g. a trainer's own loader)."""
+    sampler = getattr(loader, "sampler", None)
+    return sampler if hasattr(sampler, "resume_epoch") and loader.batch_size else None
+
+
+def continue_epoch(loader, pending, num_batches, checkpoint_path):
+    """(iterator over the batches an interrupted epoch had not run, index of the first of them).
+
+    Args:
+        loader: the training loader.
+        pending: the checkpoint's "mid_epoch" entry ("num_batches", "sampler", "batches_done")
+            plus "rng_state" (the checkpoint's RNG states, or None).
+        num_batches: batches per epoch of ``loader`` now.
+        checkpoint_path: the mid-epoch checkpoint (for the error message).
+
+    The RNG states are restored after the loader's iterator is created, since creating it
+    draws from torch's generator.
+
+    Raises:
+        CheckpointError: the loader cannot resume mid-epoch, or has another number of batches.
+    """
+    sampler = resumable_sampler(loader)
+    if sampler is None or pending["num_batches"] != num_batches:
+        raise CheckpointError(
+            f"The mid-epoch checkpoint \"{checkpoint_path}\" cannot continue this epoch: "
+            + ("the training loader cannot resume mid-epoch (its sampler is not resumable)" if sampler is None
+               else f"it was written for {pending['num_batches']} batches per epoch, the loader now has "
+               f"{num_batches} (did the training data or the batch size change?)")
+            + ". Delete the mid-epoch checkpoints (model.pth.tar-E-batchB) to resume from the last epoch."
+        )
+    sampler.resume_epoch(pending["sampler"], pending["batches_done"] * loader.batch_size)
+    batches = iter(loader)
+    if pending["rng_state"] is not None:
+        set_rng_state(pending["rng_state"])
+    return batches, pending["batches_done"]

@@ -4,6 +4,12 @@ Input: :class:`Measurements`, the accuracy of every (trainer, cfg, dataset, colu
 found on disk (``tools/parse_results.py`` reads them). Output: :class:`Table` objects,
 rendered as terminal text, Markdown, LaTeX (booktabs) or CSV by :func:`render`.
 
+This module builds the three kinds of table (:func:`base2new_table`, :func:`fewshot_table`,
+:func:`transfer_table`); the cells, rows and method grouping are in
+:mod:`vlprompt.protocols.table_model`, the output formats in
+:mod:`vlprompt.protocols.table_render`, the published numbers in
+:mod:`vlprompt.protocols.published`. The names tools import from here are re-exported.
+
 Conventions (baselines spec §2.5):
 
 * every measured cell is the mean ± population std over its seeds; a cell with fewer
@@ -23,195 +29,20 @@ datasets (CoOp's ImageNet recipe) stay one method and the notes say which ran wh
 """
 from __future__ import annotations
 
-import csv
-import io
-import math
-from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
-
-from tabulate import tabulate
+from typing import Dict, List, Optional, Sequence
 
 from .published import Published, find_published
+from .table_model import (
+    AVERAGE, BASE, BASE_RELEASED, DERIVED_MARK, HM, NOVEL, Cell, Column, Measurements, MethodGroup, Row, Table,
+    harmonic_mean, mean_std, method_groups,
+)
+from .table_render import FORMATS, format_cell, render
 
 __all__ = [
-    "FORMATS", "Cell", "Column", "Row", "Table", "Measurements", "MethodGroup", "mean_std",
-    "harmonic_mean", "method_groups", "base2new_table", "fewshot_table", "transfer_table",
+    "FORMATS", "AVERAGE", "BASE", "BASE_RELEASED", "HM", "NOVEL", "Cell", "Column", "Row", "Table", "Measurements",
+    "MethodGroup", "mean_std", "harmonic_mean", "method_groups", "base2new_table", "fewshot_table", "transfer_table",
     "format_cell", "render",
 ]
-
-FORMATS = ("terminal", "markdown", "latex", "csv")
-AVERAGE = "Average"
-BASE, NOVEL, HM, BASE_RELEASED = "Base", "Novel", "HM", "Base (test_base)"
-PARTIAL_MARK, DERIVED_MARK = "[{n}/{expected}]", "†"
-
-
-def mean_std(values: Sequence[float]) -> Tuple[float, float]:
-    """(mean, population std) of a non-empty sequence."""
-    if not values:
-        raise ValueError("mean_std() needs at least one value, got an empty sequence.")
-    mean = sum(values) / len(values)
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
-
-
-def harmonic_mean(base: float, novel: float) -> float:
-    """2·B·N/(B+N) (0 when both are 0)."""
-    return 0.0 if base + novel == 0 else 2.0 * base * novel / (base + novel)
-
-
-def _seed_key(seed: str):
-    return (0, int(seed), "") if seed.isdigit() else (1, 0, seed)
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One table entry.
-
-    Attributes:
-        mean: the value (None: nothing to show).
-        std: the ± part, or None.
-        values: (seed, value) pairs of a measured cell, by seed.
-        expected: the seeds a measured cell should have.
-        flagged: derived from incomplete inputs (shown with †).
-        signed: a difference, printed with its sign.
-    """
-
-    mean: Optional[float] = None
-    std: Optional[float] = None
-    values: Tuple[Tuple[str, float], ...] = ()
-    expected: Tuple[str, ...] = ()
-    flagged: bool = False
-    signed: bool = False
-
-    @classmethod
-    def measured(cls, values: Mapping[str, float], expected: Sequence[str]) -> "Cell":
-        """Mean ± std of the seed values (an empty mapping gives an empty cell)."""
-        if not values:
-            return cls(expected=tuple(expected))
-        mean, std = mean_std(list(values.values()))
-        ordered = tuple(sorted(values.items(), key=lambda kv: _seed_key(kv[0])))
-        return cls(mean, std, ordered, tuple(expected))
-
-    @property
-    def missing_seeds(self) -> Tuple[str, ...]:
-        present = {seed for seed, _ in self.values}
-        return tuple(s for s in self.expected if s not in present) if self.values else ()
-
-    @property
-    def incomplete(self) -> bool:
-        """No value, missing seeds, or derived from incomplete inputs."""
-        return self.mean is None or bool(self.missing_seeds) or self.flagged
-
-
-@dataclass(frozen=True)
-class Column:
-    """A column header; ``group`` is the method of column-per-method tables."""
-
-    name: str
-    group: str = ""
-
-    @property
-    def title(self) -> str:
-        return f"{self.group} {self.name}".strip()
-
-
-@dataclass
-class Row:
-    label: str
-    cells: List[Cell]
-    summary: bool = False  # an Average row (a rule above it in LaTeX)
-
-
-@dataclass
-class Table:
-    """A rendered-format-independent table: ``corner`` heads the row-label column."""
-
-    title: str
-    corner: str
-    columns: List[Column]
-    rows: List[Row]
-    notes: List[str] = field(default_factory=list)
-
-
-@dataclass
-class Measurements:
-    """Per-seed values of one protocol: (trainer, cfg, dataset, column) -> seed -> value.
-
-    ``column`` is "Base", "Base (test_base)" or "Novel" (base2new), the shot count as
-    text (fewshot) or "" (cross_dataset, dg).
-    """
-
-    values: Dict[Tuple[str, str, str, str], Dict[str, float]] = field(default_factory=dict)
-
-    def add(self, trainer: str, cfg: str, dataset: str, column: str, seed: str, value: float):
-        self.values.setdefault((trainer, cfg, dataset, column), {})[seed] = value
-
-    def seeds(self) -> List[str]:
-        found = {seed for per_seed in self.values.values() for seed in per_seed}
-        return sorted(found, key=_seed_key)
-
-
-@dataclass
-class MethodGroup:
-    """The values of one method (a trainer, or a trainer with one of its configs).
-
-    Attributes:
-        label: column/row name.
-        trainer: the trainer.
-        cells: (dataset, column) -> seed -> value.
-        configs: cfg -> datasets it was run on.
-    """
-
-    label: str
-    trainer: str
-    cells: Dict[Tuple[str, str], Dict[str, float]]
-    configs: Dict[str, List[str]]
-
-    def values(self, dataset: str, column: str) -> Dict[str, float]:
-        return self.cells.get((dataset, column), {})
-
-    def config_note(self) -> Optional[str]:
-        if len(self.configs) < 2:
-            return None
-        parts = [f"{cfg} ({', '.join(sorted(datasets))})" for cfg, datasets in sorted(self.configs.items())]
-        return f"{self.label} ran with configs {'; '.join(parts)}."
-
-
-def method_groups(measurements: Measurements, select: Optional[Sequence[str]] = None) -> List[MethodGroup]:
-    """Group the measurements into methods (see module docstring).
-
-    Args:
-        select: ``TRAINER`` or ``TRAINER:CFG`` entries that pick and order the methods
-            (default: every trainer, alphabetically).
-    """
-    by_trainer: Dict[str, Dict[str, Dict[Tuple[str, str], Dict[str, float]]]] = {}
-    for (trainer, cfg, dataset, column), values in measurements.values.items():
-        if not values:
-            continue
-        if select is not None and trainer not in select and f"{trainer}:{cfg}" not in select:
-            continue
-        by_trainer.setdefault(trainer, {}).setdefault(cfg, {})[(dataset, column)] = values
-    groups = []
-    for trainer, per_cfg in by_trainer.items():
-        cells = [set(c) for c in per_cfg.values()]
-        disjoint = sum(len(c) for c in cells) == len(set().union(*cells))
-        if disjoint:
-            merged = {key: values for c in per_cfg.values() for key, values in c.items()}
-            configs = {cfg: sorted({d for d, _ in c}) for cfg, c in per_cfg.items()}
-            groups.append(MethodGroup(trainer, trainer, merged, configs))
-        else:
-            for cfg, c in sorted(per_cfg.items()):
-                groups.append(MethodGroup(f"{trainer} ({cfg})", trainer, c, {cfg: sorted({d for d, _ in c})}))
-    order = list(select or [])
-
-    def rank(group: MethodGroup):
-        keys = [f"{group.trainer}:{cfg}" for cfg in group.configs] + [group.trainer]
-        positions = [order.index(k) for k in keys if k in order]
-        return (min(positions) if positions else len(order), group.label)
-
-    return sorted(groups, key=rank)
-
-
-# ------------------------------------------------------------------------- builders
 
 
 def _dataset_order(datasets, preferred: Sequence[str]) -> List[str]:
@@ -386,107 +217,3 @@ def transfer_table(measurements: Measurements, seeds: Sequence[str], source: str
     _published_notes(table, used)
     return table
 
-
-# ------------------------------------------------------------------------ rendering
-
-
-def format_cell(cell: Cell, decimals: int = 2, latex: bool = False) -> str:
-    """``81.17 ± 1.03``, ``80.50 ± 0.50 [2/3]``, ``65.73†``, ``+1.20``, or ``-``."""
-    if cell.mean is None:
-        return "-"
-    text = f"{cell.mean:+.{decimals}f}" if cell.signed else f"{cell.mean:.{decimals}f}"
-    if cell.std is not None:
-        text += (r" $\pm$ " if latex else " ± ") + f"{cell.std:.{decimals}f}"
-    if cell.missing_seeds:
-        text += " " + PARTIAL_MARK.format(n=len(cell.values), expected=len(cell.expected))
-    elif cell.flagged:
-        text += r"$^\dagger$" if latex else DERIVED_MARK
-    return text
-
-
-_LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
-                  "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
-                  "^": r"\textasciicircum{}", "Δ": r"$\Delta$", "±": r"$\pm$", "†": r"$^\dagger$"}
-
-
-def latex_escape(text: str) -> str:
-    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in text)
-
-
-def _text_table(table: Table, decimals: int, tablefmt: str) -> str:
-    headers = [table.corner] + [c.title for c in table.columns]
-    body = [[row.label] + [format_cell(c, decimals) for c in row.cells] for row in table.rows]
-    return tabulate(body, headers=headers, tablefmt=tablefmt, disable_numparse=True)
-
-
-def _render_terminal(table: Table, decimals: int) -> str:
-    lines = [table.title, _text_table(table, decimals, "github")]
-    lines += [f"  {note}" for note in table.notes]
-    return "\n".join(lines)
-
-
-def _render_markdown(table: Table, decimals: int) -> str:
-    lines = [f"### {table.title}", "", _text_table(table, decimals, "pipe"), ""]
-    lines += [f"- {note}" for note in table.notes]
-    return "\n".join(lines)
-
-
-def _render_latex(table: Table, decimals: int) -> str:
-    n = len(table.columns)
-    lines = [f"% {table.title} (needs \\usepackage{{booktabs}})"]
-    lines += [f"% {note}" for note in table.notes]
-    lines += [r"\begin{tabular}{l" + "c" * n + "}", r"\toprule"]
-    if any(c.group for c in table.columns):
-        spans: List[Tuple[str, int]] = []
-        for column in table.columns:
-            if spans and spans[-1][0] == column.group:
-                spans[-1] = (column.group, spans[-1][1] + 1)
-            else:
-                spans.append((column.group, 1))
-        cells, rules, start = [""], [], 2
-        for group, width in spans:
-            cells.append(rf"\multicolumn{{{width}}}{{c}}{{{latex_escape(group)}}}")
-            rules.append(rf"\cmidrule(lr){{{start}-{start + width - 1}}}")
-            start += width
-        lines += [" & ".join(cells) + r" \\", " ".join(rules)]
-    header = [latex_escape(table.corner)] + [latex_escape(c.name) for c in table.columns]
-    lines += [" & ".join(header) + r" \\", r"\midrule"]
-    for row in table.rows:
-        if row.summary:
-            lines.append(r"\midrule")
-        cells = [latex_escape(row.label)] + [format_cell(c, decimals, latex=True) for c in row.cells]
-        lines.append(" & ".join(cells) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}"]
-    return "\n".join(lines)
-
-
-CSV_HEADER = ("table", "row", "method", "column", "mean", "std", "n_seeds", "expected_seeds",
-              "missing_seeds", "flagged")
-
-
-def _render_csv(tables: Sequence[Table]) -> str:
-    """Long format: one line per cell, numbers with 4 decimals."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_HEADER)
-    for table in tables:
-        for row in table.rows:
-            for column, cell in zip(table.columns, row.cells):
-                writer.writerow([
-                    table.title, row.label, column.group, column.name,
-                    "" if cell.mean is None else f"{cell.mean:.4f}",
-                    "" if cell.std is None else f"{cell.std:.4f}",
-                    len(cell.values) if cell.values else "", len(cell.expected) if cell.values else "",
-                    " ".join(cell.missing_seeds), int(cell.flagged)])
-    return out.getvalue().rstrip("\n")
-
-
-def render(tables: Sequence[Table], fmt: str = "terminal", decimals: int = 2) -> str:
-    """The tables in ``fmt`` (one of FORMATS), separated by blank lines (CSV: one file)."""
-    if fmt == "csv":
-        return _render_csv(tables)
-    renderer = {"terminal": _render_terminal, "markdown": _render_markdown,
-                "latex": _render_latex}.get(fmt)
-    if renderer is None:
-        raise ValueError(f"Unknown format {fmt!r}; choose from {', '.join(FORMATS)}.")
-    return "\n\n".join(renderer(table, decimals) for table in tables)
