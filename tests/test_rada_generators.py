@@ -224,9 +224,10 @@ def merged(name):
     return cfg
 
 
+@pytest.mark.parametrize("base_name", ["synthetic", "vit_b16_base2new"])
 @pytest.mark.parametrize("variant", sorted(set(VARIANTS) - {"default"}))
-def test_variant_configs_differ_from_synthetic_only_in_the_generator(variant):
-    cfg, base = merged(f"synthetic_{variant}"), merged("synthetic")
+def test_variant_configs_differ_from_their_base_only_in_the_generator(variant, base_name):
+    cfg, base = merged(f"{base_name}_{variant}"), merged(base_name)
     assert (cfg.TRAINER.RADA.GENERATOR.NAME, list(cfg.TRAINER.RADA.GENERATOR.QUERIES),
             cfg.TRAINER.RADA.GENERATOR.NUM_LAYERS) == VARIANTS[variant]
     cfg.TRAINER.RADA.GENERATOR = base.TRAINER.RADA.GENERATOR.clone()
