@@ -99,7 +99,10 @@ def hand_delta(generator, image, t, tau):
     rational = tau * image * t  # [K, D]
     key, value = linear(generator.key, rational), linear(generator.value, rational)
     inputs = {"image": math.sqrt(tau) * image.expand_as(t), "text": math.sqrt(tau) * t, "rational": rational}
-    outputs = [one_head_attention(linear(getattr(generator, f"q_{q}"), inputs[q]), key, value) for q in generator.queries]
+    outputs = [
+        one_head_attention(linear(getattr(generator, f"q_{name}"), inputs[name]), key, value)
+        for name in generator.queries
+    ]
     return linear(generator.out, sum(outputs) / len(outputs))
 
 
@@ -150,7 +153,8 @@ def test_one_stacked_layer_is_the_default_generator():
     torch.manual_seed(0)
     stacked = StackedRationalMaskGenerator(32, 1, num_heads=4, attn_norm="global", temperature=0.5)
     assert {f"first.{name}" for name in default.state_dict()} == set(stacked.state_dict())
-    assert all(torch.equal(value, stacked.state_dict()[f"first.{name}"]) for name, value in default.state_dict().items())
+    stacked_state = stacked.state_dict()
+    assert all(torch.equal(value, stacked_state[f"first.{name}"]) for name, value in default.state_dict().items())
     perturb(default)
     stacked.first.load_state_dict(default.state_dict())
     f, t = normalised(5, 32), normalised(7, 32, seed=1)

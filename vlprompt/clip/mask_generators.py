@@ -39,9 +39,7 @@ __all__ = [
 ]
 
 MASK_GENERATOR_REGISTRY = Registry("MASK_GENERATOR")
-
-
-MASK_GENERATOR_REGISTRY.register(RationalMaskGenerator)
+MASK_GENERATOR_REGISTRY.register(RationalMaskGenerator)  # the paper's generator (default)
 
 
 @MASK_GENERATOR_REGISTRY.register()

@@ -34,7 +34,8 @@ from vlprompt.config import ConfigError
 
 __all__ = [
     "ATTN_NORMS", "MASK_LOSSES", "QUERY_INPUTS", "RationalAdapter", "RationalMaskGenerator", "attend",
-    "attention_options", "check_queries", "images_in_chunks", "mask_regularizer", "rational_logits", "rational_matrix", "split_heads",
+    "attention_options", "check_queries", "images_in_chunks", "mask_regularizer", "rational_logits",
+    "rational_matrix", "split_heads",
 ]
 
 ATTN_NORMS = ("row", "global")
@@ -137,7 +138,8 @@ def check_queries(queries):
     queries = tuple(queries)
     if not queries or len(set(queries)) != len(queries) or not set(queries) <= set(QUERY_INPUTS):
         raise ValueError(
-            f"The attention queries must be distinct names among {list(QUERY_INPUTS)} (at least one), got {list(queries)}."
+            f"The attention queries must be distinct names among {list(QUERY_INPUTS)} (at least one), "
+            f"got {list(queries)}."
         )
     return queries
 
