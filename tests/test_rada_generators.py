@@ -248,6 +248,7 @@ def test_every_rada_model_composes_a_variant_and_starts_at_zero_shot(variant, ti
     expected_type = MASK_GENERATOR_REGISTRY.get(VARIANTS[variant][0])
     models = [
         RAdaCLIP(clip, tokenizer, classes, templates, rada_node(variant)),
+        RAdaCLIP(clip, tokenizer, classes, templates, rada_node(variant, "RADATTT")),  # RAdaTTT's model
         RAdaAdapterCLIP(clip, tokenizer, classes, templates, rada_node(variant, "RADAADAPTER")),
         RAdaFFTCLIP(clip, tokenizer, classes, templates, rada_node(variant, "RADAFFT")),
         RAdaPromptCLIP(clip, tokenizer, classes, rada_node(variant, "RADAPROMPT")),
@@ -258,7 +259,7 @@ def test_every_rada_model_composes_a_variant_and_starts_at_zero_shot(variant, ti
         assert type(model.mask_generator) is expected_type and model.rational.generator is model.mask_generator
         assert any(name.startswith("mask_generator.") for name in model.state_dict())
     with torch.no_grad():
-        for model in models[:3]:
+        for model in models[:4]:
             logits = model(images)
             logits = logits[0] if isinstance(logits, tuple) else logits
             torch.testing.assert_close(logits, zero_shot(images), rtol=0, atol=1e-5)
