@@ -173,7 +173,7 @@ def test_trained_mask_changes_predictions_and_is_regularised(tiny_clip_files):
     with torch.no_grad():
         assert not torch.allclose(rada(images()), zero_shot(images()), atol=1e-3)
         features = F.normalize(rada.encode_image_features(images()), dim=-1)
-        _, mask = rada.rational_forward(features, rada.class_text_features())
+        _, mask = rada.rational(features, rada.class_text_features(), rada.logit_scale)
     assert (mask >= 0).all() and mask_regularizer(mask, "l2") > 0
 
 

@@ -2,21 +2,22 @@
 
 Both CLIP encoders stay frozen; class features come from a hand-crafted sentence ("a photo
 of a {}." by default). For every image the rational matrix R[c, d] = f_d t[c, d] is masked by
-M = ReLU(1 + dM) from one multi-query attention layer over the class axis (the mask
-generator, :mod:`vlprompt.clip.rational`), and logits = tau * sum_d M * R. Only the mask
-generator learns; loss = CE + ALPHA * L_mask (||M - 1||_2 per image by default). At step 0,
-M = 1 and RAda is zero-shot CLIP.
+M = ReLU(1 + dM) from a mask generator (by default one multi-query attention layer over the
+class axis, :mod:`vlprompt.clip.rational`; others registered in
+:mod:`vlprompt.clip.mask_generators`, chosen by GENERATOR.NAME), and logits = tau * sum_d M * R.
+Only the mask generator learns; loss = CE + ALPHA * L_mask (||M - 1||_2 per image by
+default). At step 0, M = 1 and RAda is zero-shot CLIP.
 
 The image encoder is frozen, so the configs enable FEATURE_CACHE: views are encoded once and
-training reads features. The key helpers, ``check_rada_node`` and the ``RationalHead``
-mixin are shared by the other RAda trainers (FFT, TTT, Prompt, Adapter).
+training reads features. The key helpers, ``check_rada_node`` and ``build_rational_adapter``
+are shared by the other RAda trainers (FFT, TTT, Prompt, Adapter): each of their models holds
+a :class:`RationalAdapter` (the generator registered as its ``mask_generator`` submodule).
 """
 import torch.nn.functional as F
 from yacs.config import CfgNode as CN
 
-from vlprompt.clip.rational import (
-    ATTN_NORMS, MASK_LOSSES, RationalMaskGenerator, mask_regularizer, rational_logits, rational_matrix,
-)
+from vlprompt.clip.mask_generators import build_mask_generator, check_generator_node
+from vlprompt.clip.rational import ATTN_NORMS, MASK_LOSSES, QUERY_INPUTS, RationalAdapter
 from vlprompt.clip.templates import DEFAULT_TEMPLATE, check_template, dataset_template
 from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
@@ -31,6 +32,10 @@ def add_generator_keys(node):
     node.ATTN_NORM = "row"  # "row" (paper) or "global" (official code: softmax over K x K / TEMP, x K)
     node.TEMP = 1.0  # attention temperature
     node.CHUNK_SIZE = 0  # images per attention chunk; 0 = auto (K = 1000 fits)
+    node.GENERATOR = CN()
+    node.GENERATOR.NAME = "RationalMaskGenerator"  # in vlprompt.clip.mask_generators.MASK_GENERATOR_REGISTRY
+    node.GENERATOR.QUERIES = list(QUERY_INPUTS)  # attention queries: "image" (f), "text" (t_c), "rational" (R)
+    node.GENERATOR.NUM_LAYERS = 1  # attention layers of StackedRationalMaskGenerator (supplement Table 10)
 
 
 def add_mask_loss_keys(node):
@@ -62,42 +67,16 @@ def check_rada_node(node, name):
         )
     if "TEMPLATE" in node:
         check_template(node.TEMPLATE, f"{name}.TEMPLATE")
+    check_generator_node(node, name)
 
 
-def build_mask_generator(node, dim):
-    """The mask generator of ``node``'s settings for features of size ``dim``."""
-    if dim % node.NUM_HEADS:
-        raise ConfigError(
-            f"NUM_HEADS {node.NUM_HEADS} does not divide the CLIP feature size {dim}; pick a divisor of {dim}."
-        )
-    return RationalMaskGenerator(dim, node.NUM_HEADS, node.ATTN_NORM, node.TEMP, node.CHUNK_SIZE)
+def build_rational_adapter(node, dim):
+    """RationalAdapter with ``node``'s mask generator for features of size ``dim``; ALPHA and
+    MASK_LOSS are read when the node has them (RAdaTTT's has not: it only predicts)."""
+    return RationalAdapter(build_mask_generator(node, dim), node.get("ALPHA"), node.get("MASK_LOSS"))
 
 
-class RationalHead:
-    """RAda's output stage, mixed into a PromptedCLIP model (which provides ``logit_scale``).
-
-    Call ``init_rational_head`` in ``__init__`` after the model's own initialiser.
-    """
-
-    def init_rational_head(self, node, dim):
-        """Create the mask generator; ALPHA and MASK_LOSS are read when the node has them."""
-        self.mask_generator = build_mask_generator(node, dim)
-        self.alpha, self.mask_loss = node.get("ALPHA"), node.get("MASK_LOSS")
-
-    def rational_forward(self, image_features, class_features):
-        """(logits [B, K], mask [B, K, D]) from normalised [B, D] and [K, D] features."""
-        mask = self.mask_generator(image_features, class_features, self.logit_scale)
-        return rational_logits(rational_matrix(image_features, class_features), mask, self.logit_scale), mask
-
-    def rational_loss(self, image_features, class_features, labels):
-        """(CE + ALPHA * L_mask, logits, terms) from normalised features and labels [B]."""
-        logits, mask = self.rational_forward(image_features, class_features)
-        ce = F.cross_entropy(logits, labels)
-        mask_loss = mask_regularizer(mask, self.mask_loss)
-        return ce + self.alpha * mask_loss, logits, {"ce": ce.detach(), "mask_loss": mask_loss.detach()}
-
-
-class RAdaCLIP(RationalHead, TemplateCLIP):
+class RAdaCLIP(TemplateCLIP):
     """Frozen CLIP with a rational-matrix mask generator (EFT).
 
     Args:
@@ -105,20 +84,26 @@ class RAdaCLIP(RationalHead, TemplateCLIP):
         templates: sentence templates (their normalised features are averaged).
         node: a trainer node with the generator keys (and the mask-loss keys to train).
 
+    Attributes:
+        rational: RationalAdapter (logits and loss). mask_generator: its generator.
+
     Build it in eval mode: trainers switch only the learned modules to training mode, and the
     frozen class features are then computed once per evaluation.
     """
 
     def __init__(self, clip, tokenizer, classnames, templates, node):
         super().__init__(clip, tokenizer, classnames, templates)
-        self.init_rational_head(node, clip.text.output_dim)
+        self.rational = build_rational_adapter(node, clip.text.output_dim)
+        self.mask_generator = self.rational.generator
 
     def forward_features(self, image_features):
-        return self.rational_forward(F.normalize(image_features, dim=-1), self.class_text_features())[0]
+        return self.rational(F.normalize(image_features, dim=-1), self.class_text_features(), self.logit_scale)[0]
 
     def loss_features(self, image_features, labels):
         """CE + ALPHA * L_mask from image features [B, E] (not normalised)."""
-        return self.rational_loss(F.normalize(image_features, dim=-1), self.class_text_features(), labels)
+        return self.rational.loss(
+            F.normalize(image_features, dim=-1), self.class_text_features(), self.logit_scale, labels
+        )
 
     def loss(self, images, labels):
         return self.loss_features(self.encode_image_features(images), labels)

@@ -16,7 +16,7 @@ from vlprompt.config import register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 
 from .clip_adapter import CLIPAdapterCLIP, add_adapter_keys, check_adapter_node
-from .rada import RationalHead, add_generator_keys, add_mask_loss_keys, check_rada_node
+from .rada import add_generator_keys, add_mask_loss_keys, build_rational_adapter, check_rada_node
 
 
 @register_cfg_extension
@@ -29,23 +29,27 @@ def add_rada_adapter_config(cfg):
     add_adapter_keys(node, image_ratio=0.5, text_ratio=0.5, zero_init=True)
 
 
-class RAdaAdapterCLIP(RationalHead, CLIPAdapterCLIP):
+class RAdaAdapterCLIP(CLIPAdapterCLIP):
     """Frozen CLIP with feature adapters and a mask generator.
 
     Args:
         clip: CLIPRunner (frozen). tokenizer: Tokenizer. classnames: K names.
         templates: sentence templates. node: cfg.TRAINER.RADAADAPTER.
+
+    Attributes:
+        rational: RationalAdapter (logits and loss). mask_generator: its generator.
     """
 
     def __init__(self, clip, tokenizer, classnames, templates, node):
         super().__init__(clip, tokenizer, classnames, templates, node)
-        self.init_rational_head(node, clip.text.output_dim)
+        self.rational = build_rational_adapter(node, clip.text.output_dim)
+        self.mask_generator = self.rational.generator
 
     def forward_features(self, image_features):
-        return self.rational_forward(*self.adapters(image_features, self.class_text_features()))[0]
+        return self.rational(*self.adapters(image_features, self.class_text_features()), self.logit_scale)[0]
 
     def loss_features(self, image_features, labels):
-        return self.rational_loss(*self.adapters(image_features, self.class_text_features()), labels)
+        return self.rational.loss(*self.adapters(image_features, self.class_text_features()), self.logit_scale, labels)
 
 
 @TRAINER_REGISTRY.register()

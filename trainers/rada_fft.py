@@ -26,7 +26,6 @@ from torch.optim.lr_scheduler import LambdaLR
 from yacs.config import CfgNode as CN
 
 from vlprompt.clip import IMAGENET_TEMPLATES, PromptedCLIP, fill_template
-from vlprompt.clip.rational import mask_regularizer
 from vlprompt.clip.templates import DEFAULT_TEMPLATE, dataset_template
 from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
@@ -35,7 +34,7 @@ from vlprompt.metrics import compute_accuracy
 from vlprompt.optim import build_lr_scheduler, build_optimizer
 from vlprompt.utils import count_num_param, load_checkpoint, load_pretrained_weights
 
-from .rada import RationalHead, add_generator_keys, add_mask_loss_keys, check_rada_node
+from .rada import add_generator_keys, add_mask_loss_keys, build_rational_adapter, check_rada_node
 
 LR_SCHEDULES = ("iteration", "epoch")
 
@@ -65,7 +64,7 @@ def iteration_cosine_schedule(optimizer, warmup, total):
     return LambdaLR(optimizer, factor)
 
 
-class RAdaFFTCLIP(RationalHead, PromptedCLIP):
+class RAdaFFTCLIP(PromptedCLIP):
     """CLIP's image encoder + linear classifier + RAda mask generator.
 
     Args:
@@ -75,7 +74,7 @@ class RAdaFFTCLIP(RationalHead, PromptedCLIP):
 
     Attributes:
         classifier: Linear without bias, weight [K, D] = mean normalised template features.
-        mask_generator: RationalMaskGenerator.
+        rational: RationalAdapter (logits and loss). mask_generator: its generator.
     """
 
     def __init__(self, clip, tokenizer, classnames, templates, node):
@@ -89,7 +88,8 @@ class RAdaFFTCLIP(RationalHead, PromptedCLIP):
         dim = features[0].shape[1]
         self.classifier = nn.Linear(dim, len(classnames), bias=False)
         self.classifier.weight.data.copy_(F.normalize(torch.stack(features).mean(dim=0), dim=-1))
-        self.init_rational_head(node, dim)
+        self.rational = build_rational_adapter(node, dim)
+        self.mask_generator = self.rational.generator
         self.stage = None
 
     def set_stage(self, stage):
@@ -111,15 +111,14 @@ class RAdaFFTCLIP(RationalHead, PromptedCLIP):
     def forward(self, images):
         """(logits [B, K], mask [B, K, D]) for images [B, 3, H, W]."""
         image_features = F.normalize(self.clip.encode_image_plain(images), dim=-1)
-        return self.rational_forward(image_features, self.classifier.weight)
+        return self.rational(image_features, self.classifier.weight, self.logit_scale)
 
     def objective(self, logits, mask, labels):
         """(loss, terms): CE + ALPHA * L_mask in stage 1, CE in stage 2."""
         ce = F.cross_entropy(logits, labels)
         if self.stage == 2:
             return ce, {}
-        mask_loss = mask_regularizer(mask, self.mask_loss)
-        return ce + self.alpha * mask_loss, {"ce": ce.detach(), "mask_loss": mask_loss.detach()}
+        return self.rational.regularised(ce, mask)
 
 
 @TRAINER_REGISTRY.register()

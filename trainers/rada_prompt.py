@@ -12,7 +12,7 @@ from vlprompt.config import register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 
 from .ivlp import IVLPCLIP, check_vl_prompt_config
-from .rada import RationalHead, add_generator_keys, add_mask_loss_keys, check_rada_node
+from .rada import add_generator_keys, add_mask_loss_keys, build_rational_adapter, check_rada_node
 
 
 @register_cfg_extension
@@ -28,23 +28,27 @@ def add_rada_prompt_config(cfg):
     add_mask_loss_keys(node)
 
 
-class RAdaPromptCLIP(RationalHead, IVLPCLIP):
+class RAdaPromptCLIP(IVLPCLIP):
     """IVLP-prompted frozen CLIP with a mask generator on its rational matrix.
 
     Args:
         clip: CLIPRunner (frozen, ViT towers). tokenizer: Tokenizer. classnames: K names.
         node: cfg.TRAINER.RADAPROMPT.
+
+    Attributes:
+        rational: RationalAdapter (logits and loss). mask_generator: its generator.
     """
 
     def __init__(self, clip, tokenizer, classnames, node):
         super().__init__(clip, tokenizer, classnames, node)
-        self.init_rational_head(node, clip.text.output_dim)
+        self.rational = build_rational_adapter(node, clip.text.output_dim)
+        self.mask_generator = self.rational.generator
 
     def forward(self, images):
-        return self.rational_forward(self.image_features(images), self.class_text_features())[0]
+        return self.rational(self.image_features(images), self.class_text_features(), self.logit_scale)[0]
 
     def loss(self, images, labels):
-        return self.rational_loss(self.image_features(images), self.class_text_features(), labels)
+        return self.rational.loss(self.image_features(images), self.class_text_features(), self.logit_scale, labels)
 
 
 @TRAINER_REGISTRY.register()

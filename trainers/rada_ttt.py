@@ -123,16 +123,16 @@ class RAdaTTT(ClipTrainer):
             with self.autocast():
                 features = F.normalize(model.encode_image_features(views).float(), dim=-1)
             class_features = model.class_text_features().float()
-            entropy = entropy_per_view(model.rational_forward(features, class_features)[0])
+            entropy = entropy_per_view(model.rational(features, class_features, model.logit_scale)[0])
         kept = features[entropy.argsort()[: int(views.shape[0] * node.SELECTION)]]
         optimizer = torch.optim.AdamW(generator.parameters(), lr=node.LR, weight_decay=node.WEIGHT_DECAY)
         with torch.enable_grad():
             for _ in range(node.STEPS):
-                loss = average_prediction_entropy(model.rational_forward(kept, class_features)[0])
+                loss = average_prediction_entropy(model.rational(kept, class_features, model.logit_scale)[0])
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
         with torch.no_grad():
-            logits = model.rational_forward(features[:1], class_features)[0][0]
+            logits = model.rational(features[:1], class_features, model.logit_scale)[0][0]
         generator.load_state_dict(self.episode_start)
         return logits
