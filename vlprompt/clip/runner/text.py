@@ -109,8 +109,7 @@ class TextTower(Tower):
         Returns:
             TowerOutput with features [N, E], the pooled positions (moved by tokens
             inserted before them) and the final tokens: [N, max(eot) + 1, D] with
-            ``all_tokens`` (or when the plan leaves all blocks to the cached prefix),
-            else the pooled tokens [N, 1, D].
+            ``all_tokens``, else the pooled tokens [N, 1, D].
         """
         if embeddings is None and token_ids is None:
             raise ValueError("TextTower needs token_ids or embeddings.")
@@ -125,12 +124,12 @@ class TextTower(Tower):
             x = x + self.positional_embedding[: x.shape[1]].to(x.dtype)
             start = 0
         else:
-            x = self.prefix(token_ids, first, state.last)
-            start = first
-        if all_tokens or start == self.num_layers:
+            start = min(first, self.num_layers)
+            x = self._frozen(token_ids, start, state.last, pooled=start == self.num_layers and not all_tokens)
+        if all_tokens:
             x = self.run_blocks(x, start, self.num_layers, plan, state)
             pooled = x[torch.arange(x.shape[0], device=x.device), state.eot]
-        else:
+        else:  # with every block frozen, ``x`` already holds the pooled tokens
             x = self.run_blocks(x, start, self.num_layers, plan, state, rows=_pooled_rows)
             pooled = x[:, 0]
         return TowerOutput(features=self.project(pooled), tokens=x, eot=state.eot)
@@ -152,29 +151,33 @@ class TextTower(Tower):
         Cached per (token ids, stop, last, device, autocast dtype) while the prefix is
         frozen, so a fixed class list pays for layers below ``stop`` once.
         """
-        stop = min(stop, self.num_layers)
+        return self._frozen(token_ids, min(stop, self.num_layers), last)
+
+    def _frozen(self, token_ids, stop, last=None, pooled=False):
+        """``prefix``, or with ``pooled`` (and ``stop`` the number of blocks) the pooled
+        tokens [N, 1, D] after the last block, which then computes those rows only."""
         frozen = not self.token_embedding.weight.requires_grad and not any(
             p.requires_grad for block in self.blocks[:stop] for p in block.parameters()
         )
         if not frozen:
-            return self._compute_prefix(token_ids, stop, last)
+            return self._compute_prefix(token_ids, stop, last, pooled)
         device_type = token_ids.device.type
         autocast_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
-        key = (stop, last, str(token_ids.device), autocast_dtype, tuple(token_ids.shape),
+        key = (stop, last, pooled, str(token_ids.device), autocast_dtype, tuple(token_ids.shape),
                hash(token_ids.cpu().numpy().tobytes()))
 
         def compute():
             with torch.no_grad():
-                return self._compute_prefix(token_ids, stop, last)
+                return self._compute_prefix(token_ids, stop, last, pooled)
 
         return self._prefix_cache.get(key, compute)
 
-    def _compute_prefix(self, token_ids, stop, last=None):
+    def _compute_prefix(self, token_ids, stop, last=None, pooled=False):
         state = self._state(token_ids, self.eot_positions(token_ids))
         state.last = state.last if last is None else last
         x = self.embed(token_ids)[:, : state.last + 1]
         x = x + self.positional_embedding[: x.shape[1]].to(x.dtype)
-        return self.run_blocks(x, 0, stop, state=state)
+        return self.run_blocks(x, 0, stop, state=state, rows=_pooled_rows if pooled else None)
 
     def clear_cache(self):
         """Forget cached prefixes (call after changing the frozen weights in place)."""

@@ -108,8 +108,8 @@ class VisionTower(Tower):
             if first < 0:
                 hidden = self.stem(images, plan)
             else:
-                hidden = self.run_prefix(images, first)
-                start = first
+                start = min(first, self.num_layers - 1)  # the last block computes ``rows`` only
+                hidden = self.run_prefix(images, start)
         x = self.run_blocks(hidden, start, self.num_layers, plan, rows=rows, known=known)
         return TowerOutput(features=self.project(x[:, 0]), tokens=x)
 
