@@ -7,7 +7,13 @@
 * :class:`PrefixCache` (text tower): a bounded LRU of frozen text prefixes
   [N, last + 1, D], keyed by what was computed (block, token ids, ...), so a fixed class
   list pays for the frozen layers once.
+* :class:`HostValues`: host-side values derived from tensors (the content digest of
+  token ids [N, L], the last pooled position as a Python int), remembered per tensor
+  object, so a method that passes the same token-id tensor every step pays the
+  device-to-host copy once.
 """
+import hashlib
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional
@@ -16,7 +22,7 @@ import torch
 
 from .plan import InsertTokens
 
-__all__ = ["SharedPrefix", "PrefixCache"]
+__all__ = ["SharedPrefix", "PrefixCache", "HostValues", "content_digest"]
 
 
 @dataclass
@@ -73,6 +79,52 @@ class PrefixCache:
         if len(self._entries) > self.size:
             self._entries.popitem(last=False)
         return value
+
+    def clear(self):
+        self._entries.clear()
+
+
+def content_digest(tensor):
+    """A digest of the values of ``tensor`` (copies them to the host)."""
+    return hashlib.blake2b(tensor.detach().cpu().numpy().tobytes(), digest_size=16).digest()
+
+
+class HostValues:
+    """Host-side values computed from tensors, remembered per tensor object and its
+    version counter: asking again about the same, unchanged tensor reads nothing back
+    from the device.
+
+    A different tensor object (even with equal content) or the same one changed in place
+    (which bumps its version counter) is computed again. Holds only weak references to the
+    tensors (a tensor's values are forgotten when it is freed), and the values of at most
+    ``size`` of them (least recently used dropped).
+    Not seen: writes that bypass the version counter (through ``tensor.data``); inference
+    tensors have no version counter and are never remembered.
+    """
+
+    def __init__(self, size):
+        self.size = size
+        self._entries = OrderedDict()  # id(tensor) -> (weak reference, version, {name: value})
+
+    def __len__(self):
+        return len(self._entries)
+
+    def get(self, tensor, name, compute):
+        """``compute(tensor)``, remembered under ``name`` for this tensor object."""
+        if tensor.is_inference():
+            return compute(tensor)
+        key = id(tensor)
+        entry = self._entries.get(key)
+        if entry is None or entry[0]() is not tensor or entry[1] != tensor._version:
+            entry = (weakref.ref(tensor, lambda _, entries=self._entries: entries.pop(key, None)), tensor._version, {})
+            self._entries[key] = entry
+        self._entries.move_to_end(key)
+        values = entry[2]
+        if name not in values:
+            values[name] = compute(tensor)
+        if len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+        return values[name]
 
     def clear(self):
         self._entries.clear()

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .plan import EMPTY_PLAN, RunState
-from .prefix import PrefixCache
+from .prefix import HostValues, PrefixCache, content_digest
 from .tower import Tower, TowerOutput, UnsupportedBackboneError, check_blocks
 
 __all__ = ["TextTower"]
@@ -58,6 +58,7 @@ class TextTower(Tower):
         self.pool_type = pool_type
         self.eos_token_id = getattr(clip_model, "text_eos_id", None)
         self._prefix_cache = PrefixCache(cache_size)
+        self._host_values = HostValues(cache_size)
 
     @property
     def context_length(self):
@@ -113,8 +114,7 @@ class TextTower(Tower):
         """
         if embeddings is None and token_ids is None:
             raise ValueError("TextTower needs token_ids or embeddings.")
-        state = self._state(token_ids if embeddings is None else embeddings,
-                            self.eot_positions(token_ids) if eot is None else eot)
+        state = self._state(token_ids if embeddings is None else embeddings, eot, token_ids)
         first = plan.first_layer(self.num_layers)
         if embeddings is not None or first < 0:
             x = self.embed(token_ids) if embeddings is None else embeddings
@@ -134,14 +134,20 @@ class TextTower(Tower):
             pooled = x[:, 0]
         return TowerOutput(features=self.project(pooled), tokens=x, eot=state.eot)
 
-    @staticmethod
-    def _state(sequence, eot):
-        """Run state of a batch: pooled positions [N], their maximum, the full length L.
+    def _state(self, sequence, eot=None, token_ids=None):
+        """Run state of a batch: pooled positions [N] (``eot``, else those of
+        ``token_ids``), their maximum, and the full length L of ``sequence`` [N, L(, D)].
 
-        Meta tensors (models built for their shapes only) have no values: every position
-        is kept.
+        The maximum is read from the device once per ``eot`` or ``token_ids`` tensor (see
+        HostValues). Meta tensors (models built for their shapes only) have no values:
+        every position is kept.
         """
-        last = int(eot.max()) if eot.numel() and not eot.is_meta else sequence.shape[1] - 1
+        source = token_ids if eot is None else eot
+        eot = self.eot_positions(token_ids) if eot is None else eot
+        if eot.numel() and not eot.is_meta:
+            last = self._host_values.get(source, "last", lambda _: int(eot.max()))
+        else:
+            last = sequence.shape[1] - 1
         return RunState(eot=eot, last=last, length=sequence.shape[1])
 
     def prefix(self, token_ids, stop, last=None):
@@ -149,7 +155,10 @@ class TextTower(Tower):
         tower (``last``: the last position needed; default: the last end-of-text token).
 
         Cached per (token ids, stop, last, device, autocast dtype) while the prefix is
-        frozen, so a fixed class list pays for layers below ``stop`` once.
+        frozen, so a fixed class list pays for layers below ``stop`` once. The token ids
+        are keyed by their content, read from the device once per token-id tensor (and
+        again after it is changed in place); a method that passes the same tensor every
+        step looks its prefix up without a device-to-host copy.
         """
         return self._frozen(token_ids, min(stop, self.num_layers), last)
 
@@ -164,7 +173,7 @@ class TextTower(Tower):
         device_type = token_ids.device.type
         autocast_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
         key = (stop, last, pooled, str(token_ids.device), autocast_dtype, tuple(token_ids.shape),
-               hash(token_ids.cpu().numpy().tobytes()))
+               self._host_values.get(token_ids, "content", content_digest))
 
         def compute():
             with torch.no_grad():
@@ -173,7 +182,7 @@ class TextTower(Tower):
         return self._prefix_cache.get(key, compute)
 
     def _compute_prefix(self, token_ids, stop, last=None, pooled=False):
-        state = self._state(token_ids, self.eot_positions(token_ids))
+        state = self._state(token_ids, token_ids=token_ids)
         state.last = state.last if last is None else last
         x = self.embed(token_ids)[:, : state.last + 1]
         x = x + self.positional_embedding[: x.shape[1]].to(x.dtype)
@@ -182,6 +191,7 @@ class TextTower(Tower):
     def clear_cache(self):
         """Forget cached prefixes (call after changing the frozen weights in place)."""
         self._prefix_cache.clear()
+        self._host_values.clear()
 
     def _apply(self, fn, *args, **kwargs):
         self.clear_cache()
