@@ -1,0 +1,150 @@
+"""The per-layer plan: what a method does to one tower, and the bookkeeping of a run.
+
+A :class:`Plan` holds edits and masks addressed by 0-based block index. An edit is a
+callable ``edit(x, state) -> x`` on hidden states ``x`` [B, L, D]; it may change L (e.g.
+:class:`InsertTokens`) and must report that to the :class:`RunState` it receives, so that
+the text tower's pooled positions follow the tokens. Edits never read tensor values back
+to the host.
+
+Masks are additive ([L, L] or [heads, L, L]; 0 = allowed, -inf = blocked) and are
+broadcast over the batch by the towers (see ``attention.attention_block``).
+"""
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Optional, Sequence, Union
+
+import torch
+
+__all__ = ["InsertTokens", "ReplaceTokens", "MapTokens", "Edit", "Plan", "EMPTY_PLAN", "RunState"]
+
+
+class InsertTokens:
+    """Insert ``tokens`` into the sequence.
+
+    Args:
+        tokens: [n, D] (shared by the batch) or [B, n, D].
+        at: position of the first inserted token; None appends at the end.
+        keep_length: drop the last n positions afterwards so the length stays L (text
+            padding); an end-of-text token pushed out of the sequence is an error.
+    """
+
+    def __init__(self, tokens, at=None, keep_length=False):
+        self.tokens, self.at, self.keep_length = tokens, at, keep_length
+
+    def __call__(self, x, state):
+        tokens = _batched(self.tokens, x)
+        full = state.full_length(x)
+        at = full if self.at is None else self.at
+        x = torch.cat([x[:, :at], tokens, x[:, at:]], dim=1)
+        n = tokens.shape[1]
+        state.inserted(at, n)
+        if self.keep_length:
+            x = x[:, :full]
+            state.length = None if state.length is None else full
+            if state.last is not None and state.last >= full:
+                raise ValueError(
+                    f"Inserting {n} tokens pushes an end-of-text token out of the context "
+                    f"length {full}; shorten the sentence (template or class name)."
+                )
+        return x
+
+
+class ReplaceTokens:
+    """Overwrite positions ``at .. at+n-1`` with ``tokens`` (negative ``at`` counts
+    from the end, e.g. ``at=-n`` for the last n tokens).
+
+    Args:
+        tokens: [n, D] (shared by the batch) or [B, n, D].
+        at: first position replaced.
+    """
+
+    def __init__(self, tokens, at):
+        self.tokens, self.at = tokens, at
+
+    def __call__(self, x, state):
+        tokens = _batched(self.tokens, x)
+        start = self.at if self.at >= 0 else state.full_length(x) + self.at
+        stop = start + tokens.shape[1]
+        return torch.cat([x[:, :start], tokens, x[:, stop:]], dim=1)
+
+
+class MapTokens:
+    """Apply ``fn(x) -> x`` to the whole sequence [B, L, D] (e.g. re-mixing)."""
+
+    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor]):
+        self.fn = fn
+
+    def __call__(self, x, state):
+        return self.fn(x)
+
+
+def _batched(tokens, x):
+    """Broadcast [n, D] tokens to [B, n, D] in the dtype of ``x``."""
+    tokens = tokens.to(dtype=x.dtype)
+    if tokens.dim() == 2:
+        return tokens.unsqueeze(0).expand(x.shape[0], -1, -1)
+    return tokens
+
+
+Edit = Union[InsertTokens, ReplaceTokens, MapTokens]
+
+
+@dataclass
+class Plan:
+    """What a method does to one tower.
+
+    Attributes:
+        embed: edits of the embedded sequence before the tower's first fixed step (text:
+            token embeddings before the positional embedding; vision: after the positional
+            embedding, before ``ln_pre``).
+        layers: edits at the input of block i (one edit or a sequence of them).
+        masks: additive attention mask of block i, [L, L] or [heads, L, L].
+    """
+
+    embed: Sequence[Edit] = ()
+    layers: Dict[int, Union[Edit, Sequence[Edit]]] = field(default_factory=dict)
+    masks: Dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def first_layer(self, num_layers):
+        """Index of the first block the plan acts on: -1 if it edits the embedding,
+        ``num_layers`` if it does nothing."""
+        if self.embed:
+            return -1
+        touched = set(self.layers) | set(self.masks)
+        return min(touched) if touched else num_layers
+
+    def edits_at(self, index):
+        """The edits at the input of block ``index``, as a tuple (empty if none)."""
+        edits = self.layers.get(index, ())
+        return (edits,) if callable(edits) else tuple(edits)
+
+
+EMPTY_PLAN = Plan()
+
+
+@dataclass
+class RunState:
+    """Bookkeeping of one tower run: what edits (``edit(x, state) -> x``) receive.
+
+    Attributes:
+        eot: text: [N] pooled positions, moved by tokens inserted before them.
+        last: text: max(eot) as a Python int (tracked without reading the device).
+        length: text: length L of the full sequence. Only positions 0..last are
+            computed (``x`` may be shorter than L); edits address positions of the full
+            sequence. None: ``x`` is the full sequence (image tower).
+    """
+
+    eot: Optional[torch.Tensor] = None
+    last: Optional[int] = None
+    length: Optional[int] = None
+
+    def full_length(self, x):
+        """Length of the full sequence that ``x`` [B, L', D] is (a prefix of)."""
+        return x.shape[1] if self.length is None else self.length
+
+    def inserted(self, at, n):
+        """Account for ``n`` tokens inserted at position ``at``."""
+        if self.eot is not None:
+            self.eot = self.eot + n * (self.eot >= at).long()
+            self.last = self.last + n if self.last >= at else self.last
+        if self.length is not None:
+            self.length += n
