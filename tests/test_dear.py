@@ -301,8 +301,9 @@ def test_vit_b16_with_the_papers_role_map():
     cfg = get_cfg_default()
     extend_cfg(cfg)
     node = cfg.TRAINER.DEAR
-    check_dear_config(node)
-    roles = deep_head_roles(node, clip.visual.num_layers, clip.visual.num_heads)
+    cfg.MODEL.BACKBONE.NAME = "ViT-B/16"  # ROLE_MAP auto: the paper's map of ViT-B/16 OpenAI
+    check_dear_config(node, cfg.MODEL.BACKBONE)
+    roles = deep_head_roles(node, clip.visual.num_layers, clip.visual.num_heads, cfg.MODEL.BACKBONE)
     assert sorted(roles) == [9, 10, 11, 12]
     dear = DeARCLIP(clip, Tokenizer("ViT-B/16"), ["cat", "dog"], "a photo of a {}, a type of pet.", node, roles)
     sizes = {name: p.numel() for name, p in dear.prompt_learner.named_parameters()}

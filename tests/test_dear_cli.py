@@ -99,7 +99,7 @@ def test_shipped_configs_merge_and_pass_check_cfg(name):
     cwd = os.getcwd()
     os.chdir(ROOT)
     try:
-        check_dear_config(cfg.TRAINER.DEAR)
+        check_dear_config(cfg.TRAINER.DEAR, cfg.MODEL.BACKBONE)
     finally:
         os.chdir(cwd)
     assert cfg.OPTIM.NAME == "adamw" and cfg.OPTIM.LR == 1e-3 and cfg.OPTIM.MAX_EPOCH == 10
