@@ -124,6 +124,120 @@ def test_heads_follow_their_roles(tiny, layer):
             assert (mask[head] == 0).all() and (weights[:, head] > 0).all()
 
 
+@pytest.fixture(scope="module")
+def trainer_model(tiny, tiny_clip_files, tmp_path_factory):
+    """The DeARCLIP that the DeAR trainer builds (base-to-novel config, the tiny CLIP, ROLES at
+    J = 2) on a miniature OxfordPets, in eval mode."""
+    from baseline_setup import build_seeded, toy_pets_cfg
+
+    import datasets  # noqa: F401  (registers OxfordPets)
+    from vlprompt.testing import write_oxford_pets_tree
+
+    base = tmp_path_factory.mktemp("dear_trainer")
+    write_oxford_pets_tree(str(base / "data"), train=4, val=1, test=2)
+    cfg = toy_pets_cfg("DeAR", "DeAR/vit_b16_base2new.yaml", str(base / "data"), base / "out", tiny_clip_files,
+                       "INPUT.SIZE", "(32, 32)", "DATALOADER.NUM_WORKERS", "0", "DATASET.NUM_SHOTS", "4",
+                       "TRAINER.DEAR.ROLE_MAP", tiny[2], "TRAINER.DEAR.INJECT_LAYER", "2",
+                       "TRAINER.DEAR.ATTRIBUTES", "['color', 'shape']")
+    return build_seeded(cfg).model.eval()
+
+
+def per_head_outputs_of_block(model, block_index, run):
+    """Each call's attention output of image block ``block_index`` before its output
+    projection, split by head: a list of [B, L, heads, D / heads], captured by a forward
+    pre-hook on the block's ``attn.out_proj`` (whatever code calls the block)."""
+    block = model.clip.visual.blocks[block_index]
+    heads, calls = block.attn.num_heads, []
+
+    def record(module, inputs):
+        calls.append(inputs[0].detach().unflatten(-1, (heads, -1)).clone())
+
+    handle = block.attn.out_proj.register_forward_pre_hook(record)
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        handle.remove()
+    return calls
+
+
+def injection_layer_heads(model, x):
+    """Per-head attention outputs [B, N + K, heads, d] of layer J in DeAR's forward."""
+    (outputs,) = per_head_outputs_of_block(model, model.vision_block, lambda: model(x))
+    return outputs
+
+
+def test_core_heads_see_only_their_attribute_in_deears_forward(trainer_model):
+    """Layer J (= 2) of ROLES: head 0 is colour's core head, 1 and 3 are isolated (G, O text),
+    2 is mixed. Through the trainer's model: perturbing the shape token leaves the colour
+    head's outputs at [CLS] and the patches bit-identical, perturbing the colour token changes
+    them; the isolated heads' outputs there are frozen CLIP's given the same images (layers
+    below J are frozen CLIP, so their layer-J input is the same).
+
+    "Frozen CLIP's" is bit for bit under PyTorch's math attention kernel. The default fused
+    CPU kernel reduces over 19 keys (17 original + 2 attribute tokens) in another order than
+    over frozen CLIP's 17, which moves these outputs (|values| < 1) by up to 2.4e-7 (a few
+    float32 ulps; measured on the tiny CLIP): there they must agree to 1e-6, far below the
+    1e-3 that an attribute token seen by the head moves them.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    model = trainer_model
+    attributes = list(model.attributes)
+    color, shape = attributes.index("color"), attributes.index("shape")
+    core, isolated, mixed = 0, (1, 3), 2
+    x = images()
+
+    def with_token(index, fn):
+        """fn() with attribute ``index``'s token P0 moved by N(0, 3^2) noise."""
+        tokens = model.prompt_learner.attr_tokens
+        saved = tokens.detach().clone()
+        with torch.no_grad():
+            tokens[index] += 3.0 * torch.randn(tokens[index].shape, generator=torch.Generator().manual_seed(index))
+        try:
+            return fn()
+        finally:
+            with torch.no_grad():
+                tokens.copy_(saved)
+
+    def runs():
+        """Layer-J per-head outputs of frozen CLIP [B, N, H, d] and of DeAR as it is, with the
+        shape token and with the colour token perturbed [B, N + 2, H, d]."""
+        (frozen,) = per_head_outputs_of_block(model, model.vision_block, lambda: model.clip.visual(x))
+        base = injection_layer_heads(model, x)
+        other = with_token(shape, lambda: injection_layer_heads(model, x))
+        own = with_token(color, lambda: injection_layer_heads(model, x))
+        return frozen, base, other, own
+
+    frozen, base, other, own = runs()
+    n = frozen.shape[1]  # [CLS] + 16 patches
+    assert frozen.shape == (3, 17, 4, 16) and base.shape == (3, n + 2, 4, 16)
+    assert torch.equal(other[:, :n, core], base[:, :n, core])
+    assert (own[:, :n, core] - base[:, :n, core]).abs().amax() > 1e-3
+    assert (other[:, :n, mixed] - base[:, :n, mixed]).abs().amax() > 1e-3  # the perturbation reaches layer J
+    assert (base[:, :n, core] - frozen[:, :, core]).abs().amax() > 1e-3
+    for head in isolated:
+        for run in (base, other, own):
+            torch.testing.assert_close(run[:, :n, head], frozen[:, :, head], rtol=0, atol=1e-6)
+    with sdpa_kernel(SDPBackend.MATH):
+        frozen, base, other, own = runs()
+    assert torch.equal(other[:, :n, core], base[:, :n, core])
+    for head in isolated:
+        for run in (base, other, own):
+            assert torch.equal(run[:, :n, head], frozen[:, :, head]), head
+
+    # Control: a mask that lets the colour head see the shape token is caught.
+    mask = model.role_masks(n, x.device)[model.vision_block]
+    saved = mask.clone()
+    mask[core, :, n + shape] = 0.0
+    try:
+        leaky_base = injection_layer_heads(model, x)
+        leaky_other = with_token(shape, lambda: injection_layer_heads(model, x))
+    finally:
+        mask.copy_(saved)
+    assert (leaky_other[:, :n, core] - leaky_base[:, :n, core]).abs().amax() > 1e-3
+
+
 def test_masks_are_built_once_per_length_and_shared_by_the_batch(tiny):
     dear = build(tiny)
     first = dear.vision_plan(17, torch.device("cpu")).masks
@@ -301,8 +415,9 @@ def test_vit_b16_with_the_papers_role_map():
     cfg = get_cfg_default()
     extend_cfg(cfg)
     node = cfg.TRAINER.DEAR
-    check_dear_config(node)
-    roles = deep_head_roles(node, clip.visual.num_layers, clip.visual.num_heads)
+    cfg.MODEL.BACKBONE.NAME = "ViT-B/16"  # ROLE_MAP auto: the paper's map of ViT-B/16 OpenAI
+    check_dear_config(node, cfg.MODEL.BACKBONE)
+    roles = deep_head_roles(node, clip.visual.num_layers, clip.visual.num_heads, cfg.MODEL.BACKBONE)
     assert sorted(roles) == [9, 10, 11, 12]
     dear = DeARCLIP(clip, Tokenizer("ViT-B/16"), ["cat", "dog"], "a photo of a {}, a type of pet.", node, roles)
     sizes = {name: p.numel() for name, p in dear.prompt_learner.named_parameters()}

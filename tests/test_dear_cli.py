@@ -1,5 +1,6 @@
 """DeAR end to end through train.py on a miniature OxfordPets tree with a tiny random CLIP,
-using the real base-to-novel config with the tiny model's overrides."""
+using the real base-to-novel config with the tiny model's overrides: what the checkpoint,
+the log and results.json hold, and that a reloaded evaluation reproduces the result."""
 import json
 import os
 import re
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from vlprompt.clip.head_roles import parse_role_map
-from vlprompt.testing import write_oxford_pets_tree, write_tiny_clip
+from vlprompt.testing import TINY_CLIP_CONFIG, write_oxford_pets_tree, write_tiny_clip
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(f for f in os.listdir(os.path.join(ROOT, "configs/trainers/DeAR")) if f.startswith("vit_b16"))
@@ -24,7 +25,7 @@ TINY_ROLES = {
 def setup(tmp_path_factory):
     base = tmp_path_factory.mktemp("dear_cli")
     config, weights = write_tiny_clip(str(base), name="tiny-clip-dear")
-    write_oxford_pets_tree(str(base / "data"), train=4, val=1, test=3)
+    write_oxford_pets_tree(str(base / "data"), train=4, val=1, test=10)
     role_map = str(base / "roles.yaml")
     parse_role_map(TINY_ROLES).save(role_map)
     return base, config, weights, role_map
@@ -55,26 +56,92 @@ def run_train(setup, output_dir, *extra):
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
-def test_train_then_evaluate_new_classes_with_decoupled_inference(setup):
-    base = setup[0]
-    run_dir = base / "train_base"
-    result = run_train(setup, run_dir, "DATASET.SUBSAMPLE_CLASSES", "base")
+def succeeded(result):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    log = (run_dir / "log.txt").read_text()
-    assert "Head roles (role) of image layers 2..3: 3 A, 1 O, 2 G, 2 M" in log
-    assert re.search(r"epoch \[2/2\] batch \[\d+/\d+\] .* ce [\d.]+ \([\d.]+\) reg [\d.]+ \([\d.]+\) "
-                     r"fusion [\d.]+ \([\d.]+\) acc", log), log[-2000:]
-    checkpoint = torch.load(run_dir / "prompt_learner" / "model.pth.tar-2", weights_only=True)
-    assert sorted(checkpoint["state_dict"]) == ["attr_proj", "attr_tokens", "fusion_logits", "text_tokens"]
-    assert json.loads((run_dir / "results.json").read_text())["trainer"] == "DeAR"
 
-    new_dir = base / "test_new"
-    result = run_train(setup, new_dir, "--eval-only", "--model-dir", str(run_dir), "--load-epoch", "2",
-                       "DATASET.SUBSAMPLE_CLASSES", "new", "TRAINER.DEAR.INFERENCE", "cls")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+@pytest.fixture(scope="module")
+def trained(setup):
+    """2 epochs on the 3 base classes (12 images, 3 steps of 4 per epoch) at lr 0.05 (enough
+    to move the tiny random CLIP's test accuracy away from the untrained model's)."""
+    run_dir = setup[0] / "train_base"
+    succeeded(run_train(setup, run_dir, "DATASET.SUBSAMPLE_CLASSES", "base", "OPTIM.LR", "0.05"))
+    return run_dir
+
+
+def printed_result(log):
+    """{"total", "correct", "accuracy", "error", "macro_f1"} of the last evaluation printed in ``log``."""
+    return {key: float(value) for key, value in re.findall(r"^\* (\w+): ([\d.]+)%?$", log, re.M)}
+
+
+def test_checkpoint_holds_exactly_deears_learnable_tensors(setup, trained):
+    vision, text = TINY_CLIP_CONFIG["vision_cfg"]["width"], TINY_CLIP_CONFIG["text_cfg"]["width"]
+    embed = TINY_CLIP_CONFIG["embed_dim"]
+    checkpoint = torch.load(trained / "prompt_learner" / "model.pth.tar-2", weights_only=True)
+    shapes = {name: tuple(tensor.shape) for name, tensor in checkpoint["state_dict"].items()}
+    # K = 2 attributes of 1 token, N_CTX_TEXT = 4 (the config), W_attr, K + 1 fusion logits.
+    assert shapes == {"attr_tokens": (2, 1, vision), "text_tokens": (4, text), "attr_proj": (vision, embed),
+                      "fusion_logits": (3,)}
+    assert checkpoint["epoch"] == 2
+    assert [len(group["params"]) for group in checkpoint["optimizer"]["param_groups"]] == [4]
+    # Trained: W_attr left CLIP's projection it was copied from, L_fusion raised w_0 above 1/3.
+    visual_proj = torch.load(setup[2], weights_only=True)["visual.proj"]
+    assert not torch.equal(checkpoint["state_dict"]["attr_proj"], visual_proj)
+    assert checkpoint["state_dict"]["fusion_logits"].softmax(0)[0] > 1 / 3
+
+
+def test_log_has_the_loss_terms_and_they_add_up(trained):
+    """Every logged step: loss = ce + 1.0 * reg + 0.7 * fusion (the config's lambdas; values
+    printed to 4 decimals), and the first fusion term is 1 - 1/3 (a = 0: w_0 = 1/3)."""
+    log = (trained / "log.txt").read_text()
+    assert "Head roles (role) of image layers 2..3: 3 A, 1 O, 2 G, 2 M" in log
+    steps = re.findall(r"^epoch \[(\d)/2\] batch \[(\d)/3\] .* loss ([\d.]+) \([\d.]+\) ce ([\d.]+) \([\d.]+\) "
+                       r"reg ([\d.]+) \([\d.]+\) fusion ([\d.]+) \([\d.]+\) acc", log, re.M)
+    assert [step[:2] for step in steps] == [(e, b) for e in "12" for b in "123"], log[-2000:]
+    for *_, loss, ce, reg, fusion in steps:
+        assert float(loss) == pytest.approx(float(ce) + 1.0 * float(reg) + 0.7 * float(fusion), abs=2e-4)
+        assert float(reg) > 0
+    assert steps[0][-1] == "0.6667"
+
+
+def test_results_json_is_the_printed_result(trained):
+    log, results = (trained / "log.txt").read_text(), json.loads((trained / "results.json").read_text())
+    printed = printed_result(log)
+    assert (results["trainer"], results["subsample_classes"], results["epoch"]) == ("DeAR", "base", 2)
+    assert printed["total"] == results["num_test"] == 30
+    for key, name in (("accuracy", "accuracy"), ("error", "error_rate"), ("macro_f1", "macro_f1")):
+        assert printed[key] == round(results["metrics"][name], 1), key
+    assert printed["accuracy"] == pytest.approx(100 * printed["correct"] / printed["total"], abs=0.05)
+
+
+def test_eval_only_reload_reproduces_the_result(setup, trained):
+    """--eval-only with the saved epoch gives the training run's metrics exactly; without the
+    saved weights (the seeded initial tensors) the metrics differ, so the reload mattered."""
+    base = setup[0]
+    reloaded = base / "reload_base"
+    succeeded(run_train(setup, reloaded, "--eval-only", "--model-dir", str(trained), "--load-epoch", "2",
+                        "DATASET.SUBSAMPLE_CLASSES", "base"))
+    log = (reloaded / "log.txt").read_text()
+    assert "Loading weights to prompt_learner" in log and "missing" not in log
+    results = json.loads((reloaded / "results.json").read_text())
+    assert results["eval_only"] is True and results["load_epoch"] == 2
+    assert results["metrics"] == json.loads((trained / "results.json").read_text())["metrics"]
+    assert printed_result(log) == printed_result((trained / "log.txt").read_text())
+
+    untrained = base / "untrained_base"
+    succeeded(run_train(setup, untrained, "--eval-only", "DATASET.SUBSAMPLE_CLASSES", "base"))
+    assert json.loads((untrained / "results.json").read_text())["metrics"] != results["metrics"]
+
+
+def test_new_classes_with_decoupled_inference(setup, trained):
+    new_dir = setup[0] / "test_new"
+    succeeded(run_train(setup, new_dir, "--eval-only", "--model-dir", str(trained), "--load-epoch", "2",
+                        "DATASET.SUBSAMPLE_CLASSES", "new", "TRAINER.DEAR.INFERENCE", "cls"))
     log = (new_dir / "log.txt").read_text()
     assert "Loading weights to prompt_learner" in log and "missing" not in log
-    assert re.search(r"^\* accuracy: \d+\.\d%$", log, re.M)
+    results = json.loads((new_dir / "results.json").read_text())
+    assert (results["subsample_classes"], results["num_classes"], results["num_test"]) == ("new", 2, 20)
+    assert printed_result(log)["accuracy"] == round(results["metrics"]["accuracy"], 1)
 
 
 def test_bad_role_map_fails_before_loading_data(setup):
@@ -85,6 +152,16 @@ def test_bad_role_map_fails_before_loading_data(setup):
     result = run_train(setup, base / "bad", "TRAINER.DEAR.ROLE_MAP", str(bad))
     assert result.returncode == 2
     assert 'layer 3, head 0: unknown attribute "hue"' in result.stderr
+    assert "Traceback" not in result.stderr and "Building transform" not in result.stdout
+
+
+def test_auto_role_map_of_an_unregistered_backbone_lists_the_known_maps(setup):
+    base, config = setup[0], setup[1]
+    result = run_train(setup, base / "auto", "TRAINER.DEAR.ROLE_MAP", "auto")
+    assert result.returncode == 2
+    assert f'No head-role map is registered for backbone "{config}"' in result.stderr
+    assert "ViT-B/16, openai -> configs/head_roles/vit_b16_openai.yaml" in result.stderr
+    assert "tools/head_roles.py" in result.stderr
     assert "Traceback" not in result.stderr and "Building transform" not in result.stdout
 
 
@@ -99,7 +176,7 @@ def test_shipped_configs_merge_and_pass_check_cfg(name):
     cwd = os.getcwd()
     os.chdir(ROOT)
     try:
-        check_dear_config(cfg.TRAINER.DEAR)
+        check_dear_config(cfg.TRAINER.DEAR, cfg.MODEL.BACKBONE)
     finally:
         os.chdir(cwd)
     assert cfg.OPTIM.NAME == "adamw" and cfg.OPTIM.LR == 1e-3 and cfg.OPTIM.MAX_EPOCH == 10

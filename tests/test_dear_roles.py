@@ -1,4 +1,6 @@
 """Role-map files (format, validation, shuffling) and the role-based attention mask."""
+import re
+
 import pytest
 import torch
 
@@ -18,16 +20,51 @@ def tiny_map_data(**changes):
     return data
 
 
+# The DeAR supplement's Table 2 ("Detailed functional role classification for Attention Heads
+# in Layers 9-12 of ViT-B/16"), column "Head" and "Role (Concept)", as printed there.
+SUPPLEMENT_TABLE_2 = """
+(9, 0) Core Attribute (Location)      (10, 0) Core Attribute (Object)     (11, 0) Core Attribute (Object)
+(9, 1) Core Attribute (Location)      (10, 1) Core Attribute (Color)      (11, 1) Core Attribute (Color)
+(9, 2) Mixed                          (10, 2) Core Attribute (Texture)    (11, 2) Other Specialized (Animal)
+(9, 3) Core Attribute (Location)      (10, 3) Core Attribute (Location)   (11, 3) Core Attribute (Location)
+(9, 4) Other Specialized (Emotion)    (10, 4) Other Specialized (Human)   (11, 4) Core Attribute (Texture)
+(9, 5) Generalization (Style)         (10, 5) Core Attribute (Object)     (11, 5) Core Attribute (Texture)
+(9, 6) Mixed                          (10, 6) Core Attribute (Location)   (11, 6) Core Attribute (Location)
+(9, 7) Core Attribute (Texture)       (10, 7) Generalization (Style)      (11, 7) Other Specialized (Action)
+(9, 8) Other Specialized (Text)       (10, 8) Core Attribute (Location)   (11, 8) Generalization (Style)
+(9, 9) Core Attribute (Location)      (10, 9) Core Attribute (Object)     (11, 9) Core Attribute (Object)
+(9, 10) Generalization (Style)        (10, 10) Core Attribute (Shape)     (11, 10) Core Attribute (Location)
+(9, 11) Mixed                         (10, 11) Generalization (Style)     (11, 11) Core Attribute (Location)
+(12, 0) Core Attribute (Location)     (12, 4) Other Specialized (Human)   (12, 8) Mixed
+(12, 1) Generalization (Style)        (12, 5) Core Attribute (Shape)      (12, 9) Other Specialized (Number)
+(12, 2) Generalization (Style)        (12, 6) Core Attribute (Location)   (12, 10) Core Attribute (Color)
+(12, 3) Mixed                         (12, 7) Core Attribute (Object)     (12, 11) Other Specialized (Text)
+"""
+_TABLE_ROLE = {"Core Attribute": "A", "Other Specialized": "O", "Generalization": "G", "Mixed": "M"}
+
+
+def supplement_table_2():
+    """{(layer, head): role string of the map format} from SUPPLEMENT_TABLE_2."""
+    cells = {}
+    for layer, head, role, concept in re.findall(
+            r"\((\d+), (\d+)\) ([A-Z][a-z]+(?: [A-Z][a-z]+)?)(?: \((\w+)\))?", SUPPLEMENT_TABLE_2):
+        key = (int(layer), int(head))
+        assert key not in cells, f"cell {key} listed twice"
+        cells[key] = f"{_TABLE_ROLE[role]} {concept.lower()}".strip()
+    return cells
+
+
 def test_vit_b16_map_is_the_papers_table():
+    """Every one of the 48 cells (layers 9-12 x heads 0-11) of supp. Table 2."""
     role_map = load_role_map(VIT_B16_MAP)
     assert (role_map.num_layers, role_map.num_heads, role_map.first_layer) == (12, 12, 9)
     assert role_map.attributes == ("color", "shape", "texture", "object", "location")
-    # Spot checks against supp. Table 2 (layer, head): role.
-    expected = {(9, 2): "M", (9, 4): "O emotion", (9, 7): "A texture", (10, 10): "A shape",
-                (10, 11): "G style", (11, 2): "O animal", (11, 8): "G style", (12, 5): "A shape",
-                (12, 9): "O number", (12, 10): "A color", (12, 11): "O text"}
-    for (layer, head), role in expected.items():
-        assert str(role_map.roles[layer][head]) == role
+    expected = supplement_table_2()
+    assert sorted(expected) == [(layer, head) for layer in range(9, 13) for head in range(12)]
+    found = {(layer, head): str(role) for layer, roles in role_map.roles.items() for head, role in enumerate(roles)}
+    assert sorted(found) == sorted(expected)
+    wrong = {cell: (found[cell], role) for cell, role in expected.items() if found[cell] != role}
+    assert not wrong, f"(layer, head): (map, supplement): {wrong}"
     kinds = [role.kind for layer in role_map.roles.values() for role in layer]
     assert [kinds.count(k) for k in "AOGM"] == [28, 8, 7, 5]
 

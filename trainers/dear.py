@@ -24,7 +24,8 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip import (
     DEFAULT_TEMPLATE, InsertTokens, MapTokens, Plan, PromptedCLIP, UnsupportedBackboneError, fill_template,
 )
-from vlprompt.clip.head_roles import HeadRole, load_role_map, role_attention_mask
+from vlprompt.clip.head_roles import HeadRole, role_attention_mask
+from vlprompt.clip.role_map_registry import find_role_map
 from vlprompt.config import ConfigError, check_choice, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.amp import PRECISIONS
@@ -43,7 +44,7 @@ def add_dear_config(cfg):
     cfg.TRAINER.DEAR.INJECT_LAYER = 9  # J, 1-indexed image layer where tokens enter
     cfg.TRAINER.DEAR.TEXT_INJECT_LAYER = 0  # 1-indexed text layer; 0: same as INJECT_LAYER
     cfg.TRAINER.DEAR.BETA = 0.9  # re-mixing: beta * output + (1 - beta) * raw token
-    cfg.TRAINER.DEAR.ROLE_MAP = "configs/head_roles/vit_b16_openai.yaml"
+    cfg.TRAINER.DEAR.ROLE_MAP = "auto"  # auto: registered for MODEL.BACKBONE NAME+WEIGHTS; or a map name or file
     cfg.TRAINER.DEAR.MASK_STRATEGY = "role"  # role, all_generalization, all_mixed, random_shuffle
     cfg.TRAINER.DEAR.SHUFFLE_SEED = 0  # random_shuffle only
     cfg.TRAINER.DEAR.LAMBDA_REG = 1.0
@@ -53,8 +54,9 @@ def add_dear_config(cfg):
     cfg.TRAINER.DEAR.PREC = "amp"
 
 
-def check_dear_config(node):
-    """Raise ConfigError for an invalid TRAINER.DEAR node (role map included)."""
+def check_dear_config(node, backbone=None):
+    """Raise ConfigError for an invalid TRAINER.DEAR node (role map included; ``backbone``:
+    cfg.MODEL.BACKBONE, which ROLE_MAP auto looks the map up by)."""
     for key, allowed in (("MASK_STRATEGY", MASK_STRATEGIES), ("FUSION_LOSS", FUSION_LOSSES),
                          ("INFERENCE", INFERENCE_MODES), ("PREC", PRECISIONS)):
         check_choice(f"TRAINER.DEAR.{key}", node[key], allowed)
@@ -66,19 +68,24 @@ def check_dear_config(node):
     if not all(isinstance(name, str) and name.strip() for name in names) or len(set(names)) != len(names):
         raise ConfigError(f"TRAINER.DEAR.ATTRIBUTES must be distinct attribute names, got {names}.")
     if node.MASK_STRATEGY in ("role", "random_shuffle"):
-        role_map = load_role_map(node.ROLE_MAP)
+        role_map = find_role_map(node.ROLE_MAP, *_backbone_key(backbone))
         role_map.check_inject_layer(node.INJECT_LAYER)
         role_map.check_attributes(names)
 
 
-def deep_head_roles(node, num_layers, num_heads):
+def _backbone_key(backbone):
+    """(NAME, WEIGHTS) of cfg.MODEL.BACKBONE, or empty names when none is given."""
+    return (backbone.NAME, backbone.WEIGHTS) if backbone is not None else ("", "")
+
+
+def deep_head_roles(node, num_layers, num_heads, backbone=None):
     """Roles of the image heads in layers J..L under MASK_STRATEGY: {1-indexed layer: roles}.
 
     ``all_mixed`` gives {} (no mask anywhere); ``all_generalization`` isolates every head.
     """
     first = node.INJECT_LAYER
     if node.MASK_STRATEGY in ("role", "random_shuffle"):
-        role_map = load_role_map(node.ROLE_MAP)
+        role_map = find_role_map(node.ROLE_MAP, *_backbone_key(backbone))
         role_map.check_backbone(num_layers, num_heads)
         role_map.check_inject_layer(first)
         if node.MASK_STRATEGY == "random_shuffle":
@@ -265,7 +272,7 @@ class DeAR(ClipTrainer):
     """DeAR trainer; the checkpointed module ("prompt_learner") holds P0, T0, W_attr and a."""
 
     def check_cfg(self, cfg):
-        check_dear_config(cfg.TRAINER.DEAR)
+        check_dear_config(cfg.TRAINER.DEAR, cfg.MODEL.BACKBONE)
 
     def build_model(self):
         clip, tokenizer = self.build_clip()
@@ -274,7 +281,7 @@ class DeAR(ClipTrainer):
                 f"DeAR needs a ViT image tower (attribute tokens and per-head masks); "
                 f"{self.cfg.MODEL.BACKBONE.NAME} is not one.")
         node = self.cfg.TRAINER.DEAR
-        roles = deep_head_roles(node, clip.visual.num_layers, clip.visual.num_heads)
+        roles = deep_head_roles(node, clip.visual.num_layers, clip.visual.num_heads, self.cfg.MODEL.BACKBONE)
         counts = [role.kind for layer in roles.values() for role in layer]
         summary = ", ".join(f"{counts.count(k)} {k}" for k in "AOGM") if counts else "no masks"
         layers = f"{node.INJECT_LAYER}..{clip.visual.num_layers}"

@@ -1,7 +1,8 @@
 """Head-role maps: which attention heads of a CLIP image tower do what, and the masks they imply.
 
 A role map is a YAML file, one per backbone and weights (DeAR paper, supp. Table 2 for
-ViT-B/16 OpenAI)::
+ViT-B/16 OpenAI), found by backbone and weights through the registry in
+:mod:`vlprompt.clip.role_map_registry` (``TRAINER.DEAR.ROLE_MAP auto``)::
 
     backbone: ViT-B/16          # informative
     weights: openai             # informative
@@ -203,24 +204,30 @@ class RoleMap:
         write_text(self.to_yaml(), path)
 
 
-def load_role_map(path):
-    """Read and validate a role-map YAML file.
+def load_role_map(path, label=None):
+    """Read and validate a role-map YAML file (to find one by backbone or name, see
+    :func:`vlprompt.clip.role_map_registry.find_role_map`).
+
+    Args:
+        path: the file (relative paths are read from the current directory).
+        label: how messages name the file (default: ``path``).
 
     Raises:
         RoleMapError: missing or unreadable file, or an invalid entry (named in the message).
     """
     if not path:
         raise RoleMapError("No role map given: set TRAINER.DEAR.ROLE_MAP to a role-map YAML file.")
+    label = label or path
     try:
         with open(path, "r", encoding="utf-8") as f:
             data = yaml.safe_load(f)
     except FileNotFoundError:
         raise RoleMapError(
-            f'Role map "{path}" does not exist (relative paths are read from the current directory).'
+            f'Role map "{label}" does not exist (relative paths are read from the current directory).'
         ) from None
     except yaml.YAMLError as error:
-        raise RoleMapError(f'Role map "{path}" is not valid YAML: {" ".join(str(error).split())}') from None
-    return parse_role_map(data, source=f'role map "{path}"')
+        raise RoleMapError(f'Role map "{label}" is not valid YAML: {" ".join(str(error).split())}') from None
+    return parse_role_map(data, source=f'role map "{label}"')
 
 
 def _positive_int(data, key, source):
