@@ -66,7 +66,8 @@ def check_eval_role(value, key="TEST.ROLE"):
 
 
 def trained_dataset(model_dir) -> Optional[Mapping[str, str]]:
-    """The dataset a training run folder was trained on: {"name", "subsample", "record"}, or None.
+    """The dataset a training run folder was trained on: {"name": DATASET.NAME, "record": the
+    file it was read from}, or None when the folder records none.
 
     Read from ``model_dir/config.yaml`` (the merged config train.py writes when it trains), else
     from ``model_dir/results.json`` if that file comes from a training run (``"eval_only": false``).
@@ -79,10 +80,11 @@ def trained_dataset(model_dir) -> Optional[Mapping[str, str]]:
         try:
             with open(config_path, encoding="utf-8") as f:
                 dataset = yaml.safe_load(f)["DATASET"]
-            return {"name": dataset["NAME"], "subsample": dataset["SUBSAMPLE_CLASSES"], "record": config_path}
+            return {"name": dataset["NAME"], "record": config_path}
         except (OSError, yaml.YAMLError, KeyError, TypeError) as error:
             raise ConfigError(
-                f'Cannot read the training dataset from "{config_path}" ({type(error).__name__}: {error}); '
+                f'Cannot read the training dataset from "{config_path}" ({type(error).__name__}: '
+                f'{" ".join(str(error).split())}); '
                 "fix or delete the file, or give the evaluation role with --eval-role."
             ) from None
     results_path = osp.join(model_dir, RESULTS_FILENAME)
@@ -93,8 +95,7 @@ def trained_dataset(model_dir) -> Optional[Mapping[str, str]]:
         except (OSError, ValueError):
             return None  # a half-written or foreign file says nothing about the training data
         if isinstance(record, dict) and record.get("eval_only") is False and record.get("dataset"):
-            return {"name": record["dataset"], "subsample": record.get("subsample_classes", ""),
-                    "record": results_path}
+            return {"name": record["dataset"], "record": results_path}
     return None
 
 
