@@ -253,3 +253,12 @@ def test_train_py_infers_the_role_of_each_evaluation(world, tmp_path, monkeypatc
     status, _ = run_train(world, tmp_path / "bad", "caltech101", "--eval-only", "--eval-role", "novel")
     assert status == 2
     assert "TEST.ROLE (--eval-role) must be one of base, new, source, target" in capsys.readouterr().err
+
+
+def test_readme_role_rule_example():
+    from tests.test_readme import code_blocks, section
+
+    namespace = {}
+    exec(compile(code_blocks(section("Adding a trainer"), "python")[1], "README-role-rule", "exec"), namespace)
+    head = namespace["HEAD"]
+    assert [head.resolve("auto", role) for role in EVAL_ROLES] == ["fused", "text", "fused", "text"]
