@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import train
-from tests.mini_datasets import write_caltech101
+from mini_datasets import write_caltech101
 from vlprompt.clip.head_roles import parse_role_map
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file, merge_from_list
 from vlprompt.config.validate import validate_cfg
@@ -256,7 +256,7 @@ def test_train_py_infers_the_role_of_each_evaluation(world, tmp_path, monkeypatc
 
 
 def test_readme_role_rule_example():
-    from tests.test_readme import code_blocks, section
+    from test_readme import code_blocks, section
 
     namespace = {}
     exec(compile(code_blocks(section("Adding a trainer"), "python")[1], "README-role-rule", "exec"), namespace)
