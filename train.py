@@ -6,7 +6,11 @@
         --output-dir output/oxford_pets/CoOp/seed1 --seed 1 DATASET.NUM_SHOTS 16
 
 Trailing KEY VALUE pairs override the config (merged last, so ``SEED 1`` beats
-``--seed 2``). Bad input (unknown trainer, dataset or config key, wrong value type or
+``--seed 2``). Every run knows its evaluation role (base, new, source or target; see
+vlprompt/engine/roles.py): ``--eval-role`` / ``TEST.ROLE`` gives it, otherwise it is inferred
+(an ``--eval-only`` run compares its dataset with the one recorded in ``--model-dir``); the
+log prints it and results.json records it. A training run writes its merged config to
+``OUTPUT_DIR/config.yaml``. Bad input (unknown trainer, dataset or config key, wrong value type or
 value, incompatible settings, missing config file or dataset folder, unusable CLIP
 weights, unreadable images, inconsistent labels, corrupt checkpoints or caches) ends with
 one paragraph on stderr and exit status 2, before any data is loaded where possible. A
@@ -26,6 +30,8 @@ from vlprompt.config.validate import check_training_cfg, validate_cfg
 from vlprompt.data.datasets import DATASET_REGISTRY, DatasetLayoutError
 from vlprompt.data.splits import UnsafePickleError
 from vlprompt.engine import TRAINER_REGISTRY, NonFiniteLossError, build_trainer
+from vlprompt.engine.results import write_run_config
+from vlprompt.engine.roles import resolve_eval_role
 from vlprompt.utils import (
     CheckpointError, CorruptFileError, check_availability, collect_env_info, set_random_seed, setup_logger,
 )
@@ -70,10 +76,17 @@ def reset_cfg(cfg, args):
         cfg.MODEL.BACKBONE.NAME = args.backbone
     if args.head:
         cfg.MODEL.HEAD.NAME = args.head
+    if args.eval_role:
+        cfg.TEST.ROLE = args.eval_role
 
 
 def setup_cfg(args):
-    """Defaults -> trainer nodes -> dataset YAML -> method YAML -> flags -> overrides."""
+    """Defaults -> trainer nodes -> dataset YAML -> method YAML -> flags -> overrides, checked;
+    then TEST.ROLE is set to the resolved evaluation role.
+
+    Returns:
+        (frozen cfg, EvalRole)
+    """
     cfg = get_cfg_default()
     extend_cfg(cfg)
     if args.dataset_config_file:
@@ -83,8 +96,11 @@ def setup_cfg(args):
     reset_cfg(cfg, args)
     merge_from_list(cfg, args.opts)
     check_names(cfg)
+    validate_cfg(cfg)
+    role = resolve_eval_role(cfg, eval_only=args.eval_only, model_dir=args.model_dir if args.eval_only else "")
+    cfg.TEST.ROLE = role.role
     cfg.freeze()
-    return cfg
+    return cfg, role
 
 
 def check_names(cfg):
@@ -104,9 +120,9 @@ def check_names(cfg):
 
 
 def main(args):
-    cfg = setup_cfg(args)
-    validate_cfg(cfg)
-    if not (args.eval_only or args.no_train):
+    cfg, role = setup_cfg(args)
+    training = not (args.eval_only or args.no_train)
+    if training:
         check_training_cfg(cfg)
     setup_logger(cfg.OUTPUT_DIR)
     if cfg.SEED >= 0:
@@ -116,6 +132,11 @@ def main(args):
         torch.backends.cudnn.benchmark = True
 
     print_args(args, cfg)
+    if role.warning:
+        print(f"Warning: {role.warning}")
+    print(f"Evaluation role: {role.role} ({role.reason})")
+    if training:
+        write_run_config(cfg, cfg.OUTPUT_DIR)
     print("Collecting env info ...")
     print("** System info **")
     print(collect_env_info())
@@ -156,6 +177,8 @@ def build_parser():
     parser.add_argument("--model-dir", type=str, default="", help="load model from this directory for eval-only mode")
     parser.add_argument("--load-epoch", type=int, help="load model weights at this epoch for evaluation")
     parser.add_argument("--no-train", action="store_true", help="do not call trainer.train()")
+    parser.add_argument("--eval-role", type=str, default="",
+                        help="evaluation role: base, new, source or target (default: inferred; sets TEST.ROLE)")
     parser.add_argument("opts", default=None, nargs=argparse.REMAINDER, help="modify config options using the command line")
     return parser
 

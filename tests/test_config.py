@@ -115,6 +115,7 @@ EXPECTED_DEFAULTS = {
     "TEST.NO_TEST": False,
     "TEST.SPLIT": "test",
     "TEST.FINAL_MODEL": "last_step",
+    "TEST.ROLE": "",
     "TRAINER.NAME": "",
 }
 

@@ -375,6 +375,31 @@ def test_eval_is_deterministic_and_inference_modes_differ(tiny):
     assert not torch.allclose(first, decoupled)
 
 
+@pytest.mark.parametrize("inference, role, uses", [
+    ("auto", "base", "fusion"), ("auto", "new", "fusion"), ("auto", "source", "fusion"), ("auto", "target", "cls"),
+    ("fusion", "target", "fusion"), ("cls", "base", "cls"),
+])
+def test_inference_follows_the_evaluation_role_unless_set(tiny, inference, role, uses):
+    """INFERENCE auto: fusion on the training dataset's classes, f_cls only on a target dataset."""
+    model, tokenizer, role_map = tiny
+    node = dear_node(role_map, INFERENCE=inference)
+    clip = CLIPRunner(copy.deepcopy(model))
+    roles = deep_head_roles(node, clip.visual.num_layers, clip.visual.num_heads)
+    torch.manual_seed(0)
+    dear = DeARCLIP(clip, tokenizer, CLASSES, TEMPLATE, node, roles, eval_role=role).eval()
+    randomise_prompts(dear)
+    x = images()
+    with torch.no_grad():
+        f_cls, f_attr, _ = dear.encode_image(x)
+        text = dear.class_text_features()
+        expected = {"cls": dear.logit_scale * F.normalize(f_cls, dim=-1) @ text.t(),
+                    "fusion": dear.fused_logits(f_cls, f_attr, text)}
+        logits = dear(x)
+    assert dear.inference == uses
+    torch.testing.assert_close(logits, expected[uses])
+    assert not torch.allclose(expected["cls"], expected["fusion"], atol=1e-3)
+
+
 def test_new_class_list_rebuilds_the_sentences(tiny):
     dear = build(tiny).eval()
     with torch.no_grad():

@@ -43,7 +43,7 @@ PROGRESS_LINE = re.compile(
 
 RESULTS_KEYS = {
     "trainer", "config_file", "dataset_config_file", "dataset", "dataset_config", "num_shots",
-    "subsample_classes", "seed", "backbone", "split", "epoch", "eval_only", "model_dir", "load_epoch",
+    "subsample_classes", "seed", "backbone", "split", "eval_role", "epoch", "eval_only", "model_dir", "load_epoch",
     "metrics", "num_classes", "num_test", "wall_time_s", "completed", "finished_at", "output_dir",
     "vlprompt_version", "skipped_images", "skipped_nonfinite_steps",
 }
@@ -345,7 +345,7 @@ def test_results_file_after_training(full_run):
     expected = {
         "trainer": "EngineToyTrainer", "config_file": "", "dataset_config_file": "", "dataset": "EngineToyDataset",
         "dataset_config": "", "num_shots": -1, "subsample_classes": "all", "seed": 1, "backbone": "",
-        "split": "test", "epoch": 3, "eval_only": False, "model_dir": "", "load_epoch": None,
+        "split": "test", "eval_role": "source", "epoch": 3, "eval_only": False, "model_dir": "", "load_epoch": None,
         "num_classes": NUM_CLASSES, "num_test": NUM_CLASSES * SPLIT_SIZES["test"], "completed": True,
         "skipped_images": {"train": 0, "val": 0, "test": 0}, "skipped_nonfinite_steps": 0,
         "output_dir": trainer.output_dir, "vlprompt_version": vlprompt.__version__,

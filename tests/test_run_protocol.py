@@ -285,14 +285,14 @@ def test_base2new_phases_and_load_epoch_from_the_merged_config():
     assert train.argv == (
         "--root", "DATA", "--seed", "1", "--trainer", "CoOp",
         "--dataset-config-file", "configs/datasets/dtd.yaml", "--config-file",
-        "configs/trainers/CoOp/toy.yaml", "--output-dir", train.output_dir,
+        "configs/trainers/CoOp/toy.yaml", "--output-dir", train.output_dir, "--eval-role", "base",
         "DATASET.NUM_SHOTS", "16", "DATASET.SUBSAMPLE_CLASSES", "base", "OPTIM.MAX_EPOCH", "7")
     assert test.argv[10:] == (
-        "--output-dir", "out/base2new/test_new/dtd/shots_16/CoOp/toy/seed1", "--eval-only",
+        "--output-dir", "out/base2new/test_new/dtd/shots_16/CoOp/toy/seed1", "--eval-role", "new", "--eval-only",
         "--model-dir", train.output_dir, "--load-epoch", "7",
         "DATASET.NUM_SHOTS", "16", "DATASET.SUBSAMPLE_CLASSES", "new", "TEST.SPLIT", "test")
     assert test.requires == train.output_dir and test.label == "base2new/test_new/dtd/shots_16/CoOp/toy/seed1"
-    assert zs_base.argv[12:] == ("--eval-only", "DATASET.NUM_SHOTS", "16",
+    assert zs_base.argv[12:] == ("--eval-role", "base", "--eval-only", "DATASET.NUM_SHOTS", "16",
                                  "DATASET.SUBSAMPLE_CLASSES", "base", "TEST.SPLIT", "test")
     assert zs_new.requires is None and "--model-dir" not in zs_new.argv
     assert parse_run_path(Path(test.label).parts).kind == "test_new"
@@ -324,6 +324,12 @@ def test_fewshot_and_transfer_layouts_with_shared_source_training():
                                      "--load-epoch", "3")
     zs_fewshot = chains[4].runs[0]
     assert zs_fewshot.argv[-1] == "--eval-only"  # all classes, no shot count
+    # every run is given its evaluation role: the source runs (few-shot and transfer
+    # training), the transfer targets, and the zero-shot method's target evaluations
+    role = {r.output_dir: r.argv[r.argv.index("--eval-role") + 1] for c in chains for r in c.runs}
+    assert [role[r.output_dir] for r in transfer] == ["source", "target", "target", "target"]
+    assert role[zs_fewshot.output_dir] == role[chains[0].head] == "source"
+    assert [role[r.output_dir] for r in chains[6].runs] == ["source", "target", "target", "target"]
     assert all(r.requires is None for r in chains[6].runs) and len(chains[6].runs) == 4
     keys = [parse_run_path(Path(r.label).parts) for c in chains for r in c.runs]
     assert [(k.kind, k.dataset, k.cfg, k.shots) for k in keys[:3]] == [
@@ -333,6 +339,8 @@ def test_fewshot_and_transfer_layouts_with_shared_source_training():
 def test_bad_grid_input_gets_one_clear_message(tmp_path):
     with pytest.raises(ConfigError, match="DATASET.NUM_SHOTS, which the protocol sets itself"):
         grid({}, [COOP], opts=["DATASET.NUM_SHOTS", "4"])
+    with pytest.raises(ConfigError, match="TEST.ROLE, which the protocol sets itself .*evaluation role"):
+        grid({}, [COOP], test_opts=["TEST.ROLE", "target"])
     with pytest.raises(ConfigError, match="odd number"):
         grid({}, [COOP], test_opts=["TEST.SPLIT"])
     with pytest.raises(ConfigError, match="Dataset 'nope' has no config file"):

@@ -5,14 +5,17 @@
         --trainers CoOp:vit_b16_ctxv1 MaPLe:vit_b16_c2_ep5_batch4_2ctx --seeds 1 2 3
     python tools/run_protocol.py --protocol base2new --benchmark synthetic --root output/data \\
         --trainers CoOp,DeAR --config synthetic --backend gpus --gpus 0,1
-    python tools/run_protocol.py --protocol cross_dataset dg --trainers DeAR:vit_b16 \\
-        --test-opts TRAINER.DEAR.INFERENCE cls --backend slurm --slurm-partition gpu
+    python tools/run_protocol.py --protocol cross_dataset dg --trainers DeAR:vit_b16_cross_dataset \\
+        --backend slurm --slurm-partition gpu
 
 Protocols (``--protocol``, several allowed): ``base2new``, ``fewshot``, ``cross_dataset``,
 ``dg``; their datasets, shots and seeds come from ``--benchmark`` (configs/benchmarks/*.yaml,
 default ``paper``) unless given. Runs write to the reference repositories' folders under
-``--output`` (vlprompt/protocols/layout.py). A run whose results.json says it completed is
-skipped, so the same command resumes a grid; ``--dry-run`` lists what would run.
+``--output`` (vlprompt/protocols/layout.py). Each run is given its evaluation role
+(``--eval-role`` base, new, source or target; vlprompt/engine/roles.py), so methods whose
+inference depends on it (DeAR's INFERENCE auto) need no per-protocol test options. A run
+whose results.json says it completed is skipped, so the same command resumes a grid;
+``--dry-run`` lists what would run.
 
 Exit status: 0 when every run completed, 1 when some failed, 2 for bad input.
 """
@@ -74,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="KEY VALUE overrides for training runs only")
     grid.add_argument("--test-opts", nargs="+", default=[], metavar="KEY_VALUE",
                       help="KEY VALUE overrides for evaluation-only runs only "
-                           "(e.g. TRAINER.DEAR.INFERENCE cls)")
+                           "(e.g. TEST.SPLIT val)")
     grid.add_argument("--dry-run", action="store_true",
                       help="print the pending runs as train.py commands and exit")
 

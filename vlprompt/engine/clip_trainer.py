@@ -21,6 +21,7 @@ from vlprompt.metrics import compute_accuracy
 from vlprompt.optim import build_lr_scheduler, build_optimizer
 from vlprompt.utils import count_num_param, load_pretrained_weights
 
+from .roles import eval_role
 from .trainer import TrainerX
 
 __all__ = ["ClipTrainer"]
@@ -87,6 +88,12 @@ class ClipTrainer(TrainerX):
         model, info = load_clip(backbone.NAME, backbone.WEIGHTS, device=self.device)
         print(f"CLIP weights: {info['weights']} (open_clip config {info['model_name']}, QuickGELU {info['quick_gelu']})")
         return CLIPRunner(model), Tokenizer(backbone.NAME)
+
+    @property
+    def eval_role(self):
+        """The evaluation role, "base", "new", "source" or "target" (:mod:`vlprompt.engine.roles`);
+        known from construction on, so ``build_model`` may choose the inference by it."""
+        return eval_role(self.cfg)
 
     @property
     def classnames(self):

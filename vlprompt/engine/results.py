@@ -1,8 +1,12 @@
-"""The machine-readable results file of one evaluation: ``OUTPUT_DIR/results.json``.
+"""The machine-readable records of a run folder: ``results.json`` and ``config.yaml``.
 
 [decision] (engine spec §13 #9): besides Dassl's one-decimal "=> result" block in log.txt, every
-final evaluation (the test after training, or an eval-only test) writes this file atomically,
-with the evaluator's metrics at full precision, so that result parsers need not scrape logs.
+final evaluation (the test after training, or an eval-only test) writes ``results.json``
+atomically, with the evaluator's metrics at full precision and the evaluation role
+(:mod:`vlprompt.engine.roles`), so that result parsers need not scrape logs.
+
+A training run also writes its merged config as ``config.yaml`` (detectron2's name) when it
+starts, so that a later ``--eval-only --model-dir`` run knows what the model was trained on.
 """
 import datetime
 import json
@@ -14,6 +18,7 @@ import vlprompt
 from vlprompt.utils import atomic_write
 
 RESULTS_FILENAME = "results.json"
+RUN_CONFIG_FILENAME = "config.yaml"
 
 RUN_INFO_DEFAULTS = {
     "config_file": "",
@@ -40,7 +45,7 @@ def make_results_record(
     """Build the results record (a JSON-ready dict) of one evaluation.
 
     Args:
-        cfg: the run's (frozen) config.
+        cfg: the run's (frozen) config; TEST.ROLE gives "eval_role" (see ``roles.eval_role``).
         run_info: the keys of ``RUN_INFO_DEFAULTS``.
         split: the split actually evaluated ("val" or "test").
         metrics: the evaluator's result dict (name -> number).
@@ -51,6 +56,8 @@ def make_results_record(
         skipped_images: {"train"|"val"|"test": unreadable images left out} (DATASET.SKIP_BAD_IMAGES).
         skipped_nonfinite_steps: training steps skipped for a non-finite loss (TRAIN.NONFINITE_LOSS skip).
     """
+    from .roles import eval_role  # roles reads the records this module writes
+
     skipped_images = {split: int((skipped_images or {}).get(split, 0)) for split in ("train", "val", "test")}
     dataset_config_file = run_info["dataset_config_file"]
     return {
@@ -64,6 +71,7 @@ def make_results_record(
         "seed": cfg.SEED,
         "backbone": cfg.MODEL.BACKBONE.NAME,
         "split": split,
+        "eval_role": eval_role(cfg),
         "epoch": int(epoch),
         "eval_only": bool(run_info["eval_only"]),
         "model_dir": run_info["model_dir"],
@@ -87,5 +95,13 @@ def write_results(record: Mapping, output_dir: str) -> str:
     with atomic_write(path, "w") as f:
         json.dump(record, f, indent=4)
         f.write("\n")
+    return path
+
+
+def write_run_config(cfg, output_dir: str) -> str:
+    """Write the merged config of a training run as ``output_dir/config.yaml`` atomically; return the path."""
+    path = osp.join(output_dir, RUN_CONFIG_FILENAME)
+    with atomic_write(path, "w") as f:
+        f.write(cfg.dump())
     return path
 

@@ -12,6 +12,11 @@ A method that learns nothing (a trainer class with ``learns = False``, e.g. Zero
 is evaluated with ``--eval-only`` and no ``--model-dir`` in every phase; in the few-shot
 protocol it is evaluated once (shot count 0, see :mod:`vlprompt.protocols.layout`).
 
+Every run gets its evaluation role explicitly (``--eval-role``, see
+:mod:`vlprompt.engine.roles`): ``base`` for the base-to-novel training run, ``new`` for its
+new-class evaluation, ``source`` for few-shot runs and the transfer source training, ``target``
+for the transfer targets (``source`` should a target be the source dataset itself).
+
 Runs are grouped in *chains*: a training run followed by the evaluations that load its
 checkpoint (``--load-epoch`` = OPTIM.MAX_EPOCH of the training config, the only epoch the
 references save). A chain is the unit a backend schedules, so no evaluation waits for a
@@ -34,7 +39,7 @@ __all__ = [
     "check_opts", "merged_max_epoch", "build_grid",
 ]
 
-PROTOCOL_KEYS = ("DATASET.NUM_SHOTS", "DATASET.SUBSAMPLE_CLASSES", "OUTPUT_DIR", "SEED")
+PROTOCOL_KEYS = ("DATASET.NUM_SHOTS", "DATASET.SUBSAMPLE_CLASSES", "OUTPUT_DIR", "SEED", "TEST.ROLE")
 """Config keys the protocol sets itself; user overrides may not touch them."""
 
 ZERO_SHOT_SHOTS = 0
@@ -100,7 +105,7 @@ class GridSpec:
         seeds: the seeds.
         configs_dir: the repository's ``configs`` folder (dataset YAMLs are looked up there).
         opts: KEY VALUE overrides for every run; train_opts / test_opts: only for training
-            runs / only for evaluation-only runs (e.g. ``TRAINER.DEAR.INFERENCE cls``).
+            runs / only for evaluation-only runs (e.g. ``TEST.SPLIT val``).
         max_epoch: callable(method, dataset_config_file, opts) -> OPTIM.MAX_EPOCH, used as
             ``--load-epoch`` (default :func:`merged_max_epoch`).
     """
@@ -194,7 +199,7 @@ def check_opts(opts: Sequence[str], flag: str) -> None:
     if owned:
         raise ConfigError(
             f"{flag} sets {', '.join(owned)}, which the protocol sets itself (shots, base/new "
-            "classes, output folder, seed); use --shots, --seeds and --output instead.")
+            "classes, output folder, seed, evaluation role); use --shots, --seeds and --output instead.")
 
 
 def merged_max_epoch(method: Method, dataset_config: str, opts: Sequence[str]) -> int:
@@ -223,15 +228,17 @@ class _Builder:
     def label(self, output_dir: Path) -> str:
         return output_dir.relative_to(self.spec.output_root).as_posix()
 
-    def _argv(self, method: Method, dataset: str, seed: int, output_dir: Path) -> List[str]:
+    def _argv(self, method: Method, dataset: str, seed: int, output_dir: Path, role: str) -> List[str]:
         return ["--root", self.spec.data_root, "--seed", str(seed), "--trainer", method.trainer,
                 "--dataset-config-file", self.dataset_config(dataset),
-                "--config-file", method.config_file, "--output-dir", str(output_dir)]
+                "--config-file", method.config_file, "--output-dir", str(output_dir),
+                "--eval-role", role]
 
     def train(self, method: Method, dataset: str, seed: int, output_dir: Path,
-              keys: Sequence[str]) -> Run:
-        """The training run (an --eval-only run for a method that learns nothing)."""
-        argv = self._argv(method, dataset, seed, output_dir)
+              keys: Sequence[str], role: str) -> Run:
+        """The training run (an --eval-only run for a method that learns nothing); ``role``:
+        the evaluation role of its final test."""
+        argv = self._argv(method, dataset, seed, output_dir, role)
         if not method.learns:
             return Run(str(output_dir), tuple(argv + ["--eval-only", *keys, *self.spec.opts,
                                                       *self.spec.test_opts]),
@@ -240,9 +247,9 @@ class _Builder:
                    None, self.label(output_dir))
 
     def evaluate(self, method: Method, dataset: str, seed: int, output_dir: Path,
-                 keys: Sequence[str], trained: Run, train_dataset: str) -> Run:
+                 keys: Sequence[str], trained: Run, train_dataset: str, role: str) -> Run:
         """An --eval-only run loading ``trained``'s last checkpoint (if the method learns)."""
-        argv = self._argv(method, dataset, seed, output_dir) + ["--eval-only"]
+        argv = self._argv(method, dataset, seed, output_dir, role) + ["--eval-only"]
         requires = None
         if method.learns:
             epoch = self.spec.max_epoch(method, self.dataset_config(train_dataset),
@@ -263,11 +270,11 @@ def _base2new(builder: _Builder, method: Method, datasets: ProtocolDatasets) -> 
         for seed in builder.spec.seeds:
             train_dir = base2new_run_dir(root, TRAIN_BASE, dataset, shots, method.trainer,
                                          method.cfg, seed)
-            trained = builder.train(method, dataset, seed, train_dir, _classes(shots, "base"))
+            trained = builder.train(method, dataset, seed, train_dir, _classes(shots, "base"), "base")
             new_dir = base2new_run_dir(root, TEST_NEW, dataset, shots, method.trainer,
                                        method.cfg, seed)
             tested = builder.evaluate(method, dataset, seed, new_dir, _classes(shots, "new"),
-                                      trained, dataset)
+                                      trained, dataset, "new")
             yield Chain((trained, tested))
 
 
@@ -278,23 +285,24 @@ def _fewshot(builder: _Builder, method: Method, datasets: ProtocolDatasets) -> I
             if not method.learns:
                 output_dir = fewshot_run_dir(root, dataset, method.trainer, method.cfg,
                                              ZERO_SHOT_SHOTS, seed)
-                yield Chain((builder.train(method, dataset, seed, output_dir, []),))
+                yield Chain((builder.train(method, dataset, seed, output_dir, [], "source"),))
                 continue
             for shots in datasets.shots:
                 output_dir = fewshot_run_dir(root, dataset, method.trainer, method.cfg, shots, seed)
                 keys = ["DATASET.NUM_SHOTS", str(shots)]
-                yield Chain((builder.train(method, dataset, seed, output_dir, keys),))
+                yield Chain((builder.train(method, dataset, seed, output_dir, keys, "source"),))
 
 
 def _transfer(builder: _Builder, method: Method, datasets: ProtocolDatasets) -> Iterable[Chain]:
     root, (shots,), source = builder.spec.output_root, datasets.shots, datasets.source
     for seed in builder.spec.seeds:
         source_dir = fewshot_run_dir(root, source, method.trainer, method.cfg, shots, seed)
-        trained = builder.train(method, source, seed, source_dir, ["DATASET.NUM_SHOTS", str(shots)])
+        trained = builder.train(method, source, seed, source_dir, ["DATASET.NUM_SHOTS", str(shots)],
+                                "source")
         tests = [builder.evaluate(method, target, seed,
                                   evaluation_run_dir(root, method.trainer, method.cfg, shots,
                                                      target, seed),
-                                  [], trained, source)
+                                  [], trained, source, "source" if target == source else "target")
                  for target in datasets.datasets]
         yield Chain((trained, *tests))
 

@@ -1,0 +1,196 @@
+"""Evaluation roles: what an evaluation's classes are to the model that is evaluated.
+
+Every evaluation has one role:
+
+* ``base``: the training classes of the training dataset (base-to-novel "Base");
+* ``new``: the held-out classes of the training dataset (base-to-novel "Novel");
+* ``source``: all classes of the training dataset (few-shot; the source of cross-dataset
+  and domain-generalization transfer);
+* ``target``: another dataset (cross-dataset targets, and the shifted sets of domain
+  generalization such as ImageNet-V2/-Sketch/-A/-R).
+
+The role is ``TEST.ROLE`` ("" = inferred; ``--eval-role`` in train.py). :func:`infer_eval_role`
+is the one place that infers it:
+
+* a training run evaluates its own training classes: ``source`` with
+  DATASET.SUBSAMPLE_CLASSES all, ``base`` with base;
+* an ``--eval-only`` run with ``--model-dir`` compares DATASET.NAME with the dataset the model
+  was trained on, read from the training run's folder (``config.yaml``, written by train.py
+  when it trains, or else a training run's ``results.json``): another dataset is ``target``;
+  the same dataset is ``base``/``new``/``source`` for SUBSAMPLE_CLASSES base/new/all;
+* an ``--eval-only`` run without a model folder (zero-shot methods) uses the same-dataset rule.
+
+Methods read the role as ``ClipTrainer.eval_role`` (or :func:`eval_role` of a config), and a
+method option whose value depends on it is a :class:`RoleRule`: its value ``auto`` picks one
+value per role, explicit values override.
+"""
+import json
+import os.path as osp
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+import yaml
+
+from vlprompt.config import ConfigError
+
+from .results import RESULTS_FILENAME, RUN_CONFIG_FILENAME
+
+__all__ = [
+    "EVAL_ROLES", "AUTO", "EvalRole", "RoleRule", "check_eval_role", "infer_eval_role", "resolve_eval_role",
+    "eval_role", "trained_dataset",
+]
+
+EVAL_ROLES = ("base", "new", "source", "target")
+AUTO = "auto"
+
+_SAME_DATASET_ROLES = {"base": "base", "new": "new", "all": "source"}
+
+
+@dataclass(frozen=True)
+class EvalRole:
+    """A resolved evaluation role, why it is that one (for the log) and a warning ("" if none)."""
+
+    role: str
+    reason: str
+    warning: str = ""
+
+
+def check_eval_role(value, key="TEST.ROLE"):
+    """Raise ConfigError unless ``value`` is "" (infer it) or one of EVAL_ROLES."""
+    if value not in ("",) + EVAL_ROLES:
+        raise ConfigError(
+            f"{key} (--eval-role) must be one of {', '.join(EVAL_ROLES)} (base: the training classes, "
+            f"new: the held-out classes, source: all classes of the training dataset, target: another "
+            f'dataset), or "" to infer it; got {value!r}.'
+        )
+
+
+def trained_dataset(model_dir) -> Optional[Mapping[str, str]]:
+    """The dataset a training run folder was trained on: {"name": DATASET.NAME, "record": the
+    file it was read from}, or None when the folder records none.
+
+    Read from ``model_dir/config.yaml`` (the merged config train.py writes when it trains), else
+    from ``model_dir/results.json`` if that file comes from a training run (``"eval_only": false``).
+
+    Raises:
+        ConfigError: a record exists but cannot be read.
+    """
+    config_path = osp.join(model_dir, RUN_CONFIG_FILENAME)
+    if osp.isfile(config_path):
+        try:
+            with open(config_path, encoding="utf-8") as f:
+                dataset = yaml.safe_load(f)["DATASET"]
+            return {"name": dataset["NAME"], "record": config_path}
+        except (OSError, yaml.YAMLError, KeyError, TypeError) as error:
+            raise ConfigError(
+                f'Cannot read the training dataset from "{config_path}" ({type(error).__name__}: '
+                f'{" ".join(str(error).split())}); '
+                "fix or delete the file, or give the evaluation role with --eval-role."
+            ) from None
+    results_path = osp.join(model_dir, RESULTS_FILENAME)
+    if osp.isfile(results_path):
+        try:
+            with open(results_path, encoding="utf-8") as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            return None  # a half-written or foreign file says nothing about the training data
+        if isinstance(record, dict) and record.get("eval_only") is False and record.get("dataset"):
+            return {"name": record["dataset"], "record": results_path}
+    return None
+
+
+def infer_eval_role(cfg, eval_only=False, model_dir="") -> EvalRole:
+    """The role of this run's evaluation, from the run itself (module docstring); ignores TEST.ROLE."""
+    name, subsample = cfg.DATASET.NAME, cfg.DATASET.SUBSAMPLE_CLASSES
+    if subsample not in _SAME_DATASET_ROLES:
+        raise ConfigError(
+            f"DATASET.SUBSAMPLE_CLASSES must be one of {list(_SAME_DATASET_ROLES)}, got {subsample!r}."
+        )
+    same = _SAME_DATASET_ROLES[subsample]
+    if not eval_only:
+        role = "source" if subsample == "all" else "base"
+        return EvalRole(role, f"a training run evaluates its training classes ({subsample} classes of {name})")
+    if not model_dir:
+        return EvalRole(same, f"no trained model: the {subsample} classes of {name}")
+    trained = trained_dataset(model_dir)
+    if trained is None:
+        return EvalRole(
+            same, f"the {subsample} classes of {name}, assumed to be the model's training dataset",
+            warning=f'"{model_dir}" records no training dataset ({RUN_CONFIG_FILENAME} or a training '
+                    f"{RESULTS_FILENAME}), so the model is assumed to be trained on {name}; pass "
+                    "--eval-role target if it was trained on another dataset.",
+        )
+    if trained["name"] != name:
+        return EvalRole("target", f"the model was trained on {trained['name']} ({trained['record']}), "
+                                  f"this run evaluates {name}")
+    return EvalRole(same, f"the {subsample} classes of {name}, the model's training dataset")
+
+
+def resolve_eval_role(cfg, eval_only=False, model_dir="") -> EvalRole:
+    """TEST.ROLE when set (it wins over the inferred role), else :func:`infer_eval_role`."""
+    given = cfg.TEST.ROLE
+    check_eval_role(given)
+    inferred = infer_eval_role(cfg, eval_only, model_dir)
+    if not given:
+        return inferred
+    note = "" if given == inferred.role else f"; inferred from the run it would be {inferred.role}: {inferred.reason}"
+    return EvalRole(given, f"given by TEST.ROLE / --eval-role{note}")
+
+
+def eval_role(cfg) -> str:
+    """The evaluation role of a config: TEST.ROLE, or when it is "" the same-dataset rule.
+
+    train.py always stores the resolved role in TEST.ROLE; the fallback serves trainers built
+    directly from a config (``build_trainer(cfg)``), which evaluate the classes they were built on.
+    """
+    check_eval_role(cfg.TEST.ROLE)
+    return cfg.TEST.ROLE or infer_eval_role(cfg, eval_only=True).role
+
+
+class RoleRule:
+    """A method option whose value ``auto`` follows the evaluation role.
+
+    Example (DeAR): ``RoleRule("TRAINER.DEAR.INFERENCE", base="fusion", new="fusion",
+    source="fusion", target="cls")``; ``rule.resolve(node.INFERENCE, trainer.eval_role)``
+    gives "cls" for ``auto`` on a target dataset and the configured value otherwise.
+
+    Args:
+        key: the dotted config key (named in messages).
+        **by_role: the value of ``auto`` for each of EVAL_ROLES (all four required).
+    """
+
+    def __init__(self, key, **by_role):
+        missing, unknown = set(EVAL_ROLES) - set(by_role), set(by_role) - set(EVAL_ROLES)
+        if missing or unknown:
+            raise ValueError(f"RoleRule {key} needs one value for each of {EVAL_ROLES}; "
+                             f"missing {sorted(missing)}, unknown {sorted(unknown)}")
+        self.key = key
+        self.by_role = dict(by_role)
+
+    @property
+    def choices(self):
+        """``auto`` and the values the rule can give, in role order."""
+        return (AUTO,) + tuple(dict.fromkeys(self.by_role[role] for role in EVAL_ROLES))
+
+    def check(self, value):
+        """Raise ConfigError unless ``value`` is one of :attr:`choices`."""
+        if value not in self.choices:
+            raise ConfigError(f"{self.key} must be one of {list(self.choices)}, got {value!r} "
+                              f"({AUTO}: {self.describe_auto()}).")
+
+    def resolve(self, value, role):
+        """The value to use: ``by_role[role]`` for ``auto``, else ``value`` itself."""
+        self.check(value)
+        check_eval_role(role)
+        if not role:
+            raise ValueError(f"{self.key}: resolving needs an evaluation role, one of {EVAL_ROLES}")
+        return self.by_role[role] if value == AUTO else value
+
+    def describe_auto(self):
+        """E.g. "base fusion, new fusion, source fusion, target cls"."""
+        return ", ".join(f"{role} {self.by_role[role]}" for role in EVAL_ROLES)
+
+    def describe(self, value, role):
+        """One log line: what the option resolves to for ``role`` and why."""
+        why = f"{AUTO} for the {role} role" if value == AUTO else f"set explicitly; evaluation role {role}"
+        return f"{self.key}: {self.resolve(value, role)} ({why})"
