@@ -25,8 +25,6 @@ TINY_ROLES = {
     "num_layers": 3, "num_heads": 4, "attributes": ["color", "shape"],
     "roles": {2: ["A color", "G", "M", "O text"], 3: ["A shape", "A color", "G style", "M"]},
 }
-# The shipped DeAR configs still set INFERENCE per protocol; the tests use the default, auto.
-AUTO = ["TRAINER.DEAR.INFERENCE", "auto"]
 
 
 def cfg_of(name="OxfordPets", subsample="all", role=""):
@@ -158,7 +156,7 @@ def dear_trainer(world, output_dir, *opts):
     merge_from_file(cfg, os.path.join(ROOT, "configs/datasets/caltech101.yaml"))
     merge_from_file(cfg, BASE2NEW)
     merge_from_list(cfg, ["DATASET.ROOT", str(world[0] / "data"), "OUTPUT_DIR", str(output_dir),
-                          "TRAINER.NAME", "DeAR", *tiny_opts(world), *AUTO, *opts])
+                          "TRAINER.NAME", "DeAR", *tiny_opts(world), *opts])
     cfg.freeze()
     set_random_seed(1)
     trainer = build_trainer(cfg)
@@ -202,7 +200,7 @@ def run_train(world, output_dir, dataset, *extra):
             "--dataset-config-file", os.path.join(ROOT, f"configs/datasets/{dataset}.yaml"),
             "--config-file", BASE2NEW, "--output-dir", str(output_dir), *extra]
     try:
-        status = train.run([*argv, *tiny_opts(world), *AUTO, "DATASET.NUM_SHOTS", "2"])
+        status = train.run([*argv, *tiny_opts(world), "DATASET.NUM_SHOTS", "2"])
     finally:
         close_logger()
     log = (output_dir / "log.txt").read_text() if (output_dir / "log.txt").exists() else ""
