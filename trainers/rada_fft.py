@@ -183,6 +183,7 @@ class RAdaFFT(ClipTrainer):
         self.register_model("RAdaFFT", self.network, optim, sched)
 
     def before_epoch(self):
+        super().before_epoch()
         if self.distributed is not None:
             self.train_loader_x.sampler.set_epoch(self.epoch)
 
