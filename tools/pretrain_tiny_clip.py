@@ -27,12 +27,10 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import open_clip
 
-import open_clip  # noqa: E402
-
-from vlprompt.synthetic.pretraining import PairBatches, attribute_probe, multi_positive_loss  # noqa: E402
-from vlprompt.fileio import atomic_write, write_text  # noqa: E402
+from vlprompt.synthetic.pretraining import PairBatches, attribute_probe, multi_positive_loss
+from vlprompt.fileio import atomic_write, write_text
 
 DEFAULT_CONFIG = "configs/clip/tiny-synthetic-clip.json"
 # Environment variables that change threading (recorded with the command; no effect on the data).
