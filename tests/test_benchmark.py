@@ -162,7 +162,7 @@ def test_learnable_parameters_are_those_the_trainer_optimises(tiny_run, tmp_path
     settings = dict(report["settings"])
     for name in ("CoOp", "RAda"):
         case = next(case for case in CASES if case.name == name)
-        trainer = per_trainer.build_trainer(case, settings, str(tmp_path))
+        trainer = trainer_cases.build_trainer(case, settings, str(tmp_path))
         optimised = {id(param): param.numel() for optim in trainer._optims.values() if optim is not None
                      for group in optim.param_groups for param in group["params"]}
         assert records[name]["learnable_params"] == sum(optimised.values()) > 0

@@ -13,7 +13,8 @@ from vlprompt import project
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = sorted(path.name for path in (ROOT / "tools").glob("*.py"))
 # An assignment to sys.path or a call of one of its list methods.
-SYS_PATH_CHANGE = re.compile(r"sys\.path\s*(\[[^\]]*\]\s*)?(\+|)=(?!=)|sys\.path\.(insert|append|extend|remove|pop|clear)\b")
+SYS_PATH_CHANGE = re.compile(r"sys\.path\s*(\[[^\]]*\]\s*)?\+?=(?!=)"
+                             r"|sys\.path\.(insert|append|extend|remove|pop|clear)\b")
 
 
 def test_no_tool_and_not_train_py_changes_sys_path():

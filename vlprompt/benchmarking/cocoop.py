@@ -82,8 +82,9 @@ def worker(job):
             output = cocoop(images)
     end = clocks(device)
     torch.save(output, job["logits"])
-    return {"chunk": node.TEXT_CHUNK_SIZE, "extra_peak_mib": peak_rss_mib() - before, "wall_ms": 1000 * (end[0] - start[0]),
-            "cpu_ms": 1000 * (end[1] - start[1]), "positions": int(cocoop.prompt_learner.eot.max()) + 1}
+    return {"chunk": node.TEXT_CHUNK_SIZE, "extra_peak_mib": peak_rss_mib() - before,
+            "wall_ms": 1000 * (end[0] - start[0]), "cpu_ms": 1000 * (end[1] - start[1]),
+            "positions": int(cocoop.prompt_learner.eot.max()) + 1}
 
 
 def add_arguments(parser):

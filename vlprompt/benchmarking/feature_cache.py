@@ -1,4 +1,5 @@
-"""``tools/benchmark.py feature-cache``: epoch time of a frozen-encoder trainer with and without the feature cache.
+"""``tools/benchmark.py feature-cache``: epoch time of a frozen-encoder trainer with and without
+the feature cache.
 
 Both runs train the same trainer from the same seed on a miniature OxfordPets tree of
 ImageNet-sized JPEGs (written to ``--out``). The uncached run encodes every view in the
@@ -25,7 +26,8 @@ from vlprompt.project import import_project, repository_root
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
 from vlprompt.utils import set_random_seed
 
-CONFIGS = {"RAda": "configs/trainers/RAda/vit_b16_base2new.yaml", "CLIPAdapter": "configs/trainers/CLIPAdapter/vit_b16.yaml",
+CONFIGS = {"RAda": "configs/trainers/RAda/vit_b16_base2new.yaml",
+           "CLIPAdapter": "configs/trainers/CLIPAdapter/vit_b16.yaml",
            "RAdaAdapter": "configs/trainers/RAdaAdapter/vit_b16_base2new.yaml"}
 
 
@@ -118,7 +120,8 @@ def measure(args):
 
     def record(case, spans, count):
         return {"case": case, "s": float(np.mean([span[clock] for span in spans])), "count": count,
-                "wall_s": float(np.mean([span[0] for span in spans])), "cpu_s": float(np.mean([span[1] for span in spans])),
+                "wall_s": float(np.mean([span[0] for span in spans])),
+                "cpu_s": float(np.mean([span[1] for span in spans])),
                 "total_s": float(sum(span[clock] for span in spans))}
 
     return settings, [record("uncached epoch", uncached_epochs, len(uncached_epochs)), record("cache fill", [fill], 1),
@@ -134,8 +137,9 @@ def table_rows(records):
 
 
 def header_line(settings):
-    return (f"{settings['trainer']} on {settings['backbone']} ({settings['weights']} weights), {settings['images']} "
-            f"training images, batch {settings['batch_size']}, {settings['epochs']} epochs, {settings['image_size']}px, "
+    return (f"{settings['trainer']} on {settings['backbone']} ({settings['weights']} weights), "
+            f"{settings['images']} training images, batch {settings['batch_size']}, {settings['epochs']} epochs, "
+            f"{settings['image_size']}px, "
             f"device {settings['device']} ({settings['threads']} threads), {settings['clock']} clock")
 
 

@@ -40,14 +40,12 @@ import contextlib
 import io
 import json
 import os
-import os.path as osp
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Callable, Optional, Tuple
 
 import torch
@@ -55,81 +53,11 @@ import torch
 from vlprompt.benchmarking.measure import clocks, current_rss_mib, peak_memory_mib, reset_peak_memory
 from vlprompt.benchmarking.report import format_table
 from vlprompt.benchmarking.trainer_cases import (
-    CACHED, CASES, TEST_TIME, TRAIN, check_coverage, project_trainers, select_cases,
+    CACHED, CASES, TEST_TIME, TRAIN, build_trainer, case_batch, check_coverage, project_trainers, select_cases,
 )
-from vlprompt.config import extend_cfg, get_cfg_default, merge_from_file, merge_from_list
-from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.project import import_project_package, repository_root
 
 ROOT = str(repository_root())
-
-# --------------------------------------------------------------------------- building
-
-class _NoBatches:
-    """Stands in for a training loader: has a length (schedules read it), yields nothing."""
-
-    def __init__(self, length):
-        self.length = length
-
-    def __len__(self):
-        return self.length
-
-    def __iter__(self):
-        raise RuntimeError("the benchmark builds trainers without data; it feeds batches itself")
-
-
-class SyntheticClasses:
-    """Trainer mixin: ``benchmark_classes`` class names ("class number i") instead of a dataset."""
-
-    benchmark_classes = 50
-
-    def build_data_loader(self):
-        names = [f"class number {index}" for index in range(self.benchmark_classes)]
-        dataset = SimpleNamespace(classnames=names, train_x=[], val=[], test=[])
-        self.dm = SimpleNamespace(dataset=dataset, train_loader_x=_NoBatches(1000), val_loader=None,
-                                  test_loader=None, num_classes=len(names))
-        self.train_loader_x, self.train_loader_u = self.dm.train_loader_x, None
-        self.val_loader = self.test_loader = None
-        self.num_classes, self.num_source_domains = len(names), 1
-        self.lab2cname = dict(enumerate(names))
-
-
-def build_cfg(case, settings, output_dir):
-    """The case's config: its trainer YAML, the benchmark's backbone, input, batch and precision."""
-    cfg = get_cfg_default()
-    extend_cfg(cfg)
-    merge_from_file(cfg, osp.join(ROOT, "configs", "trainers", case.config))
-    cfg.TRAINER.NAME = case.trainer
-    cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.WEIGHTS = settings["backbone"], settings["weights"]
-    cfg.INPUT.SIZE = (settings["image_size"], settings["image_size"])
-    cfg.USE_CUDA = settings["device"] == "cuda"
-    cfg.DATALOADER.TRAIN_X.BATCH_SIZE = case_batch(case, settings)
-    cfg.DATALOADER.NUM_WORKERS = 0
-    cfg.FEATURE_CACHE.ENABLED = case.kind == CACHED
-    cfg.FEATURE_CACHE.DIR = osp.join(output_dir, "feature_cache")
-    cfg.OUTPUT_DIR = output_dir
-    node = cfg.TRAINER.get(case.trainer.upper())
-    if node is not None and "PREC" in node:  # trainers without a node (zero-shot CLIP) follow the engine's default
-        node.PREC = settings["prec"]
-    merge_from_list(cfg, list(case.opts) + list(settings["opts"]))
-    cfg.freeze()
-    return cfg
-
-
-def build_trainer(case, settings, output_dir):
-    """The case's trainer class, built from its config with synthetic class names."""
-    trainer_class = TRAINER_REGISTRY.get(case.trainer)
-    benchmark_class = type(f"Benchmark{case.trainer}", (SyntheticClasses, trainer_class),
-                           {"benchmark_classes": settings["classes"]})
-    cfg = build_cfg(case, settings, output_dir)
-    torch.manual_seed(0)
-    with contextlib.redirect_stdout(io.StringIO()):
-        return benchmark_class(cfg)
-
-
-def case_batch(case, settings):
-    return case.batch or settings["batch"]
-
 
 # --------------------------------------------------------------------------- measuring
 

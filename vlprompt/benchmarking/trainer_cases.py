@@ -1,13 +1,25 @@
-"""The per-trainer cases of ``tools/benchmark.py trainers``: one or more per registered trainer.
+"""The per-trainer cases of ``tools/benchmark.py trainers`` and how a case's trainer is built.
 
 Every trainer of the ``trainers`` package needs a case (its ViT-B/16 config, its kind and
 issue 10's targets): ``check_coverage`` fails with the names of the trainers without one, so
 a new trainer makes the benchmark (and tests/test_benchmark.py) fail until its case is added.
+``build_trainer`` builds a case's trainer through its own class from its config, with
+synthetic class names instead of a dataset.
 """
+import contextlib
+import io
+import os.path as osp
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Optional, Tuple
 
+import torch
+
+from vlprompt.config import extend_cfg, get_cfg_default, merge_from_file, merge_from_list
 from vlprompt.engine import TRAINER_REGISTRY
+from vlprompt.project import repository_root
+
+ROOT = str(repository_root())
 
 TRAIN, CACHED, EVAL_ONLY, TEST_TIME = "train", "cached", "eval-only", "test-time"
 OFFICIAL_EVAL = "2.8-3.3"  # the official implementations re-encode every class text per batch
@@ -112,3 +124,71 @@ def select_cases(names, cases=CASES):
     if unknown:
         raise SystemExit(f"error: unknown trainer(s) {unknown}; choose among {sorted(known)}")
     return [case for case in cases if case.trainer in names or case.name in names]
+
+
+# --------------------------------------------------------------------------- building
+
+class _NoBatches:
+    """Stands in for a training loader: has a length (schedules read it), yields nothing."""
+
+    def __init__(self, length):
+        self.length = length
+
+    def __len__(self):
+        return self.length
+
+    def __iter__(self):
+        raise RuntimeError("the benchmark builds trainers without data; it feeds batches itself")
+
+
+class SyntheticClasses:
+    """Trainer mixin: ``benchmark_classes`` class names ("class number i") instead of a dataset."""
+
+    benchmark_classes = 50
+
+    def build_data_loader(self):
+        names = [f"class number {index}" for index in range(self.benchmark_classes)]
+        dataset = SimpleNamespace(classnames=names, train_x=[], val=[], test=[])
+        self.dm = SimpleNamespace(dataset=dataset, train_loader_x=_NoBatches(1000), val_loader=None,
+                                  test_loader=None, num_classes=len(names))
+        self.train_loader_x, self.train_loader_u = self.dm.train_loader_x, None
+        self.val_loader = self.test_loader = None
+        self.num_classes, self.num_source_domains = len(names), 1
+        self.lab2cname = dict(enumerate(names))
+
+
+def build_cfg(case, settings, output_dir):
+    """The case's config: its trainer YAML, the benchmark's backbone, input, batch and precision."""
+    cfg = get_cfg_default()
+    extend_cfg(cfg)
+    merge_from_file(cfg, osp.join(ROOT, "configs", "trainers", case.config))
+    cfg.TRAINER.NAME = case.trainer
+    cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.WEIGHTS = settings["backbone"], settings["weights"]
+    cfg.INPUT.SIZE = (settings["image_size"], settings["image_size"])
+    cfg.USE_CUDA = settings["device"] == "cuda"
+    cfg.DATALOADER.TRAIN_X.BATCH_SIZE = case_batch(case, settings)
+    cfg.DATALOADER.NUM_WORKERS = 0
+    cfg.FEATURE_CACHE.ENABLED = case.kind == CACHED
+    cfg.FEATURE_CACHE.DIR = osp.join(output_dir, "feature_cache")
+    cfg.OUTPUT_DIR = output_dir
+    node = cfg.TRAINER.get(case.trainer.upper())
+    if node is not None and "PREC" in node:  # trainers without a node (zero-shot CLIP) follow the engine's default
+        node.PREC = settings["prec"]
+    merge_from_list(cfg, list(case.opts) + list(settings["opts"]))
+    cfg.freeze()
+    return cfg
+
+
+def build_trainer(case, settings, output_dir):
+    """The case's trainer class, built from its config with synthetic class names."""
+    trainer_class = TRAINER_REGISTRY.get(case.trainer)
+    benchmark_class = type(f"Benchmark{case.trainer}", (SyntheticClasses, trainer_class),
+                           {"benchmark_classes": settings["classes"]})
+    cfg = build_cfg(case, settings, output_dir)
+    torch.manual_seed(0)
+    with contextlib.redirect_stdout(io.StringIO()):
+        return benchmark_class(cfg)
+
+
+def case_batch(case, settings):
+    return case.batch or settings["batch"]
