@@ -63,6 +63,9 @@ def test_a_benchmark_runs_from_another_directory(tmp_path):
                       "--datasets", "OxfordPets")
     assert result.returncode == 1 and 'OxfordPets           MISSING  no folder "oxford_pets"' in result.stdout
     assert result.stderr == ""
+    result = run_from(tmp_path, ROOT / "tools" / "benchmark.py", "show", "missing.json")
+    assert result.returncode == 2 and result.stderr.startswith("error: cannot read the report: ")
+    assert "missing.json" in result.stderr
     result = run_from(tmp_path, ROOT / "tools" / "benchmark.py", "dear", "--config-file", "missing.yaml")
     assert result.returncode == 2 and "missing.yaml" in result.stderr and "Traceback" not in result.stderr
 

@@ -48,6 +48,8 @@ def build_parser():
 
 def print_report(report, table_format, compare=None):
     family = FAMILIES[report["benchmark"]]
+    if compare and not hasattr(family, "comparison_lines"):
+        raise SystemExit(f"error: --compare compares trainers reports; this one is a {report['benchmark']} report")
     extra = family.comparison_lines(report, read_report(compare), compare, table_format) if compare else None
     print(format_report(report, family, table_format, extra))
 
@@ -58,19 +60,20 @@ def main(argv=None):
     wrong (the error names it)."""
     args = build_parser().parse_args(argv)
     if args.family == "show":
-        print_report(read_report(args.report), args.format, args.compare)
+        try:
+            print_report(read_report(args.report), args.format, args.compare)
+        except (OSError, ValueError) as error:
+            print(f"error: cannot read the report: {error}", file=sys.stderr)
+            return 2
         return 0
     family = FAMILIES[args.family]
     try:
-        report = start_report(args.family, {})
+        report = start_report(args.family)
         settings, records = family.measure(args)
-    except BenchmarkCoverageError as error:
+    except (BenchmarkCoverageError, ConfigError, CLIPLoadError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except (ConfigError, CLIPLoadError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    report = finish_report({**report, "settings": settings}, records)
+    report = finish_report(report, settings, records)
     print_report(report, args.format, getattr(args, "compare", None))
     if args.json:
         write_report(report, args.json)

@@ -41,16 +41,17 @@ def modified_files() -> List[str]:
         return []
 
 
-def start_report(benchmark: str, settings: dict) -> dict:
-    """A report without results: the machine's state before measuring."""
-    return {"benchmark": benchmark, "settings": settings, "commit": git_commit(), "modified_files": modified_files(),
+def start_report(benchmark: str) -> dict:
+    """A report without settings and results: the code and the machine's state before measuring."""
+    return {"benchmark": benchmark, "commit": git_commit(), "modified_files": modified_files(),
             "torch": torch.__version__, "cpu_count": os.cpu_count(),
             "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "load_before": os.getloadavg()}
 
 
-def finish_report(report: dict, records: List[dict]) -> dict:
-    """``report`` with its results and the load after measuring."""
-    return {**report, "load_after": os.getloadavg(), "results": records}
+def finish_report(report: dict, settings: dict, records: List[dict]) -> dict:
+    """``report`` with the family's settings, its records and the load after measuring."""
+    return {"benchmark": report["benchmark"], "settings": settings, **report, "load_after": os.getloadavg(),
+            "results": records}
 
 
 def machine_line(report: dict) -> str:
