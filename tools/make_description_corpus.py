@@ -13,10 +13,8 @@ texture, animal, human, text, number, style, emotion, action). Every family is c
 """
 import argparse
 import itertools
-import os
 import random
 import re
-import sys
 
 from vlprompt.fileio import write_text
 from vlprompt.project import repository_root
