@@ -1,42 +1,84 @@
-"""tools/benchmark.py: a case for every registered trainer, a loud failure without one, and the
-JSON record of a run on the tiny CLIP (issue 10)."""
+"""tools/benchmark.py trainers: a case for every registered trainer, a loud failure without one,
+ratios and verdicts computed from the measured rounds, and the JSON report of a run on the tiny
+CLIP (issue 10)."""
 import copy
 import json
 import os
+import statistics
 import sys
 
 import pytest
 
 import trainers  # noqa: F401  (registers the trainers)
+from vlprompt.benchmarking import per_trainer, trainer_cases
+from vlprompt.benchmarking.trainer_cases import CASES, Case
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-import benchmark  # noqa: E402
+import benchmark  # noqa: E402  (tools/benchmark.py, the command line)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_every_registered_trainer_has_a_case_with_an_existing_config():
     """Trainers that test files register for themselves (e.g. test_reliability's toy trainer) are not counted."""
-    assert "CoOp" in benchmark.project_trainers() and "DeAR" in benchmark.project_trainers()
-    benchmark.check_coverage(benchmark.project_trainers())
-    for case in benchmark.CASES:
+    assert "CoOp" in trainer_cases.project_trainers() and "DeAR" in trainer_cases.project_trainers()
+    trainer_cases.check_coverage(trainer_cases.project_trainers())
+    for case in CASES:
         assert case.trainer in TRAINER_REGISTRY, case
         assert os.path.isfile(os.path.join(ROOT, "configs", "trainers", case.config)), case
-        assert case.kind in (benchmark.TRAIN, benchmark.CACHED, benchmark.EVAL_ONLY, benchmark.TEST_TIME)
-    names = [case.name for case in benchmark.CASES]
+        assert case.kind in (trainer_cases.TRAIN, trainer_cases.CACHED, trainer_cases.EVAL_ONLY,
+                             trainer_cases.TEST_TIME)
+    names = [case.name for case in CASES]
     assert len(names) == len(set(names))
 
 
-def test_issue_targets_are_in_the_table():
-    targets = {case.name: (case.train_target, case.eval_target) for case in benchmark.CASES}
-    assert targets["CoOp"] == (2.6, 1.15)
-    assert targets["CoCoOp"] == (8.5, 4.0)
-    assert targets["IVLP"][0] == 3.3 and targets["MaPLe"][0] == 3.5 and targets["PromptSRC"][0] == 4.0
-    assert targets["DeAR"][0] == 2.2
-    assert targets["RAda"][0] == 0.05
-    cocoop = next(case for case in benchmark.CASES if case.name == "CoCoOp")
-    assert cocoop.batch == 1
+def made_up_times(frozen, train, eval_first, evaluation):
+    """time_rounds' output for made-up CPU seconds per round (wall clock twice the CPU time)."""
+    def part(cpu):
+        return {"wall": [2 * value for value in cpu], "cpu": list(cpu)}
+
+    return {"frozen": part(frozen), "train": part(train), "eval first": part(eval_first), "eval": part(evaluation)}
+
+
+COUNTS = {"frozen": 4, "train": 4, "eval first": 4, "eval": 4}
+REFERENCES = {"train": "frozen", "eval first": "frozen", "eval": "frozen"}
+
+
+def test_ratios_are_the_medians_of_the_rounds_on_the_chosen_clock():
+    case = Case("Made up", "CoOp", "CoOp/vit_b16.yaml", trainer_cases.TRAIN, train_target=2.6, official_train=5.2)
+    times = made_up_times(frozen=[1.0, 9.0, 2.0], train=[4.0, 5.0, 100.0], eval_first=[3.0, 3.0, 3.0],
+                          evaluation=[2.2, 2.0, 2.4])
+    fields = per_trainer.timing_fields(case, "cpu", times, COUNTS, REFERENCES)
+    assert fields["train"]["ratio"] == pytest.approx(5.0 / 2.0)  # medians, so the 100 s outlier is ignored
+    assert fields["train"]["cpu_ms"] == pytest.approx(5000.0) and fields["train"]["wall_ms"] == pytest.approx(10000.0)
+    assert fields["train"]["images_per_s"] == pytest.approx(4 / 10.0)  # images per wall-clock second
+    assert fields["train"]["passed"] is True and fields["train"]["official_ratio"] == 5.2
+    assert fields["eval"]["ratio"] == pytest.approx(2.2 / 2.0) and fields["eval"]["passed"] is True
+    assert fields["text_per_evaluation_ratio"] == pytest.approx(3.0 / 2.0 - 2.2 / 2.0)
+    assert fields["frozen"]["cpu_ms"] == pytest.approx(2000.0)
+    slower = made_up_times(frozen=[2.0], train=[5.3], eval_first=[3.0], evaluation=[2.4])
+    failed = per_trainer.timing_fields(case, "cpu", slower, COUNTS, REFERENCES)
+    assert failed["train"]["ratio"] == pytest.approx(2.65) and failed["train"]["passed"] is False
+    assert failed["eval"]["ratio"] == pytest.approx(1.2) and failed["eval"]["passed"] is False
+    slower_record = {**record_of(case, failed), "case": "Slower"}
+    rows = {row[0]: row for row in per_trainer.table_rows([record_of(case, fields), slower_record])}
+    assert rows["Made up"][6] == "<= 2.6 pass" and rows["Slower"][6] == "<= 2.6 FAIL"
+    assert rows["Made up"][10] == "<= 1.15 pass" and rows["Slower"][10] == "<= 1.15 FAIL"
+
+
+def test_the_wall_clock_gives_its_own_ratios():
+    case = Case("Made up", "CoOp", "CoOp/vit_b16.yaml", trainer_cases.TRAIN, train_target=2.6)
+    times = made_up_times(frozen=[1.0], train=[2.0], eval_first=[1.0], evaluation=[1.0])
+    times["frozen"]["wall"] = [4.0]  # the wall clock saw another job during the frozen forward
+    fields = per_trainer.timing_fields(case, "wall", times, COUNTS, REFERENCES)
+    assert fields["train"]["ratio"] == pytest.approx(4.0 / 4.0)
+    assert per_trainer.timing_fields(case, "cpu", times, COUNTS, REFERENCES)["train"]["ratio"] == pytest.approx(2.0)
+
+
+def record_of(case, fields):
+    """A record as measure_case builds it, around made-up timing fields."""
+    return {"case": case.name, "batch": 4, "learnable_params": 1, "peak_memory_mib": 1.0, **fields}
 
 
 def test_a_registered_trainer_without_a_case_stops_the_benchmark(monkeypatch, capsys):
@@ -46,24 +88,24 @@ def test_a_registered_trainer_without_a_case_stops_the_benchmark(monkeypatch, ca
     UncoveredBenchmarkTrainer.__module__ = "trainers.uncovered"  # as if it were a new file in trainers/
     # Registered for this test only (monkeypatch removes the entry afterwards).
     monkeypatch.setitem(TRAINER_REGISTRY._obj_map, "UncoveredBenchmarkTrainer", UncoveredBenchmarkTrainer)
-    assert "UncoveredBenchmarkTrainer" in benchmark.project_trainers()
-    assert benchmark.main(["--trainers", "CoOp"]) == 2
+    assert "UncoveredBenchmarkTrainer" in trainer_cases.project_trainers()
+    assert benchmark.main(["trainers", "--trainers", "CoOp"]) == 2
     error = capsys.readouterr().err
     assert "without a benchmark case: UncoveredBenchmarkTrainer" in error
-    assert "CASES of tools/benchmark.py" in error
+    assert "CASES of vlprompt/benchmarking/trainer_cases.py" in error
 
 
 def test_a_case_for_an_unregistered_trainer_is_reported():
-    with pytest.raises(benchmark.BenchmarkCoverageError, match="not registered: Gone"):
-        benchmark.check_coverage(["CoOp"], [benchmark.Case("CoOp", "CoOp", "CoOp/vit_b16.yaml", benchmark.TRAIN),
-                                            benchmark.Case("Gone", "Gone", "CoOp/vit_b16.yaml", benchmark.TRAIN)])
+    with pytest.raises(trainer_cases.BenchmarkCoverageError, match="not registered: Gone"):
+        trainer_cases.check_coverage(["CoOp"], [Case("CoOp", "CoOp", "CoOp/vit_b16.yaml", trainer_cases.TRAIN),
+                                                Case("Gone", "Gone", "CoOp/vit_b16.yaml", trainer_cases.TRAIN)])
 
 
 def test_selection_by_trainer_or_case_name():
-    assert [case.name for case in benchmark.select_cases(["RAda"])] == ["RAda", "RAda (images)"]
-    assert [case.name for case in benchmark.select_cases(["RAda (images)"])] == ["RAda (images)"]
+    assert [case.name for case in trainer_cases.select_cases(["RAda"])] == ["RAda", "RAda (images)"]
+    assert [case.name for case in trainer_cases.select_cases(["RAda (images)"])] == ["RAda (images)"]
     with pytest.raises(SystemExit, match="unknown trainer"):
-        benchmark.select_cases(["NoSuchTrainer"])
+        trainer_cases.select_cases(["NoSuchTrainer"])
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +114,7 @@ def tiny_run(tiny_clip_files, tmp_path_factory):
     thread count is left as it is (--threads 0) for the tests that follow."""
     config, weights = tiny_clip_files
     path = tmp_path_factory.mktemp("benchmark") / "run.json"
-    argv = ["--backbone", config, "--weights", weights, "--image-size", "32", "--classes", "6",
+    argv = ["trainers", "--backbone", config, "--weights", weights, "--image-size", "32", "--classes", "6",
             "--trainers", "CoOp", "RAda", "ZeroshotCLIP", "RAdaTTT", "--rounds", "1", "--warmup", "0",
             "--clock", "cpu", "--threads", "0", "--in-process", "--json", str(path), "TRAINER.RADATTT.NUM_VIEWS", "10"]
     assert benchmark.main(argv) == 0
@@ -84,6 +126,7 @@ def test_json_records_plausible_values(tiny_run):
     report = tiny_run
     records = {record["case"]: record for record in report["results"]}
     assert list(records) == ["ZeroshotCLIP", "CoOp", "RAda", "RAda (images)", "RAdaTTT"]
+    assert report["benchmark"] == "trainers"
     assert report["settings"]["classes"] == 6 and report["settings"]["clock"] == "cpu"
     assert report["commit"] and len(report["load_before"]) == 3
     for record in records.values():
@@ -109,8 +152,6 @@ def test_json_records_plausible_values(tiny_run):
 
 def statistics_ratio(record, name):
     """The ratio recomputed from the stored rounds (median of the CPU times)."""
-    import statistics
-
     reference = "frozen eval" if name == "eval" and "frozen eval" in record["rounds"] else "frozen"
     return statistics.median(record["rounds"][name]["cpu"]) / statistics.median(record["rounds"][reference]["cpu"])
 
@@ -120,8 +161,8 @@ def test_learnable_parameters_are_those_the_trainer_optimises(tiny_run, tmp_path
     records = {record["case"]: record for record in report["results"]}
     settings = dict(report["settings"])
     for name in ("CoOp", "RAda"):
-        case = next(case for case in benchmark.CASES if case.name == name)
-        trainer = benchmark.build_trainer(case, settings, str(tmp_path))
+        case = next(case for case in CASES if case.name == name)
+        trainer = trainer_cases.build_trainer(case, settings, str(tmp_path))
         optimised = {id(param): param.numel() for optim in trainer._optims.values() if optim is not None
                      for group in optim.param_groups for param in group["params"]}
         assert records[name]["learnable_params"] == sum(optimised.values()) > 0
@@ -131,8 +172,8 @@ def test_learnable_parameters_are_those_the_trainer_optimises(tiny_run, tmp_path
 
 def test_table_marks_targets(tiny_run):
     report = tiny_run
-    rows = {row[0]: row for row in benchmark.table_rows(report["results"])}
-    assert len(rows["CoOp"]) == len(benchmark.HEADERS)
+    rows = {row[0]: row for row in per_trainer.table_rows(report["results"])}
+    assert len(rows["CoOp"]) == len(per_trainer.HEADERS)
     records = {record["case"]: record for record in report["results"]}
     verdict = {True: "pass", False: "FAIL"}
     assert rows["CoOp"][6] == f"<= 2.6 {verdict[records['CoOp']['train']['ratio'] <= 2.6]}"
@@ -143,17 +184,17 @@ def test_table_marks_targets(tiny_run):
     slow["train"].update(ratio=3.0, passed=False)
     fast = copy.deepcopy(records["CoOp"])
     fast["train"].update(ratio=1.0, passed=True)
-    assert [row[6] for row in benchmark.table_rows([slow, fast])] == ["<= 2.6 FAIL", "<= 2.6 pass"]
+    assert [row[6] for row in per_trainer.table_rows([slow, fast])] == ["<= 2.6 FAIL", "<= 2.6 pass"]
 
 
 def test_saved_run_is_shown_and_compared(tiny_run, tmp_path, capsys):
     report = tiny_run
     path = tmp_path / "saved.json"
     path.write_text(json.dumps(report))
-    assert benchmark.main(["--show", str(path), "--compare", str(path), "--format", "github"]) == 0
+    assert benchmark.main(["show", str(path), "--compare", str(path), "--format", "github"]) == 0
     out = capsys.readouterr().out
     assert "| CoOp " in out and "Cost ratios:" in out
-    rows = {row[0]: row for row in benchmark.comparison_rows(report["results"], report["results"])}
+    rows = {row[0]: row for row in per_trainer.comparison_rows(report["results"], report["results"])}
     assert rows["CoOp"][1] == rows["CoOp"][2] != "" and rows["ZeroshotCLIP"][1] == ""
     assert rows["RAdaTTT"][3] == rows["RAdaTTT"][4] != ""
 
@@ -164,16 +205,16 @@ def test_trainers_registered_by_tests_are_not_counted(monkeypatch):
 
     monkeypatch.setitem(TRAINER_REGISTRY._obj_map, "ScriptTrainer", ScriptTrainer)  # module: this test file
     assert "ScriptTrainer" in TRAINER_REGISTRY.registered_names()
-    assert "ScriptTrainer" not in benchmark.project_trainers()
-    benchmark.check_coverage(benchmark.project_trainers())
+    assert "ScriptTrainer" not in trainer_cases.project_trainers()
+    trainer_cases.check_coverage(trainer_cases.project_trainers())
 
 
 def test_a_case_measured_in_its_own_process_gives_the_in_process_record(tiny_run):
     """The default mode: each case in a fresh process (--worker), its record read back as JSON."""
     report = tiny_run
     in_process = next(record for record in report["results"] if record["case"] == "ZeroshotCLIP")
-    case = next(case for case in benchmark.CASES if case.name == "ZeroshotCLIP")
-    record = benchmark.run_in_subprocess(case, report["settings"])
+    case = next(case for case in CASES if case.name == "ZeroshotCLIP")
+    record = per_trainer.run_in_subprocess(case, report["settings"])
     assert "error" not in record, record
     assert set(record) == set(in_process)
     assert record["learnable_params"] == in_process["learnable_params"] == 0

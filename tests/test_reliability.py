@@ -728,11 +728,11 @@ _RAW_WRITES_ALLOWED = {  # (file, start of the call's source)
     ("vlprompt/protocols/execute.py", "open(console_path, 'a', encoding='utf-8')"),
     # Benchmark scratch files, rewritten by every benchmark run: the loader benchmark's synthetic
     # split and the CoCoOp benchmark's logits (compared between its two processes).
-    ("tools/benchmark_loader.py", "open(split_path, 'w')"),
-    ("tools/benchmark_loader.py", "json.dump({'train': train, 'val': train[:1], 'test': train[:1]}, f)"),
-    ("tools/benchmark_cocoop.py", "torch.save(logits, args.logits)"),
+    ("vlprompt/benchmarking/loader.py", "open(split_path, 'w')"),
+    ("vlprompt/benchmarking/loader.py", "json.dump({'train': train, 'val': train[:1], 'test': train[:1]}, f)"),
+    ("vlprompt/benchmarking/cocoop.py", "torch.save(output, job['logits'])"),
     # A kernel control file, not data: resets the peak-memory counter.
-    ("tools/benchmark.py", "open('/proc/self/clear_refs', 'w')"),
+    ("vlprompt/benchmarking/measure.py", "open('/proc/self/clear_refs', 'w')"),
 }
 _SERIALISERS = {"torch.save": 1, "json.dump": 1, "pickle.dump": 1, "yaml.safe_dump": 1, "yaml.dump": 1, "np.save": 0}
 

@@ -1,617 +1,84 @@
-"""Cost of every registered trainer: training step, evaluation, memory, learnable parameters.
+"""Cost measurements of the project, one subcommand per family of cases.
 
-Every trainer is built through its own class and ``build_model`` from its ViT-B/16 config
-(configs/trainers/...), on the ViT-B/16 architecture with random weights (no download; the
-cost does not depend on the weight values) and ``--classes`` synthetic class names instead
-of a dataset. On one random batch it times, in interleaved rounds (median over ``--rounds``
-after ``--warmup`` untimed rounds; the first round also fills every cache):
+    python tools/benchmark.py trainers --clock cpu --json output/benchmarks/cpu.json  # every trainer (issue 10)
+    python tools/benchmark.py trainers --trainers CoOp DeAR --clock cpu
+    python tools/benchmark.py trainers --device cuda --amp --batch 16 --eval-batch 250 --threads 0
+    python tools/benchmark.py dear --batch 4 --rounds 5 --clock cpu --flops       # DeAR's L_reg (issue 6)
+    python tools/benchmark.py cocoop --classes 1000 --images 2 --chunks 0 1024 256
+    python tools/benchmark.py feature-cache --trainer RAda
+    python tools/benchmark.py loader --synthetic output/loader_bench --workers 0 2 4
+    python tools/benchmark.py show output/benchmarks/cpu.json [--compare output/benchmarks/before.json]
 
-* ``frozen``: a plain frozen CLIP image forward of the batch (no autograd): the unit;
-* ``train``: the trainer's ``forward_backward`` (forward, loss, backward, optimizer step);
-  trainers whose image encoder is frozen train on cached image features (FEATURE_CACHE), as
-  their configs do, so their step starts from the batch's features;
-* an evaluation: the trainer's own ``test()`` over a loader of two copies of the batch, right
-  after a training step, split at the batch boundaries into ``eval first`` (from the start of
-  ``test()`` to the second batch: it pays whatever a method computes once per evaluation,
-  e.g. the class text features) and ``eval`` (the second batch: the steady state, which sets
-  evaluation images/s). Frozen-encoder trainers evaluate from images: their batch is encoded
-  (``encode_image_features``) and then classified from features, as the feature cache does
-  for a new test set.
-
-The cost ratio is a time divided by the frozen forward of the same batch, measured in the
-same rounds, so it transfers across machines; "text per eval" is ``eval first`` minus ``eval``
-in the same unit. RAdaTTT adapts at test time: its ``eval`` is ``test()`` on one test image
-(NUM_VIEWS views encoded, entropy selection, adaptation steps, prediction), compared with a
-frozen forward of those views.
-Peak memory is CUDA's max allocated memory, or on the CPU the peak resident set size of the
-process that measured the case (one fresh process per case; weights included).
-
-The default setting is issue 10's comparison setting: batch 4 (CoCoOp 1), 50 classes, 224 px,
-fp32 on the CPU with 2 threads. The table lists the issue's targets next to the ratios.
-
-    python tools/benchmark.py --clock cpu --json output/benchmarks/cpu.json     # the comparison table
-    python tools/benchmark.py --trainers CoOp DeAR --rounds 3
-    python tools/benchmark.py --device cuda --amp --batch 16 --eval-batch 250 --threads 0
-
-On a CPU shared with other jobs, ``--clock cpu`` times the process's CPU time (all its
-threads) instead of the wall clock, with OMP_WAIT_POLICY=PASSIVE (unless set): spinning
-OpenMP threads would add CPU time without work (a RAdaAdapter step on cached features
-measured 0.05 CPU-s passive, 0.5-1.6 CPU-s spinning, on 2 threads of a loaded machine).
-Images/s are always per wall-clock second.
-Trailing KEY VALUE pairs override every case's config (e.g. TRAINER.DEAR.LAMBDA_REG 0).
+Every family times with the same clocks (``--clock wall`` or ``cpu``: the process's CPU
+time, for a CPU shared with other jobs; images/s always use the wall clock) and prints one
+table: a header line (settings, commit, load average), one row per case, then the figures
+derived from the rows. ``--json PATH`` writes the same report as JSON; ``show`` prints a saved
+one. What each family measures: vlprompt/benchmarking/<family>.py and PERFORMANCE.md.
 """
 import argparse
-import contextlib
-import io
-import json
-import os
-import os.path as osp
-import statistics
-import subprocess
 import sys
-import tempfile
-import time
-from dataclasses import dataclass
-from types import SimpleNamespace
-from typing import Callable, Optional, Tuple
 
-import torch
-
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-import trainers  # noqa: E402,F401  (registers the trainers and their config nodes)
-from vlprompt.config import extend_cfg, get_cfg_default, merge_from_file, merge_from_list  # noqa: E402
-from vlprompt.engine import TRAINER_REGISTRY  # noqa: E402
-from vlprompt.utils import write_text  # noqa: E402
-
-TRAIN, CACHED, EVAL_ONLY, TEST_TIME = "train", "cached", "eval-only", "test-time"
-OFFICIAL_EVAL = "2.8-3.3"  # the official implementations re-encode every class text per batch
-
-
-@dataclass(frozen=True)
-class Case:
-    """One row of the benchmark.
-
-    Attributes:
-        name: row name (the trainer's name unless a trainer has several rows).
-        trainer: registered trainer name.
-        config: config file under configs/trainers/.
-        kind: TRAIN (train step from images), CACHED (train step from cached image features),
-            EVAL_ONLY (nothing to train) or TEST_TIME (per-image adaptation during test()).
-        batch: fixed batch size (the paper's, when the comparison setting uses it); 0 = --batch.
-        opts: KEY VALUE config overrides of this case.
-        train_target, eval_target: issue 10's targets of the cost ratios (None: none).
-        official_train, official_eval: the official implementations' ratios quoted by issue 10.
-    """
-
-    name: str
-    trainer: str
-    config: str
-    kind: str
-    batch: int = 0
-    opts: Tuple[str, ...] = ()
-    train_target: Optional[float] = None
-    eval_target: Optional[float] = 1.15
-    official_train: Optional[float] = None
-    official_eval: Optional[str] = None
-
-
-# Every registered trainer needs at least one case: a new trainer makes the benchmark fail
-# until its case is added here.
-CASES = (
-    Case("ZeroshotCLIP", "ZeroshotCLIP", "CoOp/vit_b16.yaml", EVAL_ONLY),
-    Case("ZeroshotCLIP2", "ZeroshotCLIP2", "CoOp/vit_b16.yaml", EVAL_ONLY),
-    Case("CoOp", "CoOp", "CoOp/vit_b16_ep50_ctxv1.yaml", TRAIN, train_target=2.6, official_train=5.2,
-         official_eval=OFFICIAL_EVAL),
-    Case("CoCoOp", "CoCoOp", "CoCoOp/vit_b16_c4_ep10_batch1_ctxv1.yaml", TRAIN, batch=1, train_target=8.5,
-         eval_target=4.0, official_train=17.0, official_eval="8"),
-    Case("KgCoOp", "KgCoOp", "KgCoOp/vit_b16_ep100_ctxv1.yaml", TRAIN),
-    Case("IVLP", "IVLP", "IVLP/vit_b16_c2_ep20_batch4_4+4ctx.yaml", TRAIN, train_target=3.3, official_train=6.7,
-         official_eval=OFFICIAL_EVAL),
-    Case("MaPLe", "MaPLe", "MaPLe/vit_b16_c2_ep5_batch4_2ctx.yaml", TRAIN, train_target=3.5, official_train=7.1,
-         official_eval=OFFICIAL_EVAL),
-    Case("PromptSRC", "PromptSRC", "PromptSRC/vit_b16_c2_ep20_batch4_4+4ctx.yaml", TRAIN, train_target=4.0,
-         official_train=8.0, official_eval=OFFICIAL_EVAL),
-    Case("VPT", "VPT", "VPT/vit_b16_c2_ep5_batch4_4.yaml", TRAIN),
-    Case("DeAR", "DeAR", "DeAR/vit_b16_base2new.yaml", TRAIN, train_target=2.2),
-    Case("CLIPAdapter", "CLIPAdapter", "CLIPAdapter/vit_b16.yaml", CACHED),
-    Case("RAda", "RAda", "RAda/vit_b16_base2new.yaml", CACHED, train_target=0.05, official_eval="1.05"),
-    Case("RAda (images)", "RAda", "RAda/vit_b16_base2new.yaml", TRAIN, official_train=1.04, official_eval="1.05"),
-    Case("RAdaAdapter", "RAdaAdapter", "RAdaAdapter/vit_b16_base2new.yaml", CACHED),
-    Case("RAdaPrompt", "RAdaPrompt", "RAdaPrompt/vit_b16_c2_ep20_batch4_4+4ctx.yaml", TRAIN),
-    # The classifier's initialisation (80 templates or one) does not change the step's cost.
-    Case("RAdaFFT", "RAdaFFT", "RAdaFFT/vit_b16_stage2.yaml", TRAIN, opts=("TRAINER.RADAFFT.TEMPLATE_ENSEMBLE", "False")),
-    Case("RAdaFFT stage 1", "RAdaFFT", "RAdaFFT/vit_b16_stage1.yaml", TRAIN,
-         opts=("TRAINER.RADAFFT.TEMPLATE_ENSEMBLE", "False")),
-    Case("RAdaTTT", "RAdaTTT", "RAdaTTT/vit_b16.yaml", TEST_TIME, batch=1, eval_target=None),
-)
-
-
-class BenchmarkCoverageError(RuntimeError):
-    """A registered trainer has no benchmark case, or a case names an unregistered trainer."""
-
-
-def check_coverage(registered, cases=CASES):
-    """Raise BenchmarkCoverageError unless every name in ``registered`` has a case and every
-    case's trainer is registered."""
-    covered = {case.trainer for case in cases}
-    missing = [name for name in registered if name not in covered]
-    stale = sorted(covered - set(registered))
-    if missing or stale:
-        problems = []
-        if missing:
-            problems.append(f"registered trainer(s) without a benchmark case: {', '.join(missing)}")
-        if stale:
-            problems.append(f"case(s) for trainer(s) that are not registered: {', '.join(stale)}")
-        raise BenchmarkCoverageError(
-            "tools/benchmark.py covers every registered trainer, but found " + "; ".join(problems)
-            + ". Add (or remove) an entry in CASES of tools/benchmark.py: the trainer's ViT-B/16 config, "
-            "its kind (train, cached, eval-only or test-time) and issue 10's targets if any."
-        )
-
-
-def project_trainers():
-    """Registered trainers defined in the ``trainers`` package (not ones a test or a user
-    script registered for itself), in registration order."""
-    return [name for name in TRAINER_REGISTRY.registered_names()
-            if TRAINER_REGISTRY.get(name).__module__.split(".")[0] == "trainers"]
-
-
-def select_cases(names, cases=CASES):
-    """The cases whose trainer or case name is in ``names`` (all cases when ``names`` is empty)."""
-    if not names:
-        return list(cases)
-    known = {case.trainer for case in cases} | {case.name for case in cases}
-    unknown = [name for name in names if name not in known]
-    if unknown:
-        raise SystemExit(f"error: unknown trainer(s) {unknown}; choose among {sorted(known)}")
-    return [case for case in cases if case.trainer in names or case.name in names]
-
-
-# --------------------------------------------------------------------------- building
-
-class _NoBatches:
-    """Stands in for a training loader: has a length (schedules read it), yields nothing."""
-
-    def __init__(self, length):
-        self.length = length
-
-    def __len__(self):
-        return self.length
-
-    def __iter__(self):
-        raise RuntimeError("the benchmark builds trainers without data; it feeds batches itself")
-
-
-class SyntheticClasses:
-    """Trainer mixin: ``benchmark_classes`` class names ("class number i") instead of a dataset."""
-
-    benchmark_classes = 50
-
-    def build_data_loader(self):
-        names = [f"class number {index}" for index in range(self.benchmark_classes)]
-        dataset = SimpleNamespace(classnames=names, train_x=[], val=[], test=[])
-        self.dm = SimpleNamespace(dataset=dataset, train_loader_x=_NoBatches(1000), val_loader=None,
-                                  test_loader=None, num_classes=len(names))
-        self.train_loader_x, self.train_loader_u = self.dm.train_loader_x, None
-        self.val_loader = self.test_loader = None
-        self.num_classes, self.num_source_domains = len(names), 1
-        self.lab2cname = dict(enumerate(names))
-
-
-def build_cfg(case, settings, output_dir):
-    """The case's config: its trainer YAML, the benchmark's backbone, input, batch and precision."""
-    cfg = get_cfg_default()
-    extend_cfg(cfg)
-    merge_from_file(cfg, osp.join(ROOT, "configs", "trainers", case.config))
-    cfg.TRAINER.NAME = case.trainer
-    cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.WEIGHTS = settings["backbone"], settings["weights"]
-    cfg.INPUT.SIZE = (settings["image_size"], settings["image_size"])
-    cfg.USE_CUDA = settings["device"] == "cuda"
-    cfg.DATALOADER.TRAIN_X.BATCH_SIZE = case_batch(case, settings)
-    cfg.DATALOADER.NUM_WORKERS = 0
-    cfg.FEATURE_CACHE.ENABLED = case.kind == CACHED
-    cfg.FEATURE_CACHE.DIR = osp.join(output_dir, "feature_cache")
-    cfg.OUTPUT_DIR = output_dir
-    node = cfg.TRAINER.get(case.trainer.upper())
-    if node is not None and "PREC" in node:  # trainers without a node (zero-shot CLIP) follow the engine's default
-        node.PREC = settings["prec"]
-    merge_from_list(cfg, list(case.opts) + list(settings["opts"]))
-    cfg.freeze()
-    return cfg
-
-
-def build_trainer(case, settings, output_dir):
-    """The case's trainer class, built from its config with synthetic class names."""
-    trainer_class = TRAINER_REGISTRY.get(case.trainer)
-    benchmark_class = type(f"Benchmark{case.trainer}", (SyntheticClasses, trainer_class),
-                           {"benchmark_classes": settings["classes"]})
-    cfg = build_cfg(case, settings, output_dir)
-    torch.manual_seed(0)
-    with contextlib.redirect_stdout(io.StringIO()):
-        return benchmark_class(cfg)
-
-
-def case_batch(case, settings):
-    return case.batch or settings["batch"]
-
-
-# --------------------------------------------------------------------------- measuring
-
-def peak_memory_mib(device):
-    """CUDA max allocated memory, or the process's peak resident set size (VmHWM), in MiB."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated() / 2**20
-    with open("/proc/self/status") as status:
-        line = next(line for line in status if line.startswith("VmHWM:"))
-    return int(line.split()[1]) / 1024
-
-
-def reset_peak_memory(device):
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    else:
-        with open("/proc/self/clear_refs", "w") as clear_refs:  # "5" resets VmHWM to the current RSS
-            clear_refs.write("5")
-
-
-def clocks(device):
-    """(wall, CPU) clock readings after the device has finished its queued work."""
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter(), time.process_time()
-
-
-class TimedBatches:
-    """A test loader of ``count`` batches from ``make_batch()`` that notes the clocks whenever
-    ``test()`` asks for the next batch, so one evaluation is split into its batches."""
-
-    def __init__(self, make_batch, count, device):
-        self.make_batch, self.count, self.device = make_batch, count, device
-        self.requests = []
-
-    def __len__(self):
-        return self.count
-
-    def __iter__(self):
-        self.requests = []
-        for _ in range(self.count):
-            self.requests.append(clocks(self.device))
-            yield self.make_batch()
-
-
-@dataclass
-class Call:
-    """One timed call of a round.
-
-    Attributes:
-        run: the function.
-        parts: names of the timed intervals. One name: the whole call. Two names (an
-            evaluation): from the call's start to the second batch request, then to the end.
-        loader: the TimedBatches of an evaluation.
-    """
-
-    run: Callable[[], object]
-    parts: Tuple[str, ...]
-    loader: Optional[TimedBatches] = None
-
-
-def case_calls(case, trainer, settings):
-    """The case's calls in round order, {timed part: images in its batch} and {timed part: the
-    frozen part it is compared with}."""
-    device, size = trainer.device, settings["image_size"]
-    generator = torch.Generator().manual_seed(0)
-    model = trainer.model
-
-    def random_images(count):
-        return torch.randn(count, 3, size, size, generator=generator).to(device)
-
-    def frozen(images):
-        def run():
-            with torch.no_grad(), trainer.autocast():
-                model.clip.encode_image_plain(images)
-        return run
-
-    def evaluation(loader, parts):
-        trainer.test_loader = loader  # test() evaluates this loader (no feature cache swaps it)
-        return Call(trainer.test, parts, loader)
-
-    if case.kind == TEST_TIME:  # one test image, adapted on its views inside test()
-        views = random_images(trainer.cfg.TRAINER[case.trainer.upper()].NUM_VIEWS)
-        batch = {"img": views.unsqueeze(0), "label": torch.zeros(1, dtype=torch.long)}
-        calls = [Call(frozen(views), ("frozen",)), evaluation(TimedBatches(lambda: batch, 1, device), ("eval",))]
-        return calls, {"frozen": len(views), "eval": 1}, {"eval": "frozen"}
-
-    batch = case_batch(case, settings)
-    images = random_images(batch)
-    labels = (torch.arange(batch) % settings["classes"]).to(device)
-    calls, counts, references = [Call(frozen(images), ("frozen",))], {"frozen": batch}, {}
-    if case.kind in (TRAIN, CACHED):
-        if case.kind == CACHED:
-            with torch.no_grad(), trainer.autocast():
-                train_batch = {"features": model.encode_image_features(images), "label": labels}
-        else:
-            train_batch = {"img": images, "label": labels}
-        trainer.batch_idx, trainer.num_batches = 0, len(trainer.train_loader_x)
-
-        def train():
-            trainer.set_model_mode("train")
-            trainer.forward_backward(train_batch)
-
-        calls.append(Call(train, ("train",)))
-        counts["train"], references["train"] = batch, "frozen"
-    eval_batch = settings["eval_batch"] or batch
-    eval_images = images if eval_batch == batch else random_images(eval_batch)
-    eval_labels = (torch.arange(eval_batch) % settings["classes"]).to(device)
-
-    def test_batch():
-        if case.kind == CACHED:  # what the feature cache does for a new test set: encode, then read
-            with torch.no_grad(), trainer.autocast():
-                return {"features": model.encode_image_features(eval_images), "label": eval_labels}
-        return {"img": eval_images, "label": eval_labels}
-
-    calls.append(evaluation(TimedBatches(test_batch, 2, device), ("eval first", "eval")))
-    counts.update({"eval first": eval_batch, "eval": eval_batch})
-    frozen_eval = "frozen"
-    if eval_batch != batch:
-        calls.append(Call(frozen(eval_images), ("frozen eval",)))
-        counts["frozen eval"], frozen_eval = eval_batch, "frozen eval"
-    references.update({"eval first": frozen_eval, "eval": frozen_eval})
-    return calls, counts, references
-
-
-def time_rounds(calls, device, rounds, warmup):
-    """{timed part: {"wall": [s, ...], "cpu": [s, ...]}} of the timed rounds (calls interleaved)."""
-    times = {part: {"wall": [], "cpu": []} for call in calls for part in call.parts}
-    for round_index in range(warmup + rounds):
-        for call in calls:
-            start = clocks(device)
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                call.run()
-            end = clocks(device)
-            if round_index < warmup:
-                continue
-            marks = [start] + (call.loader.requests[1:] if call.loader else []) + [end]
-            for part, begin, finish in zip(call.parts, marks, marks[1:]):
-                times[part]["wall"].append(finish[0] - begin[0])
-                times[part]["cpu"].append(finish[1] - begin[1])
-    return times
-
-
-def measure_case(case, settings):
-    """Build the case's trainer and measure it; returns the case's JSON record."""
-    if settings["threads"]:
-        torch.set_num_threads(settings["threads"])
-    start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="benchmark_") as output_dir:
-        trainer = build_trainer(case, settings, output_dir)
-        build_s = time.perf_counter() - start
-        device = trainer.device
-        learnable = sum(param.numel() for param in trainer.model.parameters() if param.requires_grad)
-        calls, counts, references = case_calls(case, trainer, settings)
-        memory_after_build = torch.cuda.memory_allocated() / 2**20 if device.type == "cuda" else current_rss_mib()
-        reset_peak_memory(device)
-        start = time.perf_counter()
-        time_rounds(calls, device, 1, 0)  # the first round fills the caches: not timed
-        first_round_s = time.perf_counter() - start
-        times = time_rounds(calls, device, settings["rounds"], settings["warmup"])
-        peak = peak_memory_mib(device)
-    clock = settings["clock"]
-    median = {part: {key: statistics.median(values) for key, values in entry.items()} for part, entry in times.items()}
-
-    def ratio(part):
-        return median[part][clock] / median[references[part]][clock]
-
-    def entry(part, target, official):
-        if part not in median:
-            return None
-        return {
-            "wall_ms": 1000 * median[part]["wall"], "cpu_ms": 1000 * median[part]["cpu"],
-            "images": counts[part], "images_per_s": counts[part] / median[part]["wall"],
-            "ratio": ratio(part), "target": target, "passed": None if target is None else ratio(part) <= target,
-            "official_ratio": official, "frozen_batch": counts[references[part]],
-        }
-
-    text_per_evaluation = None
-    if "eval first" in median:
-        text_per_evaluation = ratio("eval first") - ratio("eval")
-    return {
-        "case": case.name, "trainer": case.trainer, "config": f"configs/trainers/{case.config}", "kind": case.kind,
-        "opts": list(case.opts), "batch": case_batch(case, settings), "learnable_params": learnable,
-        "frozen": {"wall_ms": 1000 * median["frozen"]["wall"], "cpu_ms": 1000 * median["frozen"]["cpu"],
-                   "images": counts["frozen"]},
-        "train": entry("train", case.train_target, case.official_train),
-        "eval": entry("eval", case.eval_target, case.official_eval),
-        "eval_first_ratio": ratio("eval first") if "eval first" in median else None,
-        "text_per_evaluation_ratio": text_per_evaluation,
-        "peak_memory_mib": peak, "memory_after_build_mib": memory_after_build,
-        "memory_kind": "cuda max allocated" if device.type == "cuda" else "process peak RSS",
-        "build_s": build_s, "first_round_s": first_round_s, "rounds": times,
-    }
-
-
-def current_rss_mib():
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-# --------------------------------------------------------------------------- running and reporting
-
-def run_in_subprocess(case, settings):
-    """measure_case in a fresh process (clean peak memory); the record, or {"case", "error"}."""
-    command = [sys.executable, osp.abspath(__file__), "--worker", case.name, "--worker-settings", json.dumps(settings)]
-    environment = dict(os.environ, OMP_NUM_THREADS=str(settings["threads"] or os.cpu_count()))
-    if settings["clock"] == "cpu":  # idle OpenMP threads sleep instead of spinning, which CPU time would count
-        environment.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=environment)
-    if result.returncode != 0:
-        return {"case": case.name, "trainer": case.trainer, "error": result.stderr.strip().splitlines()[-5:]}
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
-def target_cell(entry):
-    if entry is None or entry["target"] is None:
-        return ""
-    return f"<= {entry['target']:g} {'pass' if entry['passed'] else 'FAIL'}"
-
-
-def table_rows(records):
-    """Rows of the printed table, one per record."""
-    rows = []
-    for record in records:
-        if "error" in record:
-            rows.append([record["case"], "error: " + (record["error"][-1] if record["error"] else "?")])
-            continue
-        train, evaluation = record["train"], record["eval"]
-        text = record["text_per_evaluation_ratio"]
-        rows.append([
-            record["case"], record["batch"], f"{record['learnable_params']:,}",
-            f"{train['wall_ms']:.0f}" if train else "", f"{train['images_per_s']:.3g}" if train else "",
-            f"{train['ratio']:.3f}" if train else "", target_cell(train),
-            f"{train['official_ratio']:g}" if train and train["official_ratio"] else "",
-            f"{evaluation['images_per_s']:.3g}", f"{evaluation['ratio']:.2f}", target_cell(evaluation),
-            evaluation["official_ratio"] or "", "" if text is None else f"{max(text, 0.0):.2f}",
-            f"{record['peak_memory_mib']:.0f}",
-        ])
-    return rows
-
-
-HEADERS = ["case", "B", "learnable", "train ms", "train img/s", "train / frozen", "target", "official",
-           "eval img/s", "eval / frozen", "target", "official", "text per eval", "peak MiB"]
-
-
-def progress_line(record):
-    """One line per measured case, printed as soon as it is done."""
-    if "error" in record:
-        return f"{record['case']}: failed: " + " | ".join(record["error"])
-    parts = [f"{name} / frozen {record[name]['ratio']:.3f}" for name in ("train", "eval") if record[name]]
-    return f"{record['case']}: " + ", ".join(parts) + f" (built in {record['build_s']:.0f} s)"
-
-
-def git_commit():
-    try:
-        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=12"], capture_output=True,
-                              text=True, cwd=ROOT, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def modified_files():
-    """Uncommitted changes to the measured code ("git status --short" lines of vlprompt/ and trainers/)."""
-    try:
-        return subprocess.run(["git", "status", "--short", "--", "vlprompt", "trainers"], capture_output=True,
-                              text=True, cwd=ROOT, check=True).stdout.splitlines()
-    except (OSError, subprocess.CalledProcessError):
-        return []
-
-
-def header_line(settings, report):
-    threads = settings["threads"] or "default"
-    return (f"device {settings['device']} ({threads} threads), precision {settings['prec']}, "
-            f"{settings['backbone']} ({settings['weights']} weights), {settings['image_size']} px, "
-            f"batch {settings['batch']} (CoCoOp 1), eval batch {settings['eval_batch'] or 'as train'}, "
-            f"{settings['classes']} classes; median of {settings['rounds']} rounds after {settings['warmup']} "
-            f"warm-up, {settings['clock']} clock; commit {report['commit']}; load average "
-            f"{report['load_before'][0]:.2f} before, {report['load_after'][0]:.2f} after")
+from vlprompt.benchmarking import cocoop, dear, feature_cache, loader, per_trainer
+from vlprompt.benchmarking.report import finish_report, format_report, read_report, start_report, write_report
+from vlprompt.benchmarking.trainer_cases import BenchmarkCoverageError
+from vlprompt.clip import CLIPLoadError
+from vlprompt.config import ConfigError
+
+FAMILIES = {"trainers": per_trainer, "dear": dear, "cocoop": cocoop, "feature-cache": feature_cache,
+            "loader": loader}
 
 
 def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--trainers", nargs="+", default=[], help="trainer or case names (default: all)")
-    parser.add_argument("--batch", type=int, default=4, help="training batch (CoCoOp and RAdaTTT keep 1)")
-    parser.add_argument("--eval-batch", type=int, default=0, help="evaluation batch (0: the training batch)")
-    parser.add_argument("--classes", type=int, default=50)
-    parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--prec", choices=("fp32", "amp", "fp16", "bf16"), default="fp32",
-                        help="TRAINER.<NAME>.PREC of every case (CUDA only; the CPU runs fp32)")
-    parser.add_argument("--amp", dest="prec", action="store_const", const="amp", help="same as --prec amp")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (0: torch's default)")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds after the cache-filling first one")
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
-                        help="time ratios by the wall clock or by the process's CPU time (for a shared CPU)")
-    parser.add_argument("--backbone", default="ViT-B/16", help="MODEL.BACKBONE.NAME (an open_clip config JSON too)")
-    parser.add_argument("--weights", default="random", help="MODEL.BACKBONE.WEIGHTS")
-    parser.add_argument("--json", help="also write the records to this JSON file")
-    parser.add_argument("--show", metavar="JSON", help="print the table of a saved run instead of measuring")
-    parser.add_argument("--compare", metavar="JSON", help="also print the ratios of this earlier run next to ours")
-    parser.add_argument("--format", default="simple", help='tabulate table format ("github" for Markdown)')
-    parser.add_argument("--in-process", action="store_true",
-                        help="measure every case in this process (faster; peak RSS then accumulates)")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--worker-settings", help=argparse.SUPPRESS)
-    parser.add_argument("opts", nargs=argparse.REMAINDER, help="KEY VALUE config overrides for every case")
+    commands = parser.add_subparsers(dest="family", required=True, metavar="{" + ",".join([*FAMILIES, "show"]) + "}")
+    for name, family in FAMILIES.items():
+        command = commands.add_parser(name, help=family.__doc__.split("\n")[0],
+                                      description=family.__doc__.split("\n\n")[0])
+        command.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                             help="time by the wall clock or by the process's CPU time (for a shared CPU)")
+        command.add_argument("--json", help="also write the report to this JSON file")
+        command.add_argument("--format", default="simple", help='tabulate table format ("github" for Markdown)')
+        family.add_arguments(command)
+    show = commands.add_parser("show", help="print the table of a saved report")
+    show.add_argument("report", help="a JSON file written with --json")
+    show.add_argument("--compare", metavar="JSON", help="(trainers) also print the ratios of this earlier run")
+    show.add_argument("--format", default="simple", help='tabulate table format ("github" for Markdown)')
     return parser
 
 
+def print_report(report, table_format, compare=None):
+    family = FAMILIES[report["benchmark"]]
+    if compare and not hasattr(family, "comparison_lines"):
+        raise SystemExit(f"error: --compare compares trainers reports; this one is a {report['benchmark']} report")
+    extra = family.comparison_lines(report, read_report(compare), compare, table_format) if compare else None
+    print(format_report(report, family, table_format, extra))
+
+
 def main(argv=None):
+    """Run one subcommand; 0 when every case was measured, 1 when one failed, 2 when the
+    trainers family misses a case for a registered trainer or a config, CLIP or role map is
+    wrong (the error names it)."""
     args = build_parser().parse_args(argv)
-    if args.worker:
-        case = next(case for case in CASES if case.name == args.worker)
-        print(json.dumps(measure_case(case, json.loads(args.worker_settings))))
+    if args.family == "show":
+        try:
+            print_report(read_report(args.report), args.format, args.compare)
+        except (OSError, ValueError) as error:
+            print(f"error: cannot read the report: {error}", file=sys.stderr)
+            return 2
         return 0
-    if args.show:
-        print_report(read_report(args.show), args.format, args.compare)
-        return 0
+    family = FAMILIES[args.family]
     try:
-        check_coverage(project_trainers())
-    except BenchmarkCoverageError as error:
+        report = start_report(args.family)
+        settings, records = family.measure(args)
+    except (BenchmarkCoverageError, ConfigError, CLIPLoadError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("error: --device cuda, but CUDA is not available")
-    settings = {key: getattr(args, key) for key in ("batch", "eval_batch", "classes", "image_size", "device", "prec",
-                                                    "threads", "rounds", "warmup", "clock", "backbone", "weights")}
-    settings["opts"] = args.opts
-    report = {"commit": git_commit(), "modified_files": modified_files(), "torch": torch.__version__,
-              "load_before": os.getloadavg(),
-              "cpu_count": os.cpu_count(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
-    records = []
-    for case in select_cases(args.trainers):
-        record = measure_case(case, settings) if args.in_process else run_in_subprocess(case, settings)
-        records.append(record)
-        print(progress_line(record), flush=True)
-    report["load_after"] = os.getloadavg()
-    report = {"settings": settings, **report, "results": records}
-    print_report(report, args.format, args.compare)
+    report = finish_report(report, settings, records)
+    print_report(report, args.format, getattr(args, "compare", None))
     if args.json:
-        write_text(json.dumps(report, indent=1), args.json)
+        write_report(report, args.json)
         print(f"JSON written to {args.json}")
     return 1 if any("error" in record for record in records) else 0
-
-
-def read_report(path):
-    with open(path) as file:
-        return json.load(file)
-
-
-def print_report(report, table_format, compare=None):
-    """The header line and the table of a report; with ``compare`` (an earlier report's path)
-    also the ratios of both runs side by side."""
-    from tabulate import tabulate
-
-    print(header_line(report["settings"], report))
-    print(tabulate(table_rows(report["results"]), headers=HEADERS, tablefmt=table_format, disable_numparse=True))
-    if compare:
-        before = read_report(compare)
-        print(f"\nCost ratios: {compare} (commit {before['commit']}) -> this run (commit {report['commit']})")
-        print(tabulate(comparison_rows(before["results"], report["results"]), tablefmt=table_format,
-                       headers=["case", "train before", "train now", "eval before", "eval now"],
-                       disable_numparse=True))
-
-
-def comparison_rows(before, after):
-    """[case, train ratio before, now, eval ratio before, now] for the cases of ``after``."""
-    earlier = {record["case"]: record for record in before if "error" not in record}
-
-    def ratio(record, name, digits):
-        return f"{record[name]['ratio']:.{digits}f}" if record and record.get(name) else ""
-
-    return [[record["case"], ratio(earlier.get(record["case"]), "train", 3), ratio(record, "train", 3),
-             ratio(earlier.get(record["case"]), "eval", 2), ratio(record, "eval", 2)]
-            for record in after if "error" not in record]
 
 
 if __name__ == "__main__":

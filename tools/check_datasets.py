@@ -26,14 +26,14 @@ import sys
 
 import yaml
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from vlprompt.config import get_cfg_default
+from vlprompt.data.checks import IMAGE_CHECKS, find_unreadable_images
+from vlprompt.data.datasets import DATASET_REGISTRY, DatasetLayoutError
+from vlprompt.data.splits import FEWSHOT_DIRNAME
+from vlprompt.project import import_project_package, repository_root
 
-import datasets  # noqa: E402,F401  (registers the dataset classes)
-from vlprompt.config import get_cfg_default  # noqa: E402
-from vlprompt.data.checks import IMAGE_CHECKS, find_unreadable_images  # noqa: E402
-from vlprompt.data.datasets import DATASET_REGISTRY, DatasetLayoutError  # noqa: E402
-from vlprompt.data.splits import FEWSHOT_DIRNAME  # noqa: E402
+REPO = str(repository_root())
+import_project_package("datasets")  # registers the dataset classes
 
 BENCHMARK = (
     "ImageNet", "Caltech101", "OxfordPets", "StanfordCars", "OxfordFlowers", "Food101", "FGVCAircraft",

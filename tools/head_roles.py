@@ -41,22 +41,21 @@ import time
 import torch
 import yaml
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import datasets  # noqa: E402,F401  (registers the datasets)
-import trainers  # noqa: E402,F401  (registers trainer config nodes used by --config-file)
-from vlprompt.clip import CLIPLoadError, CLIPRunner, PromptTooLongError, Tokenizer, UnsupportedBackboneError, load_clip  # noqa: E402
-from vlprompt.clip.head_roles import parse_role_map  # noqa: E402
-from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file, merge_from_list  # noqa: E402
-from vlprompt.data import build_data_loader  # noqa: E402
-from vlprompt.data.datasets import DatasetLayoutError, build_dataset  # noqa: E402
-from vlprompt.data.transforms import build_transform  # noqa: E402
-from vlprompt.interpret import (  # noqa: E402
+from vlprompt.clip import CLIPLoadError, CLIPRunner, PromptTooLongError, Tokenizer, UnsupportedBackboneError, load_clip
+from vlprompt.clip.head_roles import parse_role_map
+from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file, merge_from_list
+from vlprompt.data import build_data_loader
+from vlprompt.data.datasets import DatasetLayoutError, build_dataset
+from vlprompt.data.transforms import build_transform
+from vlprompt.interpret import (
     CONCEPT_NAMES, DEAR_ATTRIBUTES, ConceptError, CorpusError, OptionalDependencyError, clip_text_embeddings,
     collect_head_contributions, discover_roles, load_corpus, load_sentence_embedder, role_counts,
     write_csv, write_heatmap, write_markdown,
 )
-from vlprompt.fileio import write_text  # noqa: E402
+from vlprompt.fileio import write_text
+from vlprompt.project import import_project
+
+import_project()  # registers the datasets and the trainers' config nodes (used by --config-file)
 
 USER_ERRORS = (
     ConfigError, CLIPLoadError, DatasetLayoutError, PromptTooLongError, UnsupportedBackboneError,

@@ -13,16 +13,13 @@ texture, animal, human, text, number, style, emotion, action). Every family is c
 """
 import argparse
 import itertools
-import os
 import random
 import re
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from vlprompt.fileio import write_text
+from vlprompt.project import repository_root
 
-from vlprompt.fileio import write_text  # noqa: E402
-
-DEFAULT_OUT = os.path.join("vlprompt", "interpret", "data", "generic_image_descriptions.tsv")
+DEFAULT_OUT = str(repository_root() / "vlprompt" / "interpret" / "data" / "generic_image_descriptions.tsv")
 PER_CONCEPT = 300
 SEED = 2024
 

@@ -8,12 +8,8 @@ OxfordPets layout with split_zhou_OxfordPets.json). configs/trainers/CoOp/toy.ya
 at these files. The numbers such a run prints measure nothing: it checks the plumbing.
 """
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from vlprompt.testing import write_oxford_pets_tree, write_tiny_clip  # noqa: E402
+from vlprompt.testing import write_oxford_pets_tree, write_tiny_clip
 
 
 def main(argv=None):

@@ -52,8 +52,6 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 from tabulate import tabulate
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 from vlprompt.protocols.benchmark import PROTOCOLS, BenchmarkError, load_benchmark  # noqa: E402
 from vlprompt.protocols.layout import BASE2NEW_DIR, parse_run_path  # noqa: E402

@@ -23,13 +23,9 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-TOOLS = Path(__file__).resolve().parent
-REPO = TOOLS.parent
-for folder in (TOOLS, REPO):
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
+REPO = Path(__file__).resolve().parents[1]
 
-import parse_results  # noqa: E402
+import parse_results  # noqa: E402  (tools/parse_results.py: this script's folder is first on sys.path)
 from vlprompt.fileio import save_figure  # noqa: E402
 from vlprompt.protocols.benchmark import BenchmarkError, load_benchmark  # noqa: E402
 from vlprompt.protocols.layout import parse_run_path  # noqa: E402

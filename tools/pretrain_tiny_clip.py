@@ -27,21 +27,28 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import open_clip
 
-import open_clip  # noqa: E402
+from vlprompt.synthetic.pretraining import PairBatches, attribute_probe, multi_positive_loss
+from vlprompt.fileio import atomic_write, write_text
+from vlprompt.project import repository_root
 
-from vlprompt.synthetic.pretraining import PairBatches, attribute_probe, multi_positive_loss  # noqa: E402
-from vlprompt.fileio import atomic_write, write_text  # noqa: E402
-
-DEFAULT_CONFIG = "configs/clip/tiny-synthetic-clip.json"
+DEFAULT_CONFIG = "configs/clip/tiny-synthetic-clip.json"  # from the repository root
 # Environment variables that change threading (recorded with the command; no effect on the data).
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS")
 
 
+def from_root(path):
+    """``path`` relative to the repository root when it lies inside it (as recorded in the notes)."""
+    absolute = os.path.abspath(path)
+    root = str(repository_root())
+    return os.path.relpath(absolute, root) if absolute.startswith(root + os.sep) else path
+
+
 def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model-config", default=DEFAULT_CONFIG, help=f"open_clip model config JSON (default {DEFAULT_CONFIG})")
+    parser.add_argument("--model-config", default=str(repository_root() / DEFAULT_CONFIG),
+                        help=f"open_clip model config JSON (default {DEFAULT_CONFIG})")
     parser.add_argument("--out", required=True, help="checkpoint to write (.pt)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data stream and the initialisation")
     parser.add_argument("--steps", type=int, default=2000, help="optimisation steps")
@@ -137,7 +144,7 @@ def main(argv=None):
         f"Tiny CLIP of the synthetic benchmark, pretrained by tools/pretrain_tiny_clip.py.\n\n"
         f"command: {command}\n"
         f"seed: {args.seed}\n"
-        f"model config: {args.model_config}\n"
+        f"model config: {from_root(args.model_config)}\n"
         f"settings: steps {args.steps}, batch {args.batch_size}, AdamW lr {args.lr} betas (0.9, 0.98) "
         f"weight decay {args.weight_decay}, warm-up {args.warmup:.0%} then cosine, multi-positive contrastive loss\n"
         f"wall time: {wall / 60:.1f} min ({args.steps / wall:.2f} steps/s) with {args.threads} torch threads "

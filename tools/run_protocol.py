@@ -28,8 +28,6 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 from vlprompt.config import ConfigError  # noqa: E402
 from vlprompt.protocols import PROTOCOLS, BenchmarkError, GridSpec, build_grid, load_benchmark  # noqa: E402

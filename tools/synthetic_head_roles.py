@@ -12,23 +12,20 @@ behind the hand-made role map configs/head_roles/tiny_synthetic.yaml; the rule t
 turns it into roles is in that file's notes.
 """
 import argparse
-import os
-import sys
 
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from vlprompt.clip import CLIPRunner, load_clip
+from vlprompt.interpret.concepts import concept_entropy
+from vlprompt.interpret.decomposition import decompose_image_features
+from vlprompt.project import repository_root
+from vlprompt.synthetic.captions import attribute_ids
+from vlprompt.synthetic.pretraining import images_to_tensor
+from vlprompt.synthetic.world import ATTRIBUTES, render, sample_scene
 
-from vlprompt.clip import CLIPRunner, load_clip  # noqa: E402
-from vlprompt.interpret.concepts import concept_entropy  # noqa: E402
-from vlprompt.interpret.decomposition import decompose_image_features  # noqa: E402
-from vlprompt.synthetic.captions import attribute_ids  # noqa: E402
-from vlprompt.synthetic.pretraining import images_to_tensor  # noqa: E402
-from vlprompt.synthetic.world import ATTRIBUTES, render, sample_scene  # noqa: E402
-
-CONFIG = "configs/clip/tiny-synthetic-clip.json"
-WEIGHTS = "weights/tiny-synthetic-clip.pt"
+CONFIG = str(repository_root() / "configs" / "clip" / "tiny-synthetic-clip.json")
+WEIGHTS = str(repository_root() / "weights" / "tiny-synthetic-clip.pt")
 
 
 def eta_squared(contributions, values):

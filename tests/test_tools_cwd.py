@@ -1,0 +1,102 @@
+"""Every tool runs from any working directory without changing sys.path: the project's
+``trainers`` and ``datasets`` come from vlprompt.project (issue 16, item 6)."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vlprompt import project
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = sorted(path.name for path in (ROOT / "tools").glob("*.py"))
+# An assignment to sys.path or a call of one of its list methods.
+SYS_PATH_CHANGE = re.compile(r"sys\.path\s*(\[[^\]]*\]\s*)?\+?=(?!=)"
+                             r"|sys\.path\.(insert|append|extend|remove|pop|clear)\b")
+
+
+def test_no_tool_and_not_train_py_changes_sys_path():
+    offenders = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+                 for path in [*(ROOT / "tools").glob("*.py"), ROOT / "train.py"]
+                 for number, line in enumerate(path.read_text().splitlines(), 1) if SYS_PATH_CHANGE.search(line)]
+    assert offenders == []
+
+
+def test_the_sys_path_check_catches_each_kind_of_change():
+    changes = ["sys.path.insert(0, ROOT)", "sys.path.append(str(REPO))", "sys.path[:0] = [ROOT]",
+               "sys.path = [ROOT] + sys.path", "sys.path += [ROOT]", "sys.path.extend(folders)"]
+    assert all(SYS_PATH_CHANGE.search(line) for line in changes)
+    assert not any(SYS_PATH_CHANGE.search(line) for line in ["if ROOT not in sys.path:", "print(sys.path[0])",
+                                                             "sys.path == before"])
+
+
+def run_from(folder, script, *args):
+    """``python script args`` with ``folder`` as the working directory; vlprompt importable as
+    with an editable install of this checkout (PYTHONPATH is the checkout, not the folder)."""
+    environment = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, str(script), *args], cwd=folder, env=environment, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_every_tool_and_train_py_answer_help_from_another_directory(tmp_path):
+    """All at once (each is a fresh interpreter importing torch): a failure names the tool."""
+    environment = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    scripts = [ROOT / "tools" / name for name in TOOLS] + [ROOT / "train.py"]
+    running = {script.name: subprocess.Popen([sys.executable, str(script), "--help"], cwd=tmp_path, env=environment,
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for script in scripts}
+    failed = {}
+    for name, process in running.items():
+        out, err = process.communicate(timeout=600)
+        if process.returncode != 0 or "usage:" not in out:
+            failed[name] = err.strip().splitlines()[-3:]
+    assert failed == {}
+    assert os.listdir(tmp_path) == []  # --help writes nothing
+
+
+def test_a_benchmark_runs_from_another_directory(tmp_path):
+    """Real (cheap) invocations: the dataset registry comes from the project's datasets/, the
+    benchmark's default config path from the repository root."""
+    result = run_from(tmp_path, ROOT / "tools" / "check_datasets.py", "--root", str(tmp_path / "data"),
+                      "--datasets", "OxfordPets")
+    assert result.returncode == 1 and 'OxfordPets           MISSING  no folder "oxford_pets"' in result.stdout
+    assert result.stderr == ""
+    result = run_from(tmp_path, ROOT / "tools" / "benchmark.py", "show", "missing.json")
+    assert result.returncode == 2 and result.stderr.startswith("error: cannot read the report: ")
+    assert "missing.json" in result.stderr
+    result = run_from(tmp_path, ROOT / "tools" / "benchmark.py", "dear", "--config-file", "missing.yaml")
+    assert result.returncode == 2 and "missing.yaml" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_project_packages_are_loaded_from_the_repository_root():
+    trainers, datasets = project.import_project()
+    assert Path(trainers.__file__) == project.repository_root() / "trainers" / "__init__.py"
+    assert Path(datasets.__file__) == project.repository_root() / "datasets" / "__init__.py"
+    assert project.import_project_package("trainers") is trainers  # imported once
+    assert sys.modules["trainers.dear"].__file__.startswith(str(project.repository_root() / "trainers"))
+
+
+def test_a_root_without_the_packages_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.delitem(sys.modules, "datasets")
+    with pytest.raises(project.ProjectLayoutError, match=r"expected at .*datasets/__init__.py.*vlprompt/, trainers/ "
+                                                         r"and datasets/ side by side"):
+        project.import_project_package("datasets", tmp_path)
+    assert "datasets" not in sys.modules
+
+
+def test_another_module_of_the_same_name_is_reported(tmp_path, monkeypatch):
+    (tmp_path / "datasets").mkdir()
+    (tmp_path / "datasets" / "__init__.py").write_text("")
+    with pytest.raises(project.ProjectLayoutError, match="already imported from"):
+        project.import_project_package("datasets", tmp_path)
+
+
+def test_a_package_that_fails_to_import_is_not_left_half_loaded(tmp_path, monkeypatch):
+    monkeypatch.delitem(sys.modules, "trainers")
+    (tmp_path / "trainers").mkdir()
+    (tmp_path / "trainers" / "__init__.py").write_text("raise RuntimeError('broken trainer package')\n")
+    with pytest.raises(RuntimeError, match="broken trainer package"):
+        project.import_project_package("trainers", tmp_path)
+    assert "trainers" not in sys.modules

@@ -1,0 +1,194 @@
+"""The per-trainer cases of ``tools/benchmark.py trainers`` and how a case's trainer is built.
+
+Every trainer of the ``trainers`` package needs a case (its ViT-B/16 config, its kind and
+issue 10's targets): ``check_coverage`` fails with the names of the trainers without one, so
+a new trainer makes the benchmark (and tests/test_benchmark.py) fail until its case is added.
+``build_trainer`` builds a case's trainer through its own class from its config, with
+synthetic class names instead of a dataset.
+"""
+import contextlib
+import io
+import os.path as osp
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Optional, Tuple
+
+import torch
+
+from vlprompt.config import extend_cfg, get_cfg_default, merge_from_file, merge_from_list
+from vlprompt.engine import TRAINER_REGISTRY
+from vlprompt.project import repository_root
+
+ROOT = str(repository_root())
+
+TRAIN, CACHED, EVAL_ONLY, TEST_TIME = "train", "cached", "eval-only", "test-time"
+OFFICIAL_EVAL = "2.8-3.3"  # the official implementations re-encode every class text per batch
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row of the benchmark.
+
+    Attributes:
+        name: row name (the trainer's name unless a trainer has several rows).
+        trainer: registered trainer name.
+        config: config file under configs/trainers/.
+        kind: TRAIN (train step from images), CACHED (train step from cached image features),
+            EVAL_ONLY (nothing to train) or TEST_TIME (per-image adaptation during test()).
+        batch: fixed batch size (the paper's, when the comparison setting uses it); 0 = --batch.
+        opts: KEY VALUE config overrides of this case.
+        train_target, eval_target: issue 10's targets of the cost ratios (None: none).
+        official_train, official_eval: the official implementations' ratios quoted by issue 10.
+    """
+
+    name: str
+    trainer: str
+    config: str
+    kind: str
+    batch: int = 0
+    opts: Tuple[str, ...] = ()
+    train_target: Optional[float] = None
+    eval_target: Optional[float] = 1.15
+    official_train: Optional[float] = None
+    official_eval: Optional[str] = None
+
+
+# Every registered trainer needs at least one case: a new trainer makes the benchmark fail
+# until its case is added here.
+CASES = (
+    Case("ZeroshotCLIP", "ZeroshotCLIP", "CoOp/vit_b16.yaml", EVAL_ONLY),
+    Case("ZeroshotCLIP2", "ZeroshotCLIP2", "CoOp/vit_b16.yaml", EVAL_ONLY),
+    Case("CoOp", "CoOp", "CoOp/vit_b16_ep50_ctxv1.yaml", TRAIN, train_target=2.6, official_train=5.2,
+         official_eval=OFFICIAL_EVAL),
+    Case("CoCoOp", "CoCoOp", "CoCoOp/vit_b16_c4_ep10_batch1_ctxv1.yaml", TRAIN, batch=1, train_target=8.5,
+         eval_target=4.0, official_train=17.0, official_eval="8"),
+    Case("KgCoOp", "KgCoOp", "KgCoOp/vit_b16_ep100_ctxv1.yaml", TRAIN),
+    Case("IVLP", "IVLP", "IVLP/vit_b16_c2_ep20_batch4_4+4ctx.yaml", TRAIN, train_target=3.3, official_train=6.7,
+         official_eval=OFFICIAL_EVAL),
+    Case("MaPLe", "MaPLe", "MaPLe/vit_b16_c2_ep5_batch4_2ctx.yaml", TRAIN, train_target=3.5, official_train=7.1,
+         official_eval=OFFICIAL_EVAL),
+    Case("PromptSRC", "PromptSRC", "PromptSRC/vit_b16_c2_ep20_batch4_4+4ctx.yaml", TRAIN, train_target=4.0,
+         official_train=8.0, official_eval=OFFICIAL_EVAL),
+    Case("VPT", "VPT", "VPT/vit_b16_c2_ep5_batch4_4.yaml", TRAIN),
+    Case("DeAR", "DeAR", "DeAR/vit_b16_base2new.yaml", TRAIN, train_target=2.2),
+    Case("CLIPAdapter", "CLIPAdapter", "CLIPAdapter/vit_b16.yaml", CACHED),
+    Case("RAda", "RAda", "RAda/vit_b16_base2new.yaml", CACHED, train_target=0.05, official_eval="1.05"),
+    Case("RAda (images)", "RAda", "RAda/vit_b16_base2new.yaml", TRAIN, official_train=1.04, official_eval="1.05"),
+    Case("RAdaAdapter", "RAdaAdapter", "RAdaAdapter/vit_b16_base2new.yaml", CACHED),
+    Case("RAdaPrompt", "RAdaPrompt", "RAdaPrompt/vit_b16_c2_ep20_batch4_4+4ctx.yaml", TRAIN),
+    # The classifier's initialisation (80 templates or one) does not change the step's cost.
+    Case("RAdaFFT", "RAdaFFT", "RAdaFFT/vit_b16_stage2.yaml", TRAIN, opts=("TRAINER.RADAFFT.TEMPLATE_ENSEMBLE", "False")),
+    Case("RAdaFFT stage 1", "RAdaFFT", "RAdaFFT/vit_b16_stage1.yaml", TRAIN,
+         opts=("TRAINER.RADAFFT.TEMPLATE_ENSEMBLE", "False")),
+    Case("RAdaTTT", "RAdaTTT", "RAdaTTT/vit_b16.yaml", TEST_TIME, batch=1, eval_target=None),
+)
+
+
+class BenchmarkCoverageError(RuntimeError):
+    """A registered trainer has no benchmark case, or a case names an unregistered trainer."""
+
+
+def check_coverage(registered, cases=CASES):
+    """Raise BenchmarkCoverageError unless every name in ``registered`` has a case and every
+    case's trainer is registered."""
+    covered = {case.trainer for case in cases}
+    missing = [name for name in registered if name not in covered]
+    stale = sorted(covered - set(registered))
+    if missing or stale:
+        problems = []
+        if missing:
+            problems.append(f"registered trainer(s) without a benchmark case: {', '.join(missing)}")
+        if stale:
+            problems.append(f"case(s) for trainer(s) that are not registered: {', '.join(stale)}")
+        raise BenchmarkCoverageError(
+            "tools/benchmark.py trainers covers every registered trainer, but found " + "; ".join(problems)
+            + ". Add (or remove) an entry in CASES of vlprompt/benchmarking/trainer_cases.py: "
+            "the trainer's ViT-B/16 config, "
+            "its kind (train, cached, eval-only or test-time) and issue 10's targets if any."
+        )
+
+
+def project_trainers():
+    """Registered trainers defined in the ``trainers`` package (not ones a test or a user
+    script registered for itself), in registration order."""
+    return [name for name in TRAINER_REGISTRY.registered_names()
+            if TRAINER_REGISTRY.get(name).__module__.split(".")[0] == "trainers"]
+
+
+def select_cases(names, cases=CASES):
+    """The cases whose trainer or case name is in ``names`` (all cases when ``names`` is empty)."""
+    if not names:
+        return list(cases)
+    known = {case.trainer for case in cases} | {case.name for case in cases}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise SystemExit(f"error: unknown trainer(s) {unknown}; choose among {sorted(known)}")
+    return [case for case in cases if case.trainer in names or case.name in names]
+
+
+# --------------------------------------------------------------------------- building
+
+class _NoBatches:
+    """Stands in for a training loader: has a length (schedules read it), yields nothing."""
+
+    def __init__(self, length):
+        self.length = length
+
+    def __len__(self):
+        return self.length
+
+    def __iter__(self):
+        raise RuntimeError("the benchmark builds trainers without data; it feeds batches itself")
+
+
+class SyntheticClasses:
+    """Trainer mixin: ``benchmark_classes`` class names ("class number i") instead of a dataset."""
+
+    benchmark_classes = 50
+
+    def build_data_loader(self):
+        names = [f"class number {index}" for index in range(self.benchmark_classes)]
+        dataset = SimpleNamespace(classnames=names, train_x=[], val=[], test=[])
+        self.dm = SimpleNamespace(dataset=dataset, train_loader_x=_NoBatches(1000), val_loader=None,
+                                  test_loader=None, num_classes=len(names))
+        self.train_loader_x, self.train_loader_u = self.dm.train_loader_x, None
+        self.val_loader = self.test_loader = None
+        self.num_classes, self.num_source_domains = len(names), 1
+        self.lab2cname = dict(enumerate(names))
+
+
+def build_cfg(case, settings, output_dir):
+    """The case's config: its trainer YAML, the benchmark's backbone, input, batch and precision."""
+    cfg = get_cfg_default()
+    extend_cfg(cfg)
+    merge_from_file(cfg, osp.join(ROOT, "configs", "trainers", case.config))
+    cfg.TRAINER.NAME = case.trainer
+    cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.WEIGHTS = settings["backbone"], settings["weights"]
+    cfg.INPUT.SIZE = (settings["image_size"], settings["image_size"])
+    cfg.USE_CUDA = settings["device"] == "cuda"
+    cfg.DATALOADER.TRAIN_X.BATCH_SIZE = case_batch(case, settings)
+    cfg.DATALOADER.NUM_WORKERS = 0
+    cfg.FEATURE_CACHE.ENABLED = case.kind == CACHED
+    cfg.FEATURE_CACHE.DIR = osp.join(output_dir, "feature_cache")
+    cfg.OUTPUT_DIR = output_dir
+    node = cfg.TRAINER.get(case.trainer.upper())
+    if node is not None and "PREC" in node:  # trainers without a node (zero-shot CLIP) follow the engine's default
+        node.PREC = settings["prec"]
+    merge_from_list(cfg, list(case.opts) + list(settings["opts"]))
+    cfg.freeze()
+    return cfg
+
+
+def build_trainer(case, settings, output_dir):
+    """The case's trainer class, built from its config with synthetic class names."""
+    trainer_class = TRAINER_REGISTRY.get(case.trainer)
+    benchmark_class = type(f"Benchmark{case.trainer}", (SyntheticClasses, trainer_class),
+                           {"benchmark_classes": settings["classes"]})
+    cfg = build_cfg(case, settings, output_dir)
+    torch.manual_seed(0)
+    with contextlib.redirect_stdout(io.StringIO()):
+        return benchmark_class(cfg)
+
+
+def case_batch(case, settings):
+    return case.batch or settings["batch"]
