@@ -55,11 +55,11 @@ def build_model(settings, lambda_reg, device):
     node.LAMBDA_REG = lambda_reg
     node.MASK_STRATEGY = settings["mask_strategy"] or node.MASK_STRATEGY
     node.ROLE_MAP = from_root(node.ROLE_MAP)
-    check_dear_config(node)
+    check_dear_config(node, backbone=cfg.MODEL.BACKBONE)
     backbone = from_root(cfg.MODEL.BACKBONE.NAME)
     model, _ = load_clip(backbone, from_root(settings["weights"]), device=device)
     clip = CLIPRunner(model)
-    roles = deep_head_roles(node, clip.visual.num_layers, clip.visual.num_heads)
+    roles = deep_head_roles(node, clip.visual.num_layers, clip.visual.num_heads, backbone=cfg.MODEL.BACKBONE)
     classnames = [f"class number {i}" for i in range(settings["classes"])]
     torch.manual_seed(0)
     dear = DeARCLIP(clip, Tokenizer(backbone), classnames, "a photo of a {}.", node, roles).to(device)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime
 import gc
 import importlib
+import importlib.util
 import json
 import os
 import queue
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, TextIO
 
+from ..project import import_project
 from .grid import Chain, Run
 
 __all__ = [
@@ -90,7 +92,7 @@ class Launcher:
     """How a run's ``train.py`` is started (picklable, so Slurm jobs receive it).
 
     Attributes:
-        train_script: absolute path of train.py (its folder goes on sys.path in-process).
+        train_script: absolute path of train.py (imported from its file in-process).
         in_process: call ``train.run(argv)`` in this process (no interpreter start-up per
             run; CUDA_VISIBLE_DEVICES cannot be set per run) instead of a subprocess.
         python: interpreter for subprocess runs.
@@ -117,12 +119,22 @@ class Launcher:
 
 
 def _train_module(train_script: str):
-    """The ``train`` module of ``train_script`` (imported once; its folder put on sys.path)."""
-    folder = os.path.dirname(os.path.abspath(train_script))
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    module = importlib.import_module("train")
-    if os.path.abspath(module.__file__) != os.path.abspath(train_script):
+    """The ``train`` module of ``train_script``, imported once from that file; the project's
+    ``trainers`` and ``datasets`` packages beside it are loaded through vlprompt.project
+    (nothing is put on sys.path)."""
+    path = os.path.abspath(train_script)
+    module = sys.modules.get("train")
+    if module is None:
+        import_project(Path(path).parent)
+        spec = importlib.util.spec_from_file_location("train", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["train"] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules["train"]
+            raise
+    if os.path.abspath(module.__file__) != path:
         raise RuntimeError(f"'import train' gives {module.__file__}, not {train_script}; "
                            "run subprocesses instead of --in-process.")
     return module
