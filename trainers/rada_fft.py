@@ -10,7 +10,9 @@ through MODEL.INIT_WEIGHTS (LP-FT style):
   starting from the stage-1 checkpoint of a chosen epoch (paper: epoch 5 of 10).
 
 Recipe (configs/trainers/RAdaFFT): AdamW, weight decay 0.1, batch 512, lr 0.004 (stage 1) /
-4e-6 (stage 2), 500 linear warm-up iterations then a per-iteration cosine. Runs as one
+4e-6 (stage 2), 500 linear warm-up iterations then a per-iteration cosine (LR_SCHEDULE
+"iteration": OPTIM.LR_SCHEDULER must be "cosine" and OPTIM.WARMUP_EPOCH <= 0, else a
+ConfigError; LR_SCHEDULE "epoch" uses OPTIM's per-epoch schedule and warm-up). Runs as one
 process, or under ``torchrun`` with DistributedDataParallel (batch = the global batch).
 Checkpoints store the class names of W's rows, so evaluating on a dataset whose classes
 are a subset (ImageNet-A/-R) keeps the matching rows.
