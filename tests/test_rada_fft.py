@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 from baseline_setup import runner_and_tokenizer, toy_pets_cfg, trainer_node
+from torch.optim.lr_scheduler import LambdaLR
 
 import datasets  # noqa: F401  (registers OxfordPets)
 from trainers.rada_fft import RAdaFFTCLIP, iteration_cosine_schedule
@@ -130,6 +131,17 @@ def test_config_errors(data_root, tiny_clip_files, tmp_path):
         build_trainer(fft_cfg(data_root, tmp_path, tiny_clip_files, 1, "TRAINER.RADAFFT.STAGE", "3"))
     with pytest.raises(ConfigError, match="cannot be cached"):
         build_trainer(fft_cfg(data_root, tmp_path, tiny_clip_files, 1, "FEATURE_CACHE.ENABLED", "True"))
+
+
+@pytest.mark.parametrize("key, value", [("OPTIM.LR_SCHEDULER", "single_step"), ("OPTIM.WARMUP_EPOCH", "1")])
+def test_iteration_schedule_rejects_the_epoch_schedule_keys_it_would_ignore(data_root, tiny_clip_files, tmp_path,
+                                                                            key, value):
+    with pytest.raises(ConfigError, match=f"{key} is .*LR_SCHEDULE \"iteration\""):
+        build_trainer(fft_cfg(data_root, tmp_path, tiny_clip_files, 1, key, value))
+    # the epoch schedule reads them: OPTIM's scheduler, not the per-iteration one
+    epoch = build_trainer(fft_cfg(data_root, tmp_path, tiny_clip_files, 1, key, value,
+                                  "TRAINER.RADAFFT.LR_SCHEDULE", "epoch"))
+    assert not isinstance(epoch._scheds["RAdaFFT"], LambdaLR)
 
 
 def test_other_ranks_log_to_their_own_file(tmp_path, monkeypatch):

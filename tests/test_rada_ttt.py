@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+import torchvision.transforms as T
 from baseline_setup import toy_pets_cfg
 from PIL import Image
 
@@ -50,6 +51,27 @@ def test_views_depend_only_on_the_image_seed(augmix):
     assert not torch.equal(augmenter(image, seed=8)[1:], first[1:])
     assert image_seed(1, "/data/a/x.jpg", "/data") == image_seed(1, "/mnt/a/x.jpg", "/mnt")
     assert image_seed(1, "/data/a/x.jpg", "/data") != image_seed(2, "/data/a/x.jpg", "/data")
+
+
+def test_views_follow_input_transforms():
+    """Without "random_resized_crop" the views are the image resized to INPUT.SIZE, flipped
+    at random with "random_flip" (INPUT.TRANSFORMS is honoured, not replaced by fixed crops)."""
+    cfg = base_cfg("INPUT.TRANSFORMS", "['random_flip', 'normalize']")
+    image = Image.fromarray((torch.rand(40, 48, 3) * 255).byte().numpy())
+    resized = T.Compose([
+        T.Resize((32, 32), interpolation=T.InterpolationMode.BICUBIC), T.ToTensor(),
+        T.Normalize(cfg.INPUT.PIXEL_MEAN, cfg.INPUT.PIXEL_STD),
+    ])(image)
+    views = ViewAugmenter(cfg, num_views=9)(image, seed=3)
+    flipped = [bool(torch.equal(view, resized.flip(-1))) for view in views[1:]]
+    assert all(flipped[i] or torch.equal(view, resized) for i, view in enumerate(views[1:]))
+    assert any(flipped) and not all(flipped)
+
+
+@pytest.mark.parametrize("transforms", ["['random_crop', 'normalize']", "['random_resized_crop', 'colorjitter']"])
+def test_unsupported_view_transforms_are_rejected_with_the_key(transforms):
+    with pytest.raises(ConfigError, match=r"INPUT.TRANSFORMS .* support only \['random_resized_crop'"):
+        ViewAugmenter(base_cfg("INPUT.TRANSFORMS", transforms), num_views=4)
 
 
 # ----------------------------------------------------------------------------- trainer
@@ -126,5 +148,7 @@ def test_rada_dagger_starts_every_episode_from_a_trained_generator(data_root, ti
 def test_config_checks_and_training_is_refused(data_root, tiny_clip_files, ttt, tmp_path):
     with pytest.raises(ConfigError, match="SELECTION"):
         make_trainer(data_root, tiny_clip_files, tmp_path, "TRAINER.RADATTT.SELECTION", "0.05")
+    with pytest.raises(ConfigError, match="INPUT.TRANSFORMS"):
+        make_trainer(data_root, tiny_clip_files, tmp_path, "INPUT.TRANSFORMS", "['random_flip', 'gaussian_noise']")
     with pytest.raises(RuntimeError, match="--eval-only"):
         ttt.train()

@@ -10,7 +10,9 @@ through MODEL.INIT_WEIGHTS (LP-FT style):
   starting from the stage-1 checkpoint of a chosen epoch (paper: epoch 5 of 10).
 
 Recipe (configs/trainers/RAdaFFT): AdamW, weight decay 0.1, batch 512, lr 0.004 (stage 1) /
-4e-6 (stage 2), 500 linear warm-up iterations then a per-iteration cosine. Runs as one
+4e-6 (stage 2), 500 linear warm-up iterations then a per-iteration cosine (LR_SCHEDULE
+"iteration": OPTIM.LR_SCHEDULER must be "cosine" and OPTIM.WARMUP_EPOCH <= 0, else a
+ConfigError; LR_SCHEDULE "epoch" uses OPTIM's per-epoch schedule and warm-up). Runs as one
 process, or under ``torchrun`` with DistributedDataParallel (batch = the global batch).
 Checkpoints store the class names of W's rows, so evaluating on a dataset whose classes
 are a subset (ImageNet-A/-R) keeps the matching rows.
@@ -48,7 +50,8 @@ def add_rada_fft_config(cfg):
     add_mask_loss_keys(node)  # ALPHA and MASK_LOSS apply to stage 1
     node.STAGE = 1  # 1: mask generator only (CE + ALPHA * L_mask); 2: everything (CE)
     node.TEMPLATE_ENSEMBLE = True  # classifier from CLIP's 80 ImageNet templates (False: TEMPLATE)
-    node.LR_SCHEDULE = "iteration"  # per-iteration warm-up + cosine (WiSE-FT), or "epoch" (OPTIM.*)
+    node.LR_SCHEDULE = "iteration"  # per-iteration warm-up + cosine (WiSE-FT; needs OPTIM.LR_SCHEDULER "cosine"
+    # and OPTIM.WARMUP_EPOCH <= 0), or "epoch" (OPTIM.LR_SCHEDULER and OPTIM.WARMUP_*)
     node.WARMUP_ITERS = 500  # linear warm-up iterations of the "iteration" schedule
 
 
@@ -62,6 +65,26 @@ def iteration_cosine_schedule(optimizer, warmup, total):
         return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
     return LambdaLR(optimizer, factor)
+
+
+def check_iteration_schedule(optim):
+    """Raise ConfigError when OPTIM asks for what the "iteration" schedule does not do: it is a
+    per-iteration cosine (OPTIM.LR_SCHEDULER must be "cosine") after TRAINER.RADAFFT.WARMUP_ITERS
+    linear warm-up iterations (OPTIM.WARMUP_EPOCH must be <= 0: OPTIM.WARMUP_* describe the
+    epoch schedule's warm-up)."""
+    other = 'or set TRAINER.RADAFFT.LR_SCHEDULE "epoch" to use OPTIM\'s per-epoch schedule and warm-up'
+    if optim.LR_SCHEDULER != "cosine":
+        raise ConfigError(
+            f'OPTIM.LR_SCHEDULER is "{optim.LR_SCHEDULER}", but TRAINER.RADAFFT.LR_SCHEDULE "iteration" supports '
+            f'only "cosine" (a per-iteration cosine after TRAINER.RADAFFT.WARMUP_ITERS warm-up iterations): set '
+            f'OPTIM.LR_SCHEDULER "cosine", {other}.'
+        )
+    if optim.WARMUP_EPOCH > 0:
+        raise ConfigError(
+            f"OPTIM.WARMUP_EPOCH is {optim.WARMUP_EPOCH}, but TRAINER.RADAFFT.LR_SCHEDULE \"iteration\" warms up "
+            f"linearly for TRAINER.RADAFFT.WARMUP_ITERS iterations and reads no OPTIM.WARMUP_* key: set "
+            f"OPTIM.WARMUP_EPOCH 0, {other}."
+        )
 
 
 class RAdaFFTCLIP(PromptedCLIP):
@@ -139,6 +162,8 @@ class RAdaFFT(ClipTrainer):
             raise ConfigError(f"TRAINER.RADAFFT.LR_SCHEDULE must be one of {list(LR_SCHEDULES)}, got '{node.LR_SCHEDULE}'.")
         if node.WARMUP_ITERS < 0:
             raise ConfigError(f"TRAINER.RADAFFT.WARMUP_ITERS must be >= 0, got {node.WARMUP_ITERS}.")
+        if node.LR_SCHEDULE == "iteration":
+            check_iteration_schedule(cfg.OPTIM)
         if node.STAGE == 2 and not cfg.MODEL.INIT_WEIGHTS:
             print("Note: stage 2 without MODEL.INIT_WEIGHTS starts from an untrained mask generator (RAda-FT "
                   "starts from a stage-1 checkpoint, e.g. <stage 1 dir>/RAdaFFT/model.pth.tar-5)")

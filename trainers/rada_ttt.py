@@ -1,8 +1,9 @@
 """RAda in the test-time training setting (paper §4.3; rada.md §6).
 
 Episodic and unlabeled: for every test image independently,
-1. build 64 views (the test view + 63 random resized crops / flips, AugMix optional),
-   seeded per image (vlprompt.data.test_time_views), and encode them with the frozen encoder;
+1. build 64 views (the test view + 63 random resized crops / flips as INPUT.TRANSFORMS lists
+   them, AugMix optional), seeded per image (vlprompt.data.test_time_views), and encode them
+   with the frozen encoder;
 2. compute RAda's logits for all views and keep the 10 % with the lowest entropy (6 views);
 3. take 3 AdamW steps (lr 8e-4) on the mask generator, minimising the entropy of the kept
    views' average prediction;
@@ -23,7 +24,7 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip.templates import DEFAULT_TEMPLATE, dataset_template
 from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.data import build_data_loader
-from vlprompt.data.test_time_views import EpisodeViews, ViewAugmenter
+from vlprompt.data.test_time_views import EpisodeViews, ViewAugmenter, check_view_transforms
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 
 from .rada import RAdaCLIP, add_generator_keys, check_rada_node
@@ -65,6 +66,7 @@ class RAdaTTT(ClipTrainer):
     def check_cfg(self, cfg):
         node = cfg.TRAINER.RADATTT
         check_rada_node(node, "TRAINER.RADATTT")
+        check_view_transforms(cfg.INPUT.TRANSFORMS)
         if node.NUM_VIEWS < 1 or node.STEPS < 0 or node.LR <= 0 or node.WEIGHT_DECAY < 0:
             raise ConfigError(
                 f"TRAINER.RADATTT: NUM_VIEWS must be >= 1 (got {node.NUM_VIEWS}), STEPS >= 0 (got {node.STEPS}), "

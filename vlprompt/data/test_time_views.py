@@ -1,9 +1,12 @@
 """Augmented views of one test image for test-time training (TPT / PromptAlign protocol).
 
 For every test image the loader returns a stack of V views [V, 3, H, W]: view 0 is the
-ordinary test view (resize, centre crop, normalise), views 1..V-1 are random resized crops
-with horizontal flips and, optionally, AugMix (TPT applies AugMix to the fine-grained
-datasets and plain crops to the ImageNet variants). The random numbers of an image come from
+ordinary test view (resize, centre crop, normalise), views 1..V-1 follow INPUT.TRANSFORMS
+as the training transform reads them, among VIEW_TRANSFORMS: a random resized crop (or, without
+"random_resized_crop", a resize to INPUT.SIZE), a horizontal flip with "random_flip",
+normalisation with "normalize"; optionally AugMix (TPT applies AugMix to the fine-grained
+datasets and plain crops to the ImageNet variants). Other transforms are rejected
+(ConfigError naming INPUT.TRANSFORMS). The random numbers of an image come from
 a generator seeded by (SEED, the image path relative to DATASET.ROOT), never from the global
 stream, so an image gets the same views whatever the order of the test set, the batch size
 or the number of loader workers.
@@ -16,12 +19,26 @@ import torch
 import torchvision.transforms as T
 from PIL import Image, ImageOps
 
+from vlprompt.config import ConfigError
 from vlprompt.utils import read_image
 
 from .data_manager import DatasetWrapper
 from .transforms import INTERPOLATION_MODES, build_transform
 
-__all__ = ["EpisodeViews", "ViewAugmenter", "image_seed"]
+__all__ = ["EpisodeViews", "VIEW_TRANSFORMS", "ViewAugmenter", "check_view_transforms", "image_seed"]
+
+# The INPUT.TRANSFORMS entries the augmented views implement (TPT's views: crop and flip).
+VIEW_TRANSFORMS = ("random_resized_crop", "random_flip", "normalize")
+
+
+def check_view_transforms(transforms):
+    """Raise ConfigError unless every entry of INPUT.TRANSFORMS is in VIEW_TRANSFORMS."""
+    unsupported = [name for name in transforms if name not in VIEW_TRANSFORMS]
+    if unsupported:
+        raise ConfigError(
+            f"INPUT.TRANSFORMS {list(transforms)}: the test-time views support only {list(VIEW_TRANSFORMS)} "
+            f"(AugMix is TRAINER.RADATTT.AUGMIX), not {unsupported}."
+        )
 
 
 def image_seed(seed, impath, root):
@@ -89,22 +106,28 @@ class ViewAugmenter:
     """Builds the V views of one PIL image (see the module docstring).
 
     Args:
-        cfg: reads INPUT.SIZE, INTERPOLATION, RRCROP_SCALE, PIXEL_MEAN/STD, TRANSFORMS.
+        cfg: reads INPUT.SIZE, INTERPOLATION, RRCROP_SCALE, PIXEL_MEAN/STD, TRANSFORMS
+            (entries among VIEW_TRANSFORMS, else ConfigError).
         num_views: V (64 in TPT and RAda).
         augmix: mix three chains of 1-3 AugMix operations into each augmented view.
     """
 
     def __init__(self, cfg, num_views, augmix=False):
+        transforms = cfg.INPUT.TRANSFORMS
+        check_view_transforms(transforms)
         self.num_views = num_views
         self.augmix = augmix
         self.test_view = build_transform(cfg, is_train=False)
         interpolation = INTERPOLATION_MODES[cfg.INPUT.INTERPOLATION]
-        self.crop = T.Compose([
-            T.RandomResizedCrop(cfg.INPUT.SIZE, scale=cfg.INPUT.RRCROP_SCALE, interpolation=interpolation),
-            T.RandomHorizontalFlip(),
-        ])
+        if "random_resized_crop" in transforms:
+            geometry = [T.RandomResizedCrop(cfg.INPUT.SIZE, scale=cfg.INPUT.RRCROP_SCALE, interpolation=interpolation)]
+        else:
+            geometry = [T.Resize(cfg.INPUT.SIZE, interpolation=interpolation)]
+        if "random_flip" in transforms:
+            geometry.append(T.RandomHorizontalFlip())
+        self.crop = T.Compose(geometry)
         steps = [T.ToTensor()]
-        if "normalize" in cfg.INPUT.TRANSFORMS:
+        if "normalize" in transforms:
             steps.append(T.Normalize(mean=cfg.INPUT.PIXEL_MEAN, std=cfg.INPUT.PIXEL_STD))
         self.to_tensor = T.Compose(steps)
 
