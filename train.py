@@ -208,12 +208,14 @@ def check_option_order(parser, argv):
     argparse puts everything from the first positional item on (Dassl's grammar: options,
     then KEY VALUE pairs) into ``opts``, so a misplaced ``--output-dir X`` would otherwise be
     reported as an unknown config key. The message names the option and gives the command
-    with the options moved before the overrides.
+    with the options moved before the overrides (list options such as ``--transforms a b``
+    first, so that the next option ends their values).
     """
     args = parser.parse_args(argv)
     leading = argv[: len(argv) - len(args.opts)]
     options = parser._option_string_actions  # option string -> argparse action
-    moved, overrides, misplaced = [], [], []
+    # a list option (--transforms a b) must not be last, or it would take the overrides as values
+    moved_lists, moved_others, overrides, misplaced = [], [], [], []
     items = list(args.opts)
     while items:
         item = items.pop(0)
@@ -223,7 +225,8 @@ def check_option_order(parser, argv):
             continue
         misplaced.append(item.split("=", 1)[0])
         count = 0 if "=" in item else _option_values(action, items)
-        moved += [item, *items[:count]]
+        is_list = action.nargs not in (None, 0, 1) and "=" not in item
+        (moved_lists if is_list else moved_others).extend([item, *items[:count]])
         del items[:count]
     if misplaced:
         names = ", ".join(misplaced)
@@ -231,7 +234,7 @@ def check_option_order(parser, argv):
         raise ConfigError(
             f"{names} {verb} of train.py, but came after the KEY VALUE overrides, where {pronoun} would be read "
             "as config keys. Options must come before the KEY VALUE overrides (everything after the first KEY is "
-            f"read as KEY VALUE pairs): python train.py {shlex.join(leading + moved + overrides)}"
+            f"read as KEY VALUE pairs): python train.py {shlex.join(moved_lists + leading + moved_others + overrides)}"
         )
 
 
