@@ -10,6 +10,7 @@ import textwrap
 import pytest
 from yacs.config import CfgNode as CN
 
+import datasets  # noqa: F401  (imported by train.py before its config is built)
 import trainers  # noqa: F401  (registers every trainer's config node, as train.py does)
 from config_key_usage import config_keys, unread_keys
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file, merge_from_list
