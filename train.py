@@ -202,8 +202,10 @@ def _option_values(action, items):
     return count
 
 
-def check_option_order(parser, argv):
+def check_option_order(parser, argv, opts):
     """ConfigError if one of train.py's options comes after the first KEY VALUE override.
+
+    ``argv`` is the command line and ``opts`` what ``parser`` parsed as the trailing overrides.
 
     argparse puts everything from the first positional item on (Dassl's grammar: options,
     then KEY VALUE pairs) into ``opts``, so a misplaced ``--output-dir X`` would otherwise be
@@ -211,12 +213,11 @@ def check_option_order(parser, argv):
     with the options moved before the overrides (list options such as ``--transforms a b``
     first, so that the next option ends their values).
     """
-    args = parser.parse_args(argv)
-    leading = argv[: len(argv) - len(args.opts)]
+    leading = argv[: len(argv) - len(opts)]
     options = parser._option_string_actions  # option string -> argparse action
     # a list option (--transforms a b) must not be last, or it would take the overrides as values
     moved_lists, moved_others, overrides, misplaced = [], [], [], []
-    items = list(args.opts)
+    items = list(opts)
     while items:
         item = items.pop(0)
         action = options.get(item.split("=", 1)[0]) if looks_like_option(item) else None
@@ -242,9 +243,10 @@ def run(argv=None):
     """Command-line entry point; returns the exit status (2 for bad input, 3 for a non-finite loss)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
+    args = parser.parse_args(argv)
     try:
-        check_option_order(parser, argv)
-        main(parser.parse_args(argv))
+        check_option_order(parser, argv, args.opts)
+        main(args)
     except USER_ERRORS as error:
         print(f"\nError: {error}", file=sys.stderr)
         return 2
