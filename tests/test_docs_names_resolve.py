@@ -5,7 +5,8 @@
   run_protocol.py (also called through ``$RUN``) with ``vlprompt.protocols.grid.resolve_method``
   (``NAME:cfg`` -> configs/trainers/NAME/cfg.yaml, a bare NAME takes the command's
   ``--config``, a value ending in .yaml is a path); parse_results.py / plot_results.py need a
-  registered trainer and, with ``:CFG``, an existing config; benchmark.py needs one of its cases.
+  registered trainer and, with ``:CFG``, an existing config; benchmark.py needs one of its
+  trainer cases (vlprompt.benchmarking.trainer_cases).
   A shell loop variable (``for K in 1 2; do ... ${K}shot``) is expanded.
 * Every ``configs/...yaml`` path mentioned there exists, except files the README tells the
   reader to create and paths with a placeholder name (``configs/trainers/TRAINER/...``, ``configs/published/PROTOCOL.yaml``).
@@ -108,9 +109,9 @@ def test_documented_trainers_resolve(document, tool, specs, config, monkeypatch)
                 path = Path(cfg) if cfg.endswith(".yaml") else ROOT / "configs" / "trainers" / trainer / f"{cfg}.yaml"
                 assert path.is_file(), f"{document}: {spec} names a config that does not exist ({path})"
         else:
-            import benchmark
+            from vlprompt.benchmarking.trainer_cases import select_cases
 
-            benchmark.select_cases([spec])
+            select_cases([spec])
 
 
 @pytest.mark.parametrize("document, text", documents(), ids=lambda value: value if len(value) < 60 else None)
