@@ -6,7 +6,8 @@
         --output-dir output/oxford_pets/CoOp/seed1 --seed 1 DATASET.NUM_SHOTS 16
 
 Trailing KEY VALUE pairs override the config (merged last, so ``SEED 1`` beats
-``--seed 2``). Every run knows its evaluation role (base, new, source or target; see
+``--seed 2``); options come first, and an option given after the first KEY is an error that
+shows the reordered command. Every run knows its evaluation role (base, new, source or target; see
 vlprompt/engine/roles.py): ``--eval-role`` / ``TEST.ROLE`` gives it, otherwise it is inferred
 (an ``--eval-only`` run compares its dataset with the one recorded in ``--model-dir``); the
 log prints it and results.json records it. A training run writes its merged config to
@@ -18,6 +19,8 @@ non-finite loss stops training with exit status 3 (see TRAIN.NONFINITE_LOSS).
 """
 import argparse
 import os
+import re
+import shlex
 import sys
 
 import torch
@@ -26,6 +29,7 @@ import datasets  # noqa: F401  (registers the datasets)
 import trainers  # noqa: F401  (registers the trainers and their config nodes)
 from vlprompt.clip import CLIPLoadError, PromptTooLongError, UnsupportedBackboneError
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file, merge_from_list
+from vlprompt.config.merge import looks_like_option
 from vlprompt.config.validate import check_training_cfg, validate_cfg
 from vlprompt.data.datasets import DATASET_REGISTRY, DatasetLayoutError
 from vlprompt.data.splits import UnsafePickleError
@@ -183,10 +187,66 @@ def build_parser():
     return parser
 
 
+CONFIG_KEY = re.compile(r"^[A-Z][A-Z0-9_]*(\.[A-Z0-9_]+)+$")
+
+
+def _option_values(action, items):
+    """How many of ``items`` (what follows an option) are that option's values."""
+    if action.nargs == 0:
+        return 0
+    if action.nargs in (None, 1):
+        return min(1, len(items))
+    count = 0
+    while count < len(items) and not looks_like_option(items[count]) and not CONFIG_KEY.match(items[count]):
+        count += 1
+    return count
+
+
+def check_option_order(parser, argv, opts):
+    """ConfigError if one of train.py's options comes after the first KEY VALUE override.
+
+    ``argv`` is the command line and ``opts`` what ``parser`` parsed as the trailing overrides.
+
+    argparse puts everything from the first positional item on (Dassl's grammar: options,
+    then KEY VALUE pairs) into ``opts``, so a misplaced ``--output-dir X`` would otherwise be
+    reported as an unknown config key. The message names the option and gives the command
+    with the options moved before the overrides (list options such as ``--transforms a b``
+    first, so that the next option ends their values).
+    """
+    leading = argv[: len(argv) - len(opts)]
+    options = parser._option_string_actions  # option string -> argparse action
+    # a list option (--transforms a b) must not be last, or it would take the overrides as values
+    moved_lists, moved_others, overrides, misplaced = [], [], [], []
+    items = list(opts)
+    while items:
+        item = items.pop(0)
+        action = options.get(item.split("=", 1)[0]) if looks_like_option(item) else None
+        if action is None:
+            overrides.append(item)
+            continue
+        misplaced.append(item.split("=", 1)[0])
+        count = 0 if "=" in item else _option_values(action, items)
+        is_list = action.nargs not in (None, 0, 1) and "=" not in item
+        (moved_lists if is_list else moved_others).extend([item, *items[:count]])
+        del items[:count]
+    if misplaced:
+        names = ", ".join(misplaced)
+        verb, pronoun = ("is an option", "it") if len(misplaced) == 1 else ("are options", "they")
+        raise ConfigError(
+            f"{names} {verb} of train.py, but came after the KEY VALUE overrides, where {pronoun} would be read "
+            "as config keys. Options must come before the KEY VALUE overrides (everything after the first KEY is "
+            f"read as KEY VALUE pairs): python train.py {shlex.join(moved_lists + leading + moved_others + overrides)}"
+        )
+
+
 def run(argv=None):
     """Command-line entry point; returns the exit status (2 for bad input, 3 for a non-finite loss)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
-        main(build_parser().parse_args(argv))
+        check_option_order(parser, argv, args.opts)
+        main(args)
     except USER_ERRORS as error:
         print(f"\nError: {error}", file=sys.stderr)
         return 2

@@ -20,7 +20,7 @@ import os.path as osp
 import yaml
 from yacs.config import CfgNode, _check_and_coerce_cfg_value_type
 
-__all__ = ["ConfigError", "config_chain", "merge_from_file", "merge_from_list"]
+__all__ = ["ConfigError", "config_chain", "merge_from_file", "merge_from_list", "looks_like_option"]
 
 COMMAND_LINE = "command line"
 BASE_KEY = "_BASE_"
@@ -254,20 +254,37 @@ def merge_from_file(cfg, path):
         cfg.merge_from_other_cfg(node)
 
 
+OPTIONS_FIRST = (
+    "Options must come before the KEY VALUE overrides: everything after the first KEY is read as "
+    "KEY VALUE pairs (e.g. python train.py --output-dir X ... DATASET.NUM_SHOTS 16)."
+)
+
+
+def looks_like_option(item):
+    """Whether a command-line item is an option such as ``--output-dir`` or ``-h`` (not ``-1``)."""
+    return len(item) > 1 and item[0] == "-" and (item[1].isalpha() or (item[1] == "-" and item[2:3].isalpha()))
+
+
 def merge_from_list(cfg, opts):
     """Merge ``[KEY1, VALUE1, KEY2, VALUE2, ...]`` into ``cfg`` (yacs semantics: values
     are literal-evaluated strings, e.g. "16" -> 16, "False" -> False, "base" -> "base").
 
     Raises:
-        ConfigError: odd number of items, unknown key, or wrong value type.
+        ConfigError: odd number of items, unknown key (an item that looks like a command-line
+            option is named as such), or wrong value type.
     """
     opts = list(opts)
+    options = [item for item in opts if looks_like_option(item)]
     if len(opts) % 2 != 0:
+        hint = (f" {options[0]} looks like a command-line option: {OPTIONS_FIRST}" if options else
+                " Check for a key without a value, or a value with spaces that the shell split (quote it).")
         raise ConfigError(
             f"Command-line overrides must be KEY VALUE pairs, but got an odd number of items "
-            f"({len(opts)}): {opts}. Check for a key without a value, or a value with spaces "
-            "that the shell split (quote it)."
+            f"({len(opts)}): {opts}.{hint}"
         )
+    for full_key in opts[0::2]:
+        if looks_like_option(full_key):
+            raise ConfigError(f'"{full_key}" is not a config key: it looks like a command-line option. {OPTIONS_FIRST}')
     for full_key, value in zip(opts[0::2], opts[1::2]):
         _checked_value(_lookup(cfg, full_key, COMMAND_LINE), value, full_key, COMMAND_LINE)
     cfg.merge_from_list(opts)

@@ -4,19 +4,68 @@ yacs already rejects unknown keys and wrong types (see :mod:`vlprompt.config.mer
 functions reject values that would fail later, or silently mean something else:
 out-of-range sizes, unknown names, and combinations that do not make sense. Trainers check
 their own node in ``check_cfg`` (with ``check_choice`` / ``check_range``).
+
+Dassl keys that exist only so that Dassl's YAML files merge, and that nothing here reads
+(``UNSUPPORTED_KEYS``), must keep their default: another value is rejected with the reason,
+never silently ignored. tests/test_config_keys_used.py checks that every key of the merged
+defaults is either read by the code or listed there.
 """
 import os.path as osp
 
 from .checks import check_choice, check_range
 from .merge import ConfigError
 
-__all__ = ["validate_cfg", "check_training_cfg"]
+__all__ = ["validate_cfg", "check_training_cfg", "UNSUPPORTED_KEYS"]
 
 SUBSAMPLE_CHOICES = ("all", "base", "new")
 NONFINITE_LOSS_CHOICES = ("stop", "skip")
 TEST_SPLITS = ("val", "test")
 FINAL_MODELS = ("last_step", "best_val")
 WARMUP_TYPES = ("constant", "linear")
+
+_SSL_DATASETS = (
+    "Dassl reads it only in its semi-supervised CIFAR-10/100 and STL-10 datasets, which vlprompt does not "
+    "have: every dataset here is fully labelled and has no train_u split"
+)
+_SIMPLENET_HEAD = (
+    "it configures the MLP head of Dassl's SimpleNet (backbone + head + linear classifier); the CLIP "
+    "trainers here classify with their own heads (text features, adapters, prompts) and build no SimpleNet"
+)
+# key -> why a value other than its default cannot be honoured here
+UNSUPPORTED_KEYS = {
+    "VERSION": "it is the version of Dassl's config format, of which 1 is the only one",
+    "INPUT.RANDAUGMENT_N": "it sets Dassl's RandAugment policies, which are not implemented in vlprompt "
+                           "(INPUT.TRANSFORMS rejects them)",
+    "INPUT.RANDAUGMENT_M": "it sets Dassl's RandAugment policies, which are not implemented in vlprompt "
+                           "(INPUT.TRANSFORMS rejects them)",
+    "DATASET.NUM_LABELED": _SSL_DATASETS,
+    "DATASET.VAL_PERCENT": (
+        "Dassl reads it only in its semi-supervised CIFAR-10/100 and STL-10 datasets; the datasets here use "
+        "CoOp's published split files (split_zhou_*.json) or, without one, CoOp's fixed per-class rules "
+        "(20 % of trainval as val), and a few-shot run's val is min(NUM_SHOTS, 4) images per class, so that "
+        "results stay comparable with the published ones"
+    ),
+    "DATASET.STL10_FOLD": "Dassl's STL-10 dataset is not among vlprompt's datasets",
+    "DATASET.CIFAR_C_TYPE": "Dassl's CIFAR-10-C / CIFAR-100-C datasets (corruption type and level) are not "
+                            "among vlprompt's datasets",
+    "DATASET.CIFAR_C_LEVEL": "Dassl's CIFAR-10-C / CIFAR-100-C datasets (corruption type and level) are not "
+                             "among vlprompt's datasets",
+    "DATASET.ALL_AS_UNLABELED": _SSL_DATASETS,
+    "MODEL.BACKBONE.PRETRAINED": (
+        "CLIP methods always start from the pretrained CLIP weights named by MODEL.BACKBONE.WEIGHTS; "
+        "a randomly initialised backbone is not supported"
+    ),
+    "MODEL.HEAD.NAME": _SIMPLENET_HEAD + " (train.py --head sets this key)",
+    "MODEL.HEAD.HIDDEN_LAYERS": _SIMPLENET_HEAD,
+    "MODEL.HEAD.ACTIVATION": _SIMPLENET_HEAD,
+    "MODEL.HEAD.BN": _SIMPLENET_HEAD,
+    "MODEL.HEAD.DROPOUT": _SIMPLENET_HEAD,
+    "TRAIN.COUNT_ITER": (
+        "in Dassl it picks which loader's length makes an epoch (train_x, train_u or smaller_one) for "
+        "trainers that also train on unlabelled data (TrainerXU); every trainer here trains on labelled data "
+        "only (TrainerX), so an epoch is always the batches of train_loader_x"
+    ),
+}
 
 
 def _check_input(cfg):
@@ -81,9 +130,29 @@ def _check_train_and_test(cfg):
         raise ConfigError(f'RESUME (--resume) is "{cfg.RESUME}", which is not an existing folder.')
 
 
+def _comparable(value):
+    return tuple(value) if isinstance(value, (list, tuple)) else value
+
+
+def _check_unsupported(cfg):
+    from .defaults import _C as defaults
+
+    for key, why in UNSUPPORTED_KEYS.items():
+        value, default = cfg, defaults
+        for name in key.split("."):
+            value, default = value[name], default[name]
+        if _comparable(value) != _comparable(default):
+            raise ConfigError(
+                f"{key} is {value!r}, but this key is not supported here and must keep its default "
+                f"{default!r}: {why}. Remove it from the config file or the command line."
+            )
+
+
 def validate_cfg(cfg):
-    """Raise ConfigError for the first core config value that is out of range, unknown or
-    incompatible with another (module docstring). Needs no data and builds nothing."""
+    """Raise ConfigError for the first core config value that is out of range, unknown,
+    incompatible with another, or set for a key that is not supported here (module docstring).
+    Needs no data and builds nothing."""
+    _check_unsupported(cfg)
     _check_input(cfg)
     _check_data(cfg)
     _check_optim(cfg)

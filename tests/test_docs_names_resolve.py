@@ -1,0 +1,122 @@
+"""Every method and config that the documentation names exists (issue 17 item 10).
+
+* Each ``--trainers`` list of a command in README.md, DATASETS.md, PERFORMANCE.md, the
+  docstrings and other texts of train.py and the Python sources, and configs/*.yaml resolves the way the command's tool resolves it:
+  run_protocol.py (also called through ``$RUN``) with ``vlprompt.protocols.grid.resolve_method``
+  (``NAME:cfg`` -> configs/trainers/NAME/cfg.yaml, a bare NAME takes the command's
+  ``--config``, a value ending in .yaml is a path); parse_results.py / plot_results.py need a
+  registered trainer and, with ``:CFG``, an existing config; benchmark.py needs one of its
+  trainer cases (vlprompt.benchmarking.trainer_cases).
+  A shell loop variable (``for K in 1 2; do ... ${K}shot``) is expanded.
+* Every ``configs/...yaml`` path mentioned there exists, except files the README tells the
+  reader to create and paths with a placeholder name (``configs/trainers/TRAINER/...``, ``configs/published/PROTOCOL.yaml``).
+"""
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MARKDOWN = ("README.md", "DATASETS.md", "PERFORMANCE.md")
+TOOLS = {
+    "run_protocol": re.compile(r"run_protocol\.py|\$RUN\b"),
+    "results": re.compile(r"(parse|plot)_results\.py"),
+    "benchmark": re.compile(r"tools/benchmark\.py"),
+}
+CONFIG_PATH = re.compile(r"configs/[\w./+-]+\.ya?ml")
+# Files the documentation tells the reader to create (README: "add configs/datasets/my_data.yaml").
+TO_BE_CREATED = {"configs/datasets/my_data.yaml"}
+
+
+SOURCES = ("tools", "vlprompt", "trainers", "datasets")
+# Placeholder names in documented paths, e.g. configs/trainers/TRAINER/synthetic.yaml.
+PLACEHOLDERS = {"TRAINER", "NAME", "PROTOCOL", "DATASET", "METHOD", "BENCHMARK"}
+
+
+def documents():
+    """(name, text) of the Markdown files, of the string constants (docstrings, help and error
+    texts) of train.py and the Python sources, and of the YAML files under configs/."""
+    docs = [(name, (ROOT / name).read_text(encoding="utf-8")) for name in MARKDOWN]
+    python = [ROOT / "train.py"] + [path for folder in SOURCES for path in sorted((ROOT / folder).rglob("*.py"))]
+    for path in python:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        strings = [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+        docs.append((path.relative_to(ROOT).as_posix(), "\n".join(strings)))
+    for path in sorted((ROOT / "configs").rglob("*.yaml")):
+        docs.append((path.relative_to(ROOT).as_posix(), path.read_text(encoding="utf-8")))
+    return docs
+
+
+def _expand_loops(line, token):
+    """``token`` with the variables of a ``for V in a b c; do`` on ``line`` expanded."""
+    tokens = [token]
+    for var, values in re.findall(r"for (\w+) in ([^;]+);", line):
+        tokens = [t.replace("${%s}" % var, v).replace("$" + var, v) for t in tokens for v in values.split()]
+    return tokens
+
+
+def trainer_lists():
+    """(document, tool, specs, --config default) of every documented ``--trainers`` list."""
+    found = []
+    for name, text in documents():
+        joined = re.sub(r"\\\n\s*", " ", text)
+        for match in re.finditer(r"--trainers[ \t]+([^\n`]*)", joined):
+            before = joined[: match.start()]
+            tools = [(m.end(), tool) for tool, pattern in TOOLS.items() for m in pattern.finditer(before)]
+            assert tools, f"{name}: cannot tell which tool takes '--trainers {match.group(1)}'"
+            tool = max(tools)[1]
+            line = joined[joined.rfind("\n", 0, match.start()) + 1: joined.find("\n", match.end())]
+            specs = []
+            for token in re.split(r"[\s,]+", match.group(1).strip()):
+                token = token.strip("[]")
+                if not token or token.startswith("-") or token.startswith(";"):
+                    break
+                specs.extend(_expand_loops(line, token.rstrip(";")))
+                if token.endswith(";"):
+                    break
+            config = re.search(r"--config\s+(\S+)", match.group(0))
+            found.append((name, tool, specs, config.group(1) if config else None))
+    return found
+
+
+def test_the_scan_finds_the_documented_lists():
+    lists = trainer_lists()
+    names = {name for name, _, _, _ in lists}
+    assert {"README.md", "tools/run_protocol.py"} <= names
+    all_specs = [spec for _, _, specs, _ in lists for spec in specs]
+    assert "DeAR:vit_b16_fewshot_16shot" in all_specs and "DeAR:vit_b16_fewshot_1shot" in all_specs
+
+
+@pytest.mark.parametrize("document, tool, specs, config", trainer_lists(),
+                         ids=lambda value: value if isinstance(value, str) else None)
+def test_documented_trainers_resolve(document, tool, specs, config, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    monkeypatch.syspath_prepend(str(ROOT / "tools"))
+    import run_protocol
+    import trainers  # noqa: F401  (registers the trainers, as run_protocol.py does)
+
+    from vlprompt.protocols.grid import resolve_method
+
+    assert specs, f"{document}: an empty --trainers list"
+    for spec in specs:
+        trainer, _, cfg = spec.partition(":")
+        if tool == "run_protocol":
+            resolve_method(spec, config, ROOT / "configs", run_protocol._trainer_learns)
+        elif tool == "results":
+            run_protocol._trainer_learns(trainer)
+            if cfg:
+                path = Path(cfg) if cfg.endswith(".yaml") else ROOT / "configs" / "trainers" / trainer / f"{cfg}.yaml"
+                assert path.is_file(), f"{document}: {spec} names a config that does not exist ({path})"
+        else:
+            from vlprompt.benchmarking.trainer_cases import select_cases
+
+            select_cases([spec])
+
+
+@pytest.mark.parametrize("document, text", documents(), ids=lambda value: value if len(value) < 60 else None)
+def test_documented_config_paths_exist(document, text):
+    missing = sorted({path for path in CONFIG_PATH.findall(text)
+                      if not (ROOT / path).is_file() and path not in TO_BE_CREATED
+                      and not PLACEHOLDERS & set(Path(path).with_suffix("").parts)})
+    assert not missing, f"{document} names config files that do not exist: {missing}"
