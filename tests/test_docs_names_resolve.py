@@ -24,7 +24,9 @@ TOOLS = {
     "results": re.compile(r"(parse|plot)_results\.py"),
     "benchmark": re.compile(r"tools/benchmark\.py"),
 }
-CONFIG_PATH = re.compile(r"configs/[\w./+-]+\.ya?ml")
+# Not preceded by a path component: "eft/configs/..." names a file of another repository
+# (an official implementation cited as a source).
+CONFIG_PATH = re.compile(r"(?<![\w./-])configs/[\w./+-]+\.ya?ml")
 # Files the documentation tells the reader to create (README: "add configs/datasets/my_data.yaml").
 TO_BE_CREATED = {"configs/datasets/my_data.yaml"}
 
