@@ -117,18 +117,17 @@ def write_classnames(path, classes=IMAGENET_CLASSES):
     return write_text(path, [f"{wnid} {name}" for wnid, name in classes])
 
 
-def write_imagenet(root):
-    """imagenet/images/{train,val}/<wnid>/ and classnames.txt (no cache yet)."""
+def write_imagenet(root, classes=IMAGENET_CLASSES):
+    """imagenet/images/{train,val}/<wnid>/ and classnames.txt (no cache yet) for `classes` [(wnid, name)]."""
     base = os.path.join(root, "imagenet")
-    for label, (wnid, _) in enumerate(IMAGENET_CLASSES):
+    for label, (wnid, _) in enumerate(classes):
         for i in range(PER_CLASS["train"]):
             write_image(os.path.join(base, "images", "train", wnid, f"{wnid}_{1000 + i}.JPEG"), 3 * label + i)
         for i in range(PER_CLASS["test"]):
             write_image(os.path.join(base, "images", "val", wnid, f"ILSVRC2012_val_{label * 10 + i:08d}.JPEG"), i)
-    write_classnames(os.path.join(base, "classnames.txt"))
-    n = len(IMAGENET_CLASSES)
-    return Mini([name for _, name in IMAGENET_CLASSES], (PER_CLASS["train"] * n, PER_CLASS["test"] * n,
-                                                         PER_CLASS["test"] * n))
+    write_classnames(os.path.join(base, "classnames.txt"), classes)
+    n = len(classes)
+    return Mini([name for _, name in classes], (PER_CLASS["train"] * n, PER_CLASS["test"] * n, PER_CLASS["test"] * n))
 
 
 CALTECH_CLASSES = [("face", "Faces"), ("leopard", "Leopards"), ("accordion", "accordion"),

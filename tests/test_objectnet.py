@@ -11,8 +11,9 @@ from PIL import Image
 
 import datasets  # noqa: F401  (registers the datasets)
 import trainers  # noqa: F401  (registers the trainers)
+from baseline_setup import toy_pets_cfg
 from mini_datasets import (
-    OBJECTNET_IMAGENET, OBJECTNET_IMAGENET_LABELS, TEST_ONLY_PER_CLASS, cfg_for, write_objectnet,
+    OBJECTNET_IMAGENET, OBJECTNET_IMAGENET_LABELS, TEST_ONLY_PER_CLASS, cfg_for, write_imagenet, write_objectnet,
 )
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default
 from vlprompt.data import DataManager
@@ -89,18 +90,19 @@ def _zero_shot_trainer(root, output_dir):
     return build_trainer(cfg)
 
 
-def test_evaluation_scores_imagenet_classes_and_counts_any_mapped_one(root, tmp_path):
-    """The model classifies over the ImageNet names; a prediction is correct iff the best mapped class is the image's."""
+def _random_pictures(root):
+    """Distinct random pictures, so that the predictions differ between images."""
     for number, path in enumerate(sorted(root.glob("objectnet/objectnet-1.0/images/*/*.png"))):
-        rng = np.random.default_rng(number)  # distinct pictures, so that the predictions differ
+        rng = np.random.default_rng(number)
         Image.fromarray(rng.integers(0, 256, (10, 10, 3), dtype=np.uint8)).save(path)
-    trainer = _zero_shot_trainer(root, tmp_path / "out")
-    assert trainer.classnames == IMAGENET_NAMES and trainer.num_classes == 3
 
+
+def _expected_accuracy(trainer):
+    """Accuracy by the rule itself: correct iff the best-scoring mapped ImageNet class is one of the label's."""
     mapped = [c for c, label in enumerate(trainer.dm.dataset.prediction_map.labels.tolist()) if label >= 0]
     correct = total = 0
     trainer.set_model_mode("eval")
-    with torch.no_grad(), trainer.model.evaluation():
+    with torch.no_grad():
         for batch in trainer.test_loader:
             logits = trainer.model_inference(batch["img"])
             assert logits.shape[1] == len(IMAGENET_NAMES)
@@ -109,9 +111,35 @@ def test_evaluation_scores_imagenet_classes_and_counts_any_mapped_one(root, tmp_
                 correct += best in OBJECTNET_IMAGENET_LABELS[label]
                 total += 1
     assert total == 3 * TEST_ONLY_PER_CLASS
-    accuracy = trainer.test()
-    assert accuracy == pytest.approx(100.0 * correct / total)
-    assert trainer.last_test["num_samples"] == total
+    return 100.0 * correct / total
+
+
+def test_evaluation_scores_imagenet_classes_and_counts_any_mapped_one(root, tmp_path):
+    """The model classifies over the ImageNet names; a prediction is correct iff the best mapped class is the image's."""
+    _random_pictures(root)
+    trainer = _zero_shot_trainer(root, tmp_path / "out")
+    assert trainer.classnames == IMAGENET_NAMES and trainer.num_classes == 3
+    with trainer.model.evaluation():
+        expected = _expected_accuracy(trainer)
+    assert trainer.test() == pytest.approx(expected)
+    assert trainer.last_test["num_samples"] == 3 * TEST_ONLY_PER_CLASS
+
+
+def test_rada_fft_trained_on_imagenet_evaluates_on_objectnet_with_all_its_rows(root, tmp_path, tiny_clip_files):
+    """The FFT target path: a stage-2 RAdaFFT run on ImageNet, then --eval-only on ObjectNet keeps every
+    classifier row (ImageNet's class list) and is scored by the prediction map."""
+    write_imagenet(str(root), OBJECTNET_IMAGENET)
+    _random_pictures(root)
+    fft = build_trainer(toy_pets_cfg("RAdaFFT", "RAdaFFT/toy_stage2.yaml", str(root), tmp_path / "fft", tiny_clip_files,
+                                     "DATASET.NAME", "ImageNet", "OPTIM.MAX_EPOCH", "1"))
+    fft.train()
+    trained = fft.model.classifier.weight.detach().clone()
+
+    evaluation = build_trainer(toy_pets_cfg("RAdaFFT", "RAdaFFT/toy_stage2.yaml", str(root), tmp_path / "eval",
+                                            tiny_clip_files, "DATASET.NAME", "ObjectNet"))
+    evaluation.load_model(str(tmp_path / "fft"), epoch=1)
+    torch.testing.assert_close(evaluation.model.classifier.weight, trained)
+    assert evaluation.test() == pytest.approx(_expected_accuracy(evaluation))
 
 
 def test_training_on_objectnet_is_refused(root, tmp_path):
