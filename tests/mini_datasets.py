@@ -1,10 +1,11 @@
-"""Miniature copies of the on-disk layouts of the 15 benchmark datasets (datasets.md §3–4).
+"""Miniature copies of the on-disk layouts of the 15 benchmark datasets (datasets.md §3–4) and ObjectNet.
 
 Each `write_<yaml stem>(root)` writes the dataset's folder under `root` with its real
 file and folder names, its real annotation files (text lists, .mat files, JSON name
 maps) and, where the dataset has one, a split JSON in the published record format
 `[relative_path, label, classname]`. Every class gets PER_CLASS = (3, 2, 2) images for
-train / val / test (test-only datasets: 2 images per class). Images are 8x8 JPEGs.
+train / val / test (test-only datasets: 2 images per class). Images are 8x8 JPEGs (ObjectNet:
+10x10 PNGs whose 1-pixel red frame surrounds a blue picture, as the release frames its photos).
 
 Each writer returns a `Mini(classnames, sizes)`: the expected class names in label
 order and the expected (train, val, test) sizes of the full dataset.
@@ -116,18 +117,17 @@ def write_classnames(path, classes=IMAGENET_CLASSES):
     return write_text(path, [f"{wnid} {name}" for wnid, name in classes])
 
 
-def write_imagenet(root):
-    """imagenet/images/{train,val}/<wnid>/ and classnames.txt (no cache yet)."""
+def write_imagenet(root, classes=IMAGENET_CLASSES):
+    """imagenet/images/{train,val}/<wnid>/ and classnames.txt (no cache yet) for `classes` [(wnid, name)]."""
     base = os.path.join(root, "imagenet")
-    for label, (wnid, _) in enumerate(IMAGENET_CLASSES):
+    for label, (wnid, _) in enumerate(classes):
         for i in range(PER_CLASS["train"]):
             write_image(os.path.join(base, "images", "train", wnid, f"{wnid}_{1000 + i}.JPEG"), 3 * label + i)
         for i in range(PER_CLASS["test"]):
             write_image(os.path.join(base, "images", "val", wnid, f"ILSVRC2012_val_{label * 10 + i:08d}.JPEG"), i)
-    write_classnames(os.path.join(base, "classnames.txt"))
-    n = len(IMAGENET_CLASSES)
-    return Mini([name for _, name in IMAGENET_CLASSES], (PER_CLASS["train"] * n, PER_CLASS["test"] * n,
-                                                         PER_CLASS["test"] * n))
+    write_classnames(os.path.join(base, "classnames.txt"), classes)
+    n = len(classes)
+    return Mini([name for _, name in classes], (PER_CLASS["train"] * n, PER_CLASS["test"] * n, PER_CLASS["test"] * n))
 
 
 CALTECH_CLASSES = [("face", "Faces"), ("leopard", "Leopards"), ("accordion", "accordion"),
@@ -293,6 +293,53 @@ def write_imagenet_r(root, folder="imagenet-rendition"):
     return _subset_variant(root, folder, "imagenet-r", ["n01491361", "n01440764"], "art_{i}.jpg")
 
 
+# ImageNet as ObjectNet's mapping files see it: a sixth class that no ObjectNet class covers,
+# the raw names of imagenet_to_label_2012_v2 in ILSVRC-2012 id order (not the WNID order of the
+# labels; two lines share the name "shark"), and pytorch_to_imagenet_2012_id.json's label -> line.
+OBJECTNET_IMAGENET = IMAGENET_CLASSES + [("n01496331", "electric ray")]
+OBJECTNET_IMAGENET_LINES = ["great white shark, white shark", "shark", "tench, Tinca tinca", "electric ray, crampfish",
+                            "goldfish, Carassius auratus", "shark"]
+OBJECTNET_LINE_OF_LABEL = {"0": 2, "1": 4, "2": 0, "3": 1, "4": 5, "5": 3}
+# folder -> (ObjectNet class, the ImageNet names it covers or None for a class outside ImageNet)
+OBJECTNET_FOLDERS = {
+    "white_shark": ("Great white", "great white shark, white shark"),
+    "fish": ("Fish", "tench, Tinca tinca; goldfish, Carassius auratus"),
+    "alarm_clock": ("Alarm clock", None),
+    "shark": ("Shark", "shark"),
+}
+# label -> ImageNet labels, for the mapped folders in sorted order (fish, shark, white_shark)
+OBJECTNET_IMAGENET_LABELS = [[0, 1], [3, 4], [2]]
+
+
+def framed_png(path, size=10, inside=(0, 0, 255), frame=(255, 0, 0)):
+    """A size x size PNG: colour ``inside`` framed by a 1-pixel ``frame``."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    image = Image.new("RGB", (size, size), frame)
+    image.paste(Image.new("RGB", (size - 2, size - 2), inside), (1, 1))
+    image.save(path, "PNG")
+    return path
+
+
+def write_objectnet(root):
+    """objectnet/objectnet-1.0/{images,mappings} as released, and ImageNet's classnames.txt."""
+    base = os.path.join(root, "objectnet")
+    release = os.path.join(base, "objectnet-1.0")
+    for folder in OBJECTNET_FOLDERS:
+        for i in range(TEST_ONLY_PER_CLASS):
+            framed_png(os.path.join(release, "images", folder, f"{folder[:3]}{i}9c2e.png"))
+    mappings = os.path.join(release, "mappings")
+    write_json(os.path.join(mappings, "folder_to_objectnet_label.json"),
+               {folder: name for folder, (name, _) in OBJECTNET_FOLDERS.items()})
+    write_json(os.path.join(mappings, "objectnet_to_imagenet_1k.json"),
+               {name: imagenet for name, imagenet in OBJECTNET_FOLDERS.values() if imagenet})
+    write_text(os.path.join(mappings, "imagenet_to_label_2012_v2"), OBJECTNET_IMAGENET_LINES)
+    write_json(os.path.join(mappings, "pytorch_to_imagenet_2012_id.json"), OBJECTNET_LINE_OF_LABEL)
+    write_classnames(os.path.join(base, "classnames.txt"), OBJECTNET_IMAGENET)
+    mapped = sorted(folder for folder, (_, imagenet) in OBJECTNET_FOLDERS.items() if imagenet)
+    n = TEST_ONLY_PER_CLASS * len(mapped)
+    return Mini([OBJECTNET_FOLDERS[folder][0] for folder in mapped], (n, 0, n))
+
+
 # YAML stem -> (registered name, writer)
 WRITERS = {
     "imagenet": ("ImageNet", write_imagenet),
@@ -310,4 +357,5 @@ WRITERS = {
     "imagenet_sketch": ("ImageNetSketch", write_imagenet_sketch),
     "imagenet_a": ("ImageNetA", write_imagenet_a),
     "imagenet_r": ("ImageNetR", write_imagenet_r),
+    "objectnet": ("ObjectNet", write_objectnet),
 }

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from mini_datasets import write_dtd, write_eurosat, write_imagenet_a, write_oxford_pets
+from mini_datasets import write_dtd, write_eurosat, write_imagenet_a, write_objectnet, write_oxford_pets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
@@ -35,7 +35,7 @@ def _lines(output, name):
     return lines[start:end]
 
 
-def test_report_of_all_fifteen(data_root, capsys):
+def test_report_of_all_sixteen(data_root, capsys):
     assert check_datasets.main(["--root", str(data_root), "--workers", "2"]) == 1
     out = capsys.readouterr().out
 
@@ -57,7 +57,8 @@ def test_report_of_all_fifteen(data_root, capsys):
 
     assert _lines(out, "ImageNet")[0].split()[:2] == ["ImageNet", "MISSING"]
     assert 'no folder "imagenet-adversarial" or "imagenet-a"' in _lines(out, "ImageNetA")[0]
-    assert "1 ok, 2 broken, 12 missing" in out
+    assert _lines(out, "ObjectNet")[0].split()[:2] == ["ObjectNet", "MISSING"]
+    assert "1 ok, 2 broken, 13 missing" in out
     assert "Unusable: OxfordPets, DescribableTextures" in out  # benchmark order
 
 
@@ -84,3 +85,16 @@ def test_missing_layout_parts_and_images_are_named(tmp_path, capsys):
     eurosat = "\n".join(_lines(out, "EuroSAT"))
     assert "1 of 8 images listed in the \"test\" list of" in eurosat and "Forest/Forest_7.jpg" in eurosat
 
+
+
+def test_objectnet_is_checked(tmp_path, capsys):
+    """A complete ObjectNet is OK with its 113-class summary form; a lost mapping file is a named fault."""
+    write_objectnet(str(tmp_path))
+    assert check_datasets.main(["--root", str(tmp_path), "--datasets", "objectnet"]) == 0
+    head = _lines(capsys.readouterr().out, "ObjectNet")
+    assert head[0].split()[:3] == ["ObjectNet", "OK", "objectnet/"] and "3 classes; 6 test images (test only)" in head[0]
+    assert "note:  the published split has test 18,574; this copy differs" in head[1]
+
+    os.remove(tmp_path / "objectnet" / "objectnet-1.0" / "mappings" / "objectnet_to_imagenet_1k.json")
+    assert check_datasets.main(["--root", str(tmp_path), "--datasets", "ObjectNet"]) == 1
+    assert "fault: missing objectnet-1.0/mappings/objectnet_to_imagenet_1k.json" in capsys.readouterr().out

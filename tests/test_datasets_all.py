@@ -1,4 +1,4 @@
-"""All 15 datasets on miniature copies of their real layouts (datasets.md §2–6).
+"""All 15 datasets and ObjectNet on miniature copies of their real layouts (datasets.md §2–6).
 
 For each dataset: class count and names, split sizes, base/new subsampling and
 relabelling, few-shot selection (equal to Dassl's sampler on the same lists, cached
@@ -36,8 +36,9 @@ TEMPLATES = {
     "ImageNetV2": "a photo of a {}.",
     "ImageNetA": "a photo of a {}.",
     "ImageNetR": "a photo of a {}.",
+    "ObjectNet": "a photo of a {}.",
 }
-TEST_ONLY = {"ImageNetV2", "ImageNetSketch", "ImageNetA", "ImageNetR"}
+TEST_ONLY = {"ImageNetV2", "ImageNetSketch", "ImageNetA", "ImageNetR", "ObjectNet"}
 
 
 def _sizes(dataset):
@@ -53,7 +54,7 @@ def _consistent(dataset):
 
 @pytest.fixture(scope="module")
 def mini_root(tmp_path_factory):
-    """One root holding all 15 miniature datasets (read-only for the tests below)."""
+    """One root holding all 16 miniature datasets (read-only for the tests below)."""
     root = tmp_path_factory.mktemp("data")
     return root, {stem: writer(str(root)) for stem, (_, writer) in WRITERS.items()}
 
@@ -119,7 +120,7 @@ def test_dataset_on_miniature_layout(stem, mini_root, tmp_path):
     assert len(again.train_x) == 2 * len(again.classnames)
 
 
-def test_registered_names_are_the_fifteen():
+def test_registered_names_are_the_benchmark_datasets():
     assert set(TEMPLATES) <= set(DATASET_REGISTRY.registered_names())
     assert {name for name, _ in WRITERS.values()} == set(TEMPLATES)
 
@@ -128,7 +129,7 @@ def test_datasets_md_table_matches_the_classes():
     """Every row of DATASETS.md's table names an existing YAML, the class's folder(s) and its published sizes."""
     with open(os.path.join(ROOT, "DATASETS.md")) as f:
         rows = [line.split("|")[1:-1] for line in f if line.startswith("| ") and ".yaml" in line]
-    assert len(rows) == 15
+    assert len(rows) == 16
     for row in rows:
         yaml_path = row[1].strip().strip("`")
         with open(os.path.join(ROOT, yaml_path)) as f:

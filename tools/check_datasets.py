@@ -1,9 +1,10 @@
-"""Check a data folder before launching runs: which of the 15 benchmark datasets are usable.
+"""Check a data folder before launching runs: which of the benchmark datasets are usable.
 
-    python tools/check_datasets.py --root DATA                      # all 15
+    python tools/check_datasets.py --root DATA                      # all 16
     python tools/check_datasets.py --root DATA --datasets imagenet oxford_pets EuroSAT
     python tools/check_datasets.py --root DATA --images decode      # decode every image (slower)
 
+The benchmark datasets are the 15 of the CoOp family and ObjectNet (RAda's full fine-tuning).
 For each dataset (registered name or YAML stem): found or missing; what the folder
 lacks compared to the expected layout (DATASETS.md); the number of classes and of
 images per split, compared with the published split sizes; images that are listed
@@ -38,6 +39,7 @@ import_project_package("datasets")  # registers the dataset classes
 BENCHMARK = (
     "ImageNet", "Caltech101", "OxfordPets", "StanfordCars", "OxfordFlowers", "Food101", "FGVCAircraft",
     "SUN397", "DescribableTextures", "EuroSAT", "UCF101", "ImageNetV2", "ImageNetSketch", "ImageNetA", "ImageNetR",
+    "ObjectNet",
 )
 MAX_LISTED = 5
 
@@ -175,7 +177,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--root", required=True, help="the data folder (DATASET.ROOT)")
     parser.add_argument("--datasets", nargs="+", metavar="NAME",
-                        help="registered names or YAML stems to require (default: all 15, of which those present "
+                        help="registered names or YAML stems to require (default: all 16, of which those present "
                         "are required)")
     parser.add_argument("--images", choices=IMAGE_CHECKS, default="verify",
                         help='how image files are checked: "verify" (PIL verify; JPEGs without an end marker are '

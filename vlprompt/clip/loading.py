@@ -12,6 +12,14 @@ an open_clip pretrained tag (``openai``, ``laion2b_s34b_b88k``, ...), ``random``
 weights, for tests), or a local file: OpenAI's TorchScript archives (``ViT-B-16.pt``),
 open_clip checkpoints (``.pt``/``.pth``/``.bin``) and ``.safetensors`` files.
 
+A pretrained tag is downloaded by open_clip (Hugging Face hub or a URL) unless its file is
+already cached. Before a download, ``load_clip`` makes sure it can succeed quickly: with
+``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` set, or when the download host (or the HTTPS
+proxy) does not accept a connection within ``HUB_CONNECT_TIMEOUT_S`` seconds, a cached file
+is loaded directly, and without one the load fails at once with the message naming
+``MODEL.BACKBONE.WEIGHTS`` and the file to download, instead of after the hub client's
+retries (about 30 s or more).
+
 OpenAI weights were trained with QuickGELU. open_clip's plain ``ViT-B-16`` config uses
 nn.GELU and only warns when combined with OpenAI weights, which silently changes every
 feature; here QuickGELU is forced whenever the weights are OpenAI's, and checked after
@@ -20,6 +28,10 @@ loading.
 import contextlib
 import logging
 import os
+import socket
+import threading
+import urllib.parse
+import urllib.request
 import warnings
 import zipfile
 
@@ -47,6 +59,12 @@ OPENAI_CACHE_DIR = os.path.expanduser("~/.cache/clip")
 # State-dict entries of TorchScript archives that are not weights of the open_clip model
 # (the causal mask is a non-persistent buffer in open_clip).
 _TORCHSCRIPT_EXTRA_KEYS = ("input_resolution", "context_length", "vocab_size", "attn_mask")
+# Seconds a download host (or proxy) gets to accept a TCP connection before the hub counts as unreachable.
+HUB_CONNECT_TIMEOUT_S = 2.0
+# Environment variables that switch the Hugging Face hub client to offline mode.
+OFFLINE_ENV_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+# open_clip's names of a hub repository's weights when its pretrained entry names no file.
+_HF_DEFAULT_FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 
 
 class CLIPLoadError(RuntimeError):
@@ -152,6 +170,85 @@ def _offline_hint(name, weights, error):
     )
 
 
+def _offline_env():
+    """The first of OFFLINE_ENV_VARS set to a true value ("1", "true", "yes", "on"), else None."""
+    for variable in OFFLINE_ENV_VARS:
+        if os.environ.get(variable, "").strip().upper() in {"1", "ON", "YES", "TRUE"}:
+            return variable
+    return None
+
+
+def _download_url(pretrained_cfg):
+    """The URL open_clip downloads a pretrained entry from (its hub repository or its plain URL)."""
+    hf_hub = pretrained_cfg.get("hf_hub", "")
+    if hf_hub and open_clip.pretrained.has_hf_hub():
+        from huggingface_hub import constants
+
+        return f"{constants.ENDPOINT.rstrip('/')}/{hf_hub}"
+    return pretrained_cfg.get("url", "")
+
+
+def _can_connect(host, port, timeout):
+    """Whether a TCP connection to (host, port) opens within ``timeout`` seconds, name lookup included."""
+    opened = []
+
+    def probe():
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            opened.append(True)
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(opened)
+
+
+def _hub_unavailable(pretrained_cfg):
+    """Why a download of ``pretrained_cfg`` cannot work now (a phrase), or None if it may be tried.
+
+    Offline mode (OFFLINE_ENV_VARS) needs no check; otherwise the download host, or the HTTPS
+    proxy that the environment sets for it, must accept a connection within
+    HUB_CONNECT_TIMEOUT_S seconds.
+    """
+    variable = _offline_env()
+    if variable:
+        return f"{variable}={os.environ[variable]} is set (offline mode)"
+    url = urllib.parse.urlsplit(_download_url(pretrained_cfg))
+    if not url.hostname:
+        return None
+    target, what = url, "the download host"
+    proxy = urllib.request.getproxies().get(url.scheme)
+    if proxy and not urllib.request.proxy_bypass(url.hostname):
+        target, what = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}"), "the proxy"
+    port = target.port or (443 if target.scheme == "https" else 80)
+    if _can_connect(target.hostname, port, HUB_CONNECT_TIMEOUT_S):
+        return None
+    return f"{what} {target.hostname}:{port} did not answer within {HUB_CONNECT_TIMEOUT_S:g} s (no network?)"
+
+
+def _cached_pretrained_file(pretrained_cfg):
+    """The already-downloaded file of a pretrained entry (Hugging Face cache or open_clip's URL
+    cache ~/.cache/clip), or None."""
+    hf_hub = pretrained_cfg.get("hf_hub", "")
+    if hf_hub and open_clip.pretrained.has_hf_hub():
+        from huggingface_hub import try_to_load_from_cache
+
+        repo_id, filename = os.path.split(hf_hub)  # "org/repo/" names no file: open_clip's defaults
+        candidates = (os.path.splitext(filename)[0] + ".safetensors", filename) if filename else _HF_DEFAULT_FILES
+        for candidate in candidates:
+            path = try_to_load_from_cache(repo_id, candidate)
+            if isinstance(path, str) and os.path.isfile(path):
+                return path
+    url = pretrained_cfg.get("url", "")
+    if url:
+        path = os.path.join(OPENAI_CACHE_DIR, os.path.basename(url))
+        if os.path.isfile(path):
+            return path
+    return None
+
+
 def load_clip(name, weights="", device="cpu"):
     """Build an open_clip CLIP model in fp32, frozen and in eval mode.
 
@@ -205,10 +302,21 @@ def load_clip(name, weights="", device="cpu"):
                 f"(its tags: {tags or 'none'})."
             )
         quick_gelu = is_openai_name or weights == "openai" or "quickgelu" in model_name
-        try:
-            model = open_clip.create_model(model_name, pretrained=weights, force_quick_gelu=quick_gelu)
-        except Exception as error:  # open_clip raises RuntimeError for failed hub downloads
-            raise _offline_hint(name, weights, error) from error
+        pretrained_cfg = open_clip.get_pretrained_cfg(model_name, weights)
+        unavailable = _hub_unavailable(pretrained_cfg)
+        if unavailable is None:
+            try:
+                model = open_clip.create_model(model_name, pretrained=weights, force_quick_gelu=quick_gelu)
+            except Exception as error:  # open_clip raises RuntimeError for failed hub downloads
+                raise _offline_hint(name, weights, error) from error
+        else:
+            cached = _cached_pretrained_file(pretrained_cfg)
+            if cached is None:
+                raise _offline_hint(name, weights, f"{unavailable}, and no downloaded copy is cached")
+            print(f"No hub access ({unavailable}): loading the cached weights {cached}")
+            with _quiet_open_clip():
+                model = open_clip.create_model(model_name, pretrained=None, force_quick_gelu=quick_gelu)
+            _load_weights_file(model, cached)
         _check_activation(model, weights == "openai", f"tag '{weights}'")
 
     quick_gelu = any(isinstance(m, QuickGELU) for m in model.modules())

@@ -105,6 +105,29 @@ def _transform(cfg, custom_tfm, is_train):
     return custom_tfm
 
 
+class CropBorder:
+    """Cut ``pixels`` from every side of a PIL image (a frame that is not part of the photo)."""
+
+    def __init__(self, pixels):
+        self.pixels = pixels
+
+    def __call__(self, image):
+        width, height = image.size
+        return image.crop((self.pixels, self.pixels, width - self.pixels, height - self.pixels))
+
+    def __repr__(self):
+        return f"CropBorder(pixels={self.pixels})"
+
+
+def _with_border_crop(tfm, pixels):
+    """``tfm`` (a transform or a list of them) preceded by ``CropBorder(pixels)``; None stays None."""
+    if tfm is None or not pixels:
+        return tfm
+    if isinstance(tfm, (list, tuple)):
+        return [T.Compose([CropBorder(pixels), each]) for each in tfm]
+    return T.Compose([CropBorder(pixels), tfm])
+
+
 class SeededSampler(Sampler):
     """Pairs each index of `sampler` with a seed derived from one draw of torch's global generator per epoch.
 
@@ -169,8 +192,9 @@ class DataManager:
 
     def __init__(self, cfg, custom_tfm_train=None, custom_tfm_test=None, dataset_wrapper=None):
         dataset = build_dataset(cfg)
-        tfm_train = _transform(cfg, custom_tfm_train, is_train=True)
-        tfm_test = _transform(cfg, custom_tfm_test, is_train=False)
+        # A dataset's image_border (e.g. ObjectNet's 1-pixel frame) is cut before any transform.
+        tfm_train = _with_border_crop(_transform(cfg, custom_tfm_train, is_train=True), dataset.image_border)
+        tfm_test = _with_border_crop(_transform(cfg, custom_tfm_test, is_train=False), dataset.image_border)
 
         def loader(loader_cfg, data_source, is_train):
             """`build_data_loader` with the sampler and batch size of a DATALOADER node; TEST has

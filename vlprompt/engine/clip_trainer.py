@@ -97,8 +97,11 @@ class ClipTrainer(TrainerX):
 
     @property
     def classnames(self):
-        """Class names of the current split, ordered by label, "_" replaced by " "."""
-        return [name.replace("_", " ") for name in self.dm.dataset.classnames]
+        """Class names the model scores, "_" replaced by " ": the current split's, ordered by label,
+        or, for a dataset scored through another's classes, its ``prediction_map.classnames``."""
+        prediction_map = self.dm.dataset.prediction_map
+        names = self.dm.dataset.classnames if prediction_map is None else prediction_map.classnames
+        return [name.replace("_", " ") for name in names]
 
     def register_learner(self, name, module, params=None):
         """Freeze everything but ``module``'s trainable parameters, build its optimizer and

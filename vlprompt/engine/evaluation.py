@@ -6,10 +6,11 @@ of them; the engine always calls them through the trainer):
 * ``test(split=None)`` (no grad) -> the evaluator's first metric (accuracy): eval mode, prints
   "Evaluate on the *SPLIT* set", then for every batch of the split's loader
   ``parse_batch_test(batch)`` -> (input, label), ``model_inference(input)`` -> logits [B, K],
-  ``evaluator.process(logits, label)``; the evaluator prints its result block ("* accuracy: X%",
-  ...), each metric is written as scalar "SPLIT/KEY" at step ``epoch``, and the full result is
-  kept in ``last_test`` ({"split", "metrics", "num_samples"}). "val" falls back to "test" with
-  a warning when the dataset has no val split;
+  ``evaluator.process(logits, label)`` (logits first projected onto the labels by the
+  dataset's ``prediction_map`` when it has one, e.g. ObjectNet); the evaluator prints its
+  result block ("* accuracy: X%", ...), each metric is written as scalar "SPLIT/KEY" at step
+  ``epoch``, and the full result is kept in ``last_test`` ({"split", "metrics", "num_samples"}).
+  "val" falls back to "test" with a warning when the dataset has no val split;
 * ``save_results()``: ``OUTPUT_DIR/results.json`` of the last ``test()``
   (:mod:`vlprompt.engine.results`).
 
@@ -73,9 +74,12 @@ class EvaluationMixin:
         self.check_images([split])
         print(f"Evaluate on the *{split}* set")
         num_samples = 0
+        prediction_map = self.dm.dataset.prediction_map
         for batch in tqdm(data_loader):
             input, label = self.parse_batch_test(batch)
             output = self.model_inference(input)
+            if prediction_map is not None:
+                output = prediction_map.project(output)
             self.evaluator.process(output, label)
             num_samples += label.shape[0]
         results = self.evaluator.evaluate()

@@ -28,6 +28,7 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
+from vlprompt.config import ConfigError
 from vlprompt.config.validate import check_training_cfg, validate_cfg
 from vlprompt.data import DataManager
 from vlprompt.data.checks import DatasetContentError, check_images, check_labels
@@ -232,6 +233,12 @@ class SimpleTrainer(EvaluationMixin, TrainerBase):
 
     def train(self):
         check_training_cfg(self.cfg)
+        if self.dm.dataset.prediction_map is not None:
+            raise ConfigError(
+                f"{self.cfg.DATASET.NAME} is a test set whose images are scored through another dataset's classes "
+                f"({len(self.dm.dataset.prediction_map.classnames)} of them), so it cannot be trained on: evaluate a "
+                "model trained on that dataset with --eval-only --model-dir DIR."
+            )
         super().train(self.start_epoch, self.max_epoch)
 
     def get_trainer_state(self):

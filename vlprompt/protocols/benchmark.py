@@ -7,8 +7,12 @@ A benchmark file names datasets by their YAML stem under ``configs/datasets/``::
     fewshot:       {datasets: [imagenet, caltech101, ...], shots: [1, 2, 4, 8, 16]}
     cross_dataset: {source: imagenet, targets: [caltech101, ...], shots: 16}
     dg:            {source: imagenet, targets: [imagenetv2, ...], shots: 16}
+    fft:           {source: imagenet, targets: [imagenetv2, ..., objectnet], shots: 0}
 
 Every protocol section is optional; a protocol a benchmark lacks cannot be run with it.
+``fft`` (RAda's full fine-tuning: the whole source dataset, shots 0, then its OOD targets) is
+a listed section only: it is validated like ``dg`` and read with ``Benchmark.protocol("fft")``,
+but it is not in ``PROTOCOLS``, so tools/run_protocol.py does not run it.
 """
 from __future__ import annotations
 
@@ -24,7 +28,11 @@ __all__ = ["PROTOCOLS", "BenchmarkError", "ProtocolDatasets", "Benchmark", "load
 PROTOCOLS = ("base2new", "fewshot", "cross_dataset", "dg")
 """Protocol names (baselines spec §2.6)."""
 
-_TRANSFER = ("cross_dataset", "dg")
+LISTED_ONLY = ("fft",)
+"""Sections that are validated and readable but not run by tools/run_protocol.py."""
+
+_SECTIONS = PROTOCOLS + LISTED_ONLY
+_TRANSFER = ("cross_dataset", "dg", "fft")
 
 
 class BenchmarkError(ValueError):
@@ -36,9 +44,9 @@ class ProtocolDatasets:
     """Datasets of one protocol.
 
     Attributes:
-        datasets: base2new/fewshot: the datasets; cross_dataset/dg: the target datasets.
-        shots: shot counts (one for base2new, cross_dataset and dg).
-        source: the training dataset of cross_dataset/dg, else None.
+        datasets: base2new/fewshot: the datasets; cross_dataset/dg/fft: the target datasets.
+        shots: shot counts (one for base2new, cross_dataset, dg and fft; 0 = every training image).
+        source: the training dataset of cross_dataset/dg/fft, else None.
     """
 
     datasets: Tuple[str, ...]
@@ -125,10 +133,10 @@ def load_benchmark(name_or_path: str, configs_dir) -> Benchmark:
         raise _fail(path, f"not valid YAML ({exc}).") from None
     if not isinstance(content, dict):
         raise _fail(path, "expected a mapping with 'seeds' and protocol sections.")
-    unknown = set(content) - {"seeds", *PROTOCOLS}
+    unknown = set(content) - {"seeds", *_SECTIONS}
     if unknown:
         raise _fail(path, f"unknown section(s) {sorted(unknown)}; allowed: seeds, "
-                          f"{', '.join(PROTOCOLS)}.")
+                          f"{', '.join(_SECTIONS)}.")
     seeds = _ints(path, "seeds", content.get("seeds"), single=False)
-    protocols = {name: _protocol(path, name, content[name]) for name in PROTOCOLS if name in content}
+    protocols = {name: _protocol(path, name, content[name]) for name in _SECTIONS if name in content}
     return Benchmark(path.stem, seeds, protocols)

@@ -198,6 +198,11 @@ class DatasetBase:
         published_sizes (tuple | None): (train, val, test) image counts of the published
             split (val None when there is none), for installation checks.
         domains (list[str]): domain names (DA/DG datasets only).
+        prediction_map (PredictionMap | None): set (on the instance) by test sets scored
+            through another dataset's classes (ObjectNet through ImageNet's); see
+            vlprompt.data.prediction_map.
+        image_border (int): pixels cut from every side of an image when it is read (0: none;
+            ObjectNet's images carry a 1-pixel border that is not part of the photo).
     """
 
     dataset_dir = ""
@@ -208,6 +213,8 @@ class DatasetBase:
     layout = ""
     published_sizes = None
     domains = []
+    prediction_map = None
+    image_border = 0
 
     def __init__(self, train_x=None, train_u=None, val=None, test=None):
         if not train_x:
