@@ -50,11 +50,16 @@ def test_main_job_commands_run(tmp_path):
                                                                      abs=1.5)
 
 
-def test_adding_a_trainer_example_trains(tmp_path, tiny_clip_files):
+def test_adding_a_trainer_example_trains(tmp_path, tiny_clip_files, monkeypatch):
     import train
+    import vlprompt.config
     from vlprompt.engine import TRAINER_REGISTRY
     from vlprompt.testing import write_oxford_pets_tree
 
+    # The example's trainer and config node stay registered for this test only (later tests,
+    # e.g. the merged-config snapshot, see the project's trainers alone).
+    monkeypatch.setattr(TRAINER_REGISTRY, "_obj_map", dict(TRAINER_REGISTRY._obj_map))
+    monkeypatch.setattr(vlprompt.config, "_CFG_EXTENSIONS", list(vlprompt.config._CFG_EXTENSIONS))
     exec(compile(code_blocks(section("Adding a trainer"), "python")[0], "README-trainer", "exec"), {})
     assert "MyMethod" in TRAINER_REGISTRY.registered_names()
     write_oxford_pets_tree(str(tmp_path / "data"))
