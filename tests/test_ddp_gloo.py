@@ -28,9 +28,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import trainers  # noqa: F401  (registers the trainers)
+from baseline_setup import toy_pets_cfg
+
+from trainers import rada_fft
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default
 from vlprompt.engine import build_trainer
+from vlprompt.engine.distributed import DistributedContext
 from vlprompt.protocols.execute import OK, Launcher, execute_chain
 from vlprompt.protocols.grid import Chain, Run
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
@@ -102,6 +105,15 @@ def test_two_gloo_processes_train_as_one_process_with_the_same_global_batch(data
 
     results = [json.loads((run / "results.json").read_text()) for run in (single, ddp)]
     assert results[0]["metrics"] == pytest.approx(results[1]["metrics"], abs=1e-9)
+
+
+def test_the_global_batch_must_divide_among_the_processes(data_root, tiny_clip_files, tmp_path, monkeypatch):
+    monkeypatch.setattr(rada_fft, "init_distributed", lambda use_cuda: DistributedContext(rank=0, world_size=2, local_rank=0))
+    cfg = toy_pets_cfg("RAdaFFT", "RAdaFFT/toy_stage1.yaml", data_root, tmp_path, tiny_clip_files,
+                       "DATALOADER.TRAIN_X.BATCH_SIZE", "7")
+    with pytest.raises(ConfigError, match=r"BATCH_SIZE \(7\) is the global batch and must be divisible by the number "
+                                          r"of processes \(2\)"):
+        build_trainer(cfg)
 
 
 def test_a_trainer_without_ddp_support_refuses_several_processes(monkeypatch):
