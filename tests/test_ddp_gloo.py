@@ -33,7 +33,8 @@ from baseline_setup import toy_pets_cfg
 from trainers import rada_fft
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default
 from vlprompt.engine import build_trainer
-from vlprompt.engine.distributed import DistributedContext
+from vlprompt.data import DataManager
+from vlprompt.engine.distributed import DistributedContext, distributed_train_loader
 from vlprompt.protocols.execute import OK, Launcher, execute_chain
 from vlprompt.protocols.grid import Chain, Run
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
@@ -105,6 +106,26 @@ def test_two_gloo_processes_train_as_one_process_with_the_same_global_batch(data
 
     results = [json.loads((run / "results.json").read_text()) for run in (single, ddp)]
     assert results[0]["metrics"] == pytest.approx(results[1]["metrics"], abs=1e-9)
+
+
+def test_an_item_is_augmented_by_its_epoch_and_index_whichever_process_reads_it(data_root, tiny_clip_files, tmp_path):
+    cfg = toy_pets_cfg("RAdaFFT", "RAdaFFT/toy_stage1.yaml", data_root, tmp_path, tiny_clip_files,
+                       "INPUT.TRANSFORMS", "['random_resized_crop', 'random_flip', 'normalize']")
+    loader = DataManager(cfg).train_loader_x
+
+    def images(world_size, rank, epoch):
+        shard = distributed_train_loader(loader, DistributedContext(rank, world_size, rank), 2, seed=1)
+        shard.sampler.set_epoch(epoch)
+        return {int(i): image for batch in shard for i, image in zip(batch["index"], batch["img"])}
+
+    generator = torch.get_rng_state()
+    alone = images(1, 0, epoch=0)
+    shared = {**images(2, 0, epoch=0), **images(2, 1, epoch=0)}
+    assert torch.equal(torch.get_rng_state(), generator)  # reading items leaves the global generator alone
+    assert alone.keys() == shared.keys() == set(range(16))
+    assert all(torch.equal(alone[i], shared[i]) for i in alone)  # not a stream per process
+    next_epoch = images(1, 0, epoch=1)
+    assert not any(torch.equal(alone[i], next_epoch[i]) for i in alone)  # a new crop every epoch
 
 
 def test_the_global_batch_must_divide_among_the_processes(data_root, tiny_clip_files, tmp_path, monkeypatch):

@@ -14,18 +14,21 @@ checkpoints, results and tensorboard scalars; log files of the other ranks are
 which would each train their own copy into the same folder.
 """
 import os
+import random
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
 from vlprompt.config import ConfigError
+from vlprompt.data.data_manager import SeededItems
 
 __all__ = [
     "DistributedContext", "init_distributed", "is_main_process", "world_size_from_env", "check_world_size",
-    "distributed_train_loader", "mean_over_processes",
+    "distributed_train_loader", "ItemSeededDistributedSampler", "RestoringSeededItems", "mean_over_processes",
 ]
 
 
@@ -102,6 +105,12 @@ def distributed_train_loader(loader, context, batch_size, seed, shuffle=True):
     with batch N*b and a SequentialSampler. The last incomplete global batch is dropped. Call
     ``loader.sampler.set_epoch(epoch)`` before each epoch.
 
+    Augmentation: item i of epoch e is read with torch, ``random`` and NumPy seeded from
+    (seed, e, i), whichever process or worker reads it, and the generators are restored
+    afterwards. So the N processes do not repeat each other's random crops (each would
+    otherwise draw the same stream from its identically seeded generator), and an epoch's
+    images do not depend on N or on DATALOADER.NUM_WORKERS.
+
     Args:
         loader: the single-process training loader (its DatasetWrapper is reused).
         context: DistributedContext.
@@ -112,15 +121,43 @@ def distributed_train_loader(loader, context, batch_size, seed, shuffle=True):
     dataset = loader.dataset
     while not hasattr(dataset, "data_source"):  # the worker-seeding wrapper of build_data_loader
         dataset = dataset.dataset
-    sampler = DistributedSampler(
+    sampler = ItemSeededDistributedSampler(
         dataset, num_replicas=context.world_size, rank=context.rank, shuffle=shuffle, seed=seed,
         drop_last=True,
     )
     workers = loader.num_workers
-    return DataLoader(
-        dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, drop_last=True,
-        pin_memory=loader.pin_memory, persistent_workers=workers > 0,
+    return DataLoader(  # its per-iterator seed from a private generator: items carry their own seeds
+        RestoringSeededItems(dataset), batch_size=batch_size, sampler=sampler, num_workers=workers,
+        drop_last=True, pin_memory=loader.pin_memory, persistent_workers=workers > 0, generator=torch.Generator(),
     )
+
+
+class ItemSeededDistributedSampler(DistributedSampler):
+    """A DistributedSampler that yields (index, item seed) pairs for :class:`RestoringSeededItems`.
+
+    The seed of item i in epoch e is (h(seed, e) + i) mod 2**63, h a hash of the pair: the same
+    on every process, different for every item of the epoch and from epoch to epoch.
+    """
+
+    def __iter__(self):
+        epoch_seed = int(np.random.SeedSequence([self.seed, self.epoch]).generate_state(1, np.uint64)[0])
+        for index in super().__iter__():
+            yield index, (epoch_seed + index) % 2**63
+
+
+class RestoringSeededItems(SeededItems):
+    """SeededItems that puts torch's, ``random``'s and NumPy's global generators back after each
+    item: with DATALOADER.NUM_WORKERS 0 items are read in the training process, whose
+    generators must not depend on the data."""
+
+    def __getitem__(self, key):
+        states = torch.get_rng_state(), random.getstate(), np.random.get_state()
+        try:
+            return super().__getitem__(key)
+        finally:
+            torch.set_rng_state(states[0])
+            random.setstate(states[1])
+            np.random.set_state(states[2])
 
 
 def mean_over_processes(summary, device):
