@@ -18,6 +18,11 @@ sqrt(v) + eps, so a parameter whose exact gradient is zero (e.g. attention key b
 which softmax is invariant) takes +-lr steps driven by the sign of rounding noise, and any
 change of summation order moves it by about lr per step (5e-4 measured with AdamW). The
 logged per-step loss is averaged over the processes, so both logs show the same losses.
+
+The other tests: the DDP loader augments an item the same whichever process reads it (and
+leaves the global generator alone), a global batch the processes do not divide and a
+trainer without DDP support are refused, and run_protocol's ``--nproc-per-node`` (torchrun
+for training runs only, device slots of N GPUs, N GPUs per Slurm job).
 """
 import json
 import re
@@ -32,8 +37,8 @@ from baseline_setup import toy_pets_cfg
 
 from trainers import rada_fft
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default
-from vlprompt.engine import build_trainer
 from vlprompt.data import DataManager
+from vlprompt.engine import build_trainer
 from vlprompt.engine.distributed import DistributedContext, distributed_train_loader
 from vlprompt.protocols.execute import OK, Launcher, execute_chain
 from vlprompt.protocols.grid import Chain, Run
