@@ -21,11 +21,13 @@ logged per-step loss is averaged over the processes, so both logs show the same 
 
 The other tests: the DDP loader augments an item the same whichever process reads it (and
 leaves the global generator alone), a global batch the processes do not divide and a
-trainer without DDP support are refused, and run_protocol's ``--nproc-per-node`` (torchrun
-for training runs only, device slots of N GPUs, N GPUs per Slurm job).
+trainer without DDP support are refused, run_protocol's ``--nproc-per-node`` (torchrun for
+training runs only, device slots of N GPUs, N GPUs per Slurm job), and the README's DDP
+commands resolve (configs merge, the grid expands).
 """
 import json
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -49,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 import run_protocol  # noqa: E402
+import train  # noqa: E402  (the repository root is on sys.path: tests/conftest.py)
 
 GLOBAL_BATCH = 8
 
@@ -185,3 +188,28 @@ def test_device_slots_and_slurm_gpus_follow_nproc_per_node(tmp_path):
     assert options.gpus_per_node == 8
     with pytest.raises(ValueError, match="nproc_per_node > 1 needs subprocess runs"):
         Launcher("train.py", in_process=True, nproc_per_node=2)
+
+
+def readme_ddp_commands():
+    """The commands of the README's "Multi-GPU (DDP)" subsection, as argument lists."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    match = re.search(r"^### Multi-GPU \(DDP\)\n(.*?)(?=^##)", readme, re.M | re.S)
+    assert match, "README has no 'Multi-GPU (DDP)' subsection"
+    blocks = re.findall(r"```bash\n(.*?)```", match.group(1), re.S)
+    return [shlex.split(block.replace("\\\n", " ").replace("$DATA", "/data")) for block in blocks]
+
+
+def test_the_readme_ddp_commands_resolve(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    launch_command, grid_command = readme_ddp_commands()
+    assert launch_command[:5] == ["torchrun", "--standalone", "--nproc_per_node", "8", "train.py"]
+    cfg, _ = train.setup_cfg(train.build_parser().parse_args(launch_command[5:]))
+    assert cfg.TRAINER.NAME == "RAdaFFT" and cfg.DATALOADER.TRAIN_X.BATCH_SIZE == 512  # 64 per process
+
+    assert grid_command[:2] == ["python", "tools/run_protocol.py"]
+    assert run_protocol.main(grid_command[2:] + ["--output", str(tmp_path), "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 * 5  # seeds 1-3: stage 1 on ImageNet, then 4 evaluations
+    assert lines[0].startswith("python -m torch.distributed.run --standalone --nproc_per_node 8 ")
+    assert "imagenet.yaml" in lines[0] and "DATASET.NUM_SHOTS -1" in lines[0]
+    assert all(line.startswith("python ") and "--eval-only" in line for line in lines[1:5])
