@@ -115,7 +115,7 @@ def distributed_train_loader(loader, context, batch_size, seed, shuffle=True):
         loader: the single-process training loader (its DatasetWrapper is reused).
         context: DistributedContext.
         batch_size: images per process and step (the global batch divided by the world size).
-        seed: shuffling seed (the same on every process).
+        seed: shuffling and augmentation seed (the same on every process).
         shuffle: False for DATALOADER.TRAIN_X.SAMPLER "SequentialSampler".
     """
     dataset = loader.dataset
