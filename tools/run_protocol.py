@@ -89,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
                            help="gpus backend: comma-separated device ids, or 'all' (default)")
     execution.add_argument("--runs-per-gpu", type=int, default=1,
                            help="gpus backend: concurrent runs per device (default 1)")
+    execution.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
+                           help="processes per training run (default 1): N > 1 starts each training "
+                                "run with torchrun --standalone --nproc_per_node N (DistributedDataParallel, "
+                                "one GPU per process; trainers with DDP support only, e.g. RAdaFFT); the "
+                                "gpus backend then gives each run N devices, slurm N GPUs per job")
 
     slurm = parser.add_argument_group("slurm (one job per training run and its evaluations)")
     slurm.add_argument("--slurm-partition")
@@ -96,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     slurm.add_argument("--slurm-qos")
     slurm.add_argument("--slurm-constraint")
     slurm.add_argument("--slurm-time", type=int, default=24 * 60, help="minutes per job (default 1440)")
-    slurm.add_argument("--slurm-gpus", type=int, default=1, help="GPUs per job (default 1)")
+    slurm.add_argument("--slurm-gpus", type=int, help="GPUs per job (default: --nproc-per-node)")
     slurm.add_argument("--slurm-cpus", type=int, default=8, help="CPUs per job (default 8)")
     slurm.add_argument("--slurm-mem-gb", type=int, help="memory per job in GB")
     slurm.add_argument("--slurm-array-parallelism", type=int, default=256,
@@ -121,6 +126,17 @@ def _trainer_learns(name: str) -> bool:
     if name not in registered:
         raise ConfigError(f"Unknown trainer '{name}'; registered: {', '.join(sorted(registered))}.")
     return bool(getattr(TRAINER_REGISTRY.get(name), "learns", True))
+
+
+def _check_process_count(methods, nproc_per_node: int) -> None:
+    """ConfigError when a method that trains would run as several processes without DDP support
+    (evaluation-only runs are always one process)."""
+    from vlprompt.engine import TRAINER_REGISTRY
+    from vlprompt.engine.distributed import check_world_size
+
+    for method in methods:
+        if method.learns:
+            check_world_size(method.trainer, TRAINER_REGISTRY, nproc_per_node)
 
 
 TRANSFER = ("cross_dataset", "dg")
@@ -152,7 +168,9 @@ def protocol_datasets(args, benchmark) -> dict:
     return chosen
 
 
-def _devices(spec: str, runs_per_gpu: int) -> List[str]:
+def _devices(spec: str, runs_per_gpu: int, nproc_per_node: int = 1) -> List[str]:
+    """Device slots of the gpus backend: the ids in groups of ``nproc_per_node`` (a slot
+    "0,1" is one two-process run), each repeated ``runs_per_gpu`` times."""
     if spec == "all":
         import torch
 
@@ -165,7 +183,11 @@ def _devices(spec: str, runs_per_gpu: int) -> List[str]:
         ids = _split_commas([spec])
     if runs_per_gpu < 1:
         raise ConfigError(f"--runs-per-gpu must be at least 1, got {runs_per_gpu}.")
-    return [device for device in ids for _ in range(runs_per_gpu)]
+    if len(ids) % nproc_per_node:
+        raise ConfigError(f"--nproc-per-node {nproc_per_node} needs a multiple of {nproc_per_node} devices "
+                          f"for --backend gpus, got {len(ids)} ({','.join(ids)}).")
+    slots = [",".join(ids[i:i + nproc_per_node]) for i in range(0, len(ids), nproc_per_node)]
+    return [slot for slot in slots for _ in range(runs_per_gpu)]
 
 
 def _slurm_options(args, output: str) -> SlurmOptions:
@@ -177,7 +199,8 @@ def _slurm_options(args, output: str) -> SlurmOptions:
         extra[key] = value
     return SlurmOptions(
         folder=args.slurm_folder or os.path.join(output, ".submitit", "%j"),
-        cluster=args.slurm_cluster, timeout_min=args.slurm_time, gpus_per_node=args.slurm_gpus,
+        cluster=args.slurm_cluster, timeout_min=args.slurm_time,
+        gpus_per_node=args.nproc_per_node if args.slurm_gpus is None else args.slurm_gpus,
         cpus_per_task=args.slurm_cpus, mem_gb=args.slurm_mem_gb, partition=args.slurm_partition,
         account=args.slurm_account, qos=args.slurm_qos, constraint=args.slurm_constraint,
         array_parallelism=args.slurm_array_parallelism, additional=extra)
@@ -188,7 +211,7 @@ def _print_dry_run(chains, launcher: Launcher) -> None:
 
     for run in pending_runs(chains):
         needs = f"   # after {run.requires}" if run.requires else ""
-        print(f"python {shlex.quote(launcher.train_script)} {shlex.join(run.argv)}{needs}")
+        print(f"{shlex.join(['python', *launcher.command(run)[1:]])}{needs}")
 
 
 def _submit_with_repo_on_path(chains, launcher: Launcher, options: SlurmOptions) -> list:
@@ -219,7 +242,7 @@ def _execute(args, chains, launcher: Launcher) -> int:
     if args.backend == "sequential":
         return summarize(run_sequential(todo, launcher, progress))
     if args.backend == "gpus":
-        devices = _devices(args.gpus, args.runs_per_gpu)
+        devices = _devices(args.gpus, args.runs_per_gpu, args.nproc_per_node)
         print(f"Device slots: {', '.join(devices)}", flush=True)
         return summarize(run_queue(todo, launcher, devices, progress))
     options = _slurm_options(args, os.path.abspath(args.output))
@@ -239,6 +262,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("error: --in-process cannot be combined with --backend gpus (each run needs its "
               "own CUDA_VISIBLE_DEVICES, so runs are subprocesses).", file=sys.stderr)
         return 2
+    if args.nproc_per_node < 1:
+        print(f"error: --nproc-per-node must be at least 1, got {args.nproc_per_node}.", file=sys.stderr)
+        return 2
+    if args.nproc_per_node > 1 and args.in_process:
+        print("error: --in-process cannot be combined with --nproc-per-node > 1 (torchrun starts "
+              "the processes of each training run).", file=sys.stderr)
+        return 2
     try:
         import trainers  # noqa: F401  (registers the trainers and their config nodes)
 
@@ -246,6 +276,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         protocols = protocol_datasets(args, benchmark)
         methods = [resolve_method(spec, args.config, CONFIGS, _trainer_learns)
                    for spec in _split_commas(args.trainers)]
+        _check_process_count(methods, args.nproc_per_node)
         spec = GridSpec(data_root=args.root, output_root=args.output, methods=methods,
                         seeds=args.seeds or benchmark.seeds, configs_dir=str(CONFIGS),
                         opts=args.opts, train_opts=args.train_opts, test_opts=args.test_opts)
@@ -253,11 +284,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (ConfigError, BenchmarkError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    launcher = Launcher(str(TRAIN_SCRIPT), in_process=args.in_process)
+    launcher = Launcher(str(TRAIN_SCRIPT), in_process=args.in_process, nproc_per_node=args.nproc_per_node)
     if args.dry_run:
         _print_dry_run(chains, launcher)
         return 0
-    return _execute(args, chains, launcher)
+    try:
+        return _execute(args, chains, launcher)
+    except ConfigError as error:  # device slots of the gpus backend
+        print(f"error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ Recipe (configs/trainers/RAdaFFT): AdamW, weight decay 0.1, batch 512, lr 0.004 
 4e-6 (stage 2), 500 linear warm-up iterations then a per-iteration cosine (LR_SCHEDULE
 "iteration": OPTIM.LR_SCHEDULER must be "cosine" and OPTIM.WARMUP_EPOCH <= 0, else a
 ConfigError; LR_SCHEDULE "epoch" uses OPTIM's per-epoch schedule and warm-up). Runs as one
-process, or under ``torchrun`` with DistributedDataParallel (batch = the global batch).
+process, or under ``torchrun`` with DistributedDataParallel: DATALOADER.TRAIN_X.BATCH_SIZE
+stays the global batch, each of the N processes takes BATCH_SIZE / N images per step
+(vlprompt/engine/distributed.py).
 Checkpoints store the class names of W's rows, so evaluating on a dataset whose classes
 are a subset (ImageNet-A/-R) keeps the matching rows.
 """
@@ -31,7 +33,9 @@ from vlprompt.clip import IMAGENET_TEMPLATES, PromptedCLIP, fill_template
 from vlprompt.clip.templates import DEFAULT_TEMPLATE, dataset_template
 from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-from vlprompt.engine.distributed import distributed_train_loader, init_distributed, is_main_process
+from vlprompt.engine.distributed import (
+    distributed_train_loader, init_distributed, is_main_process, mean_over_processes,
+)
 from vlprompt.metrics import compute_accuracy
 from vlprompt.optim import build_lr_scheduler, build_optimizer
 from vlprompt.utils import count_num_param, load_checkpoint, load_pretrained_weights
@@ -149,6 +153,8 @@ class RAdaFFT(ClipTrainer):
     """RAda / RAda-FT (stage 1 / stage 2); the checkpointed module is the whole model's
     trained part (mask generator; plus image encoder and classifier in stage 2)."""
 
+    supports_distributed = True
+
     def __init__(self, cfg):
         self.distributed = init_distributed(cfg.USE_CUDA)
         super().__init__(cfg)
@@ -180,7 +186,8 @@ class RAdaFFT(ClipTrainer):
             cfg = self.cfg
             per_process = cfg.DATALOADER.TRAIN_X.BATCH_SIZE // self.distributed.world_size
             self.train_loader_x = distributed_train_loader(
-                self.dm.train_loader_x, self.distributed, per_process, max(cfg.SEED, 0)
+                self.dm.train_loader_x, self.distributed, per_process, max(cfg.SEED, 0),
+                shuffle=cfg.DATALOADER.TRAIN_X.SAMPLER != "SequentialSampler",
             )
             print(f"DistributedDataParallel: {self.distributed.world_size} processes x {per_process} images per step")
 
@@ -222,13 +229,17 @@ class RAdaFFT(ClipTrainer):
         summary["acc"] = compute_accuracy(logits, labels)[0].item()
         if self.cfg.TRAINER.RADAFFT.LR_SCHEDULE == "iteration" or (self.batch_idx + 1) == self.num_batches:
             self.update_lr()
-        return summary
+        return mean_over_processes(summary, self.device)
 
     def model_inference(self, input):
         with self.autocast():
             return self.model(input)[0]
 
     # ------------------------------------------------------------------- files (rank 0 only)
+    def init_writer(self, log_dir):
+        if is_main_process():
+            super().init_writer(log_dir)
+
     def save_model(self, *args, **kwargs):
         if is_main_process():
             super().save_model(*args, **kwargs)

@@ -12,8 +12,9 @@ Each attempt appends the run's console output (stdout and stderr, tracebacks inc
 Backends:
 
 * :func:`run_sequential`: chains one after the other in this process's machine.
-* :func:`run_queue`: one worker per device slot (``CUDA_VISIBLE_DEVICES`` set per run),
-  each taking the next chain from a shared queue.
+* :func:`run_queue`: one worker per device slot (``CUDA_VISIBLE_DEVICES`` set per run; a
+  slot may hold several devices, e.g. "0,1" for a two-process torchrun run), each taking
+  the next chain from a shared queue.
 * :func:`submit_slurm`: one submitit job per chain, submitted as a job array
   (``submitit`` is an optional dependency: ``pip install -e ".[slurm]"``).
 """
@@ -97,12 +98,32 @@ class Launcher:
             run; CUDA_VISIBLE_DEVICES cannot be set per run) instead of a subprocess.
         python: interpreter for subprocess runs.
         cwd: working directory of the runs (relative paths in configs are read from it).
+        nproc_per_node: processes per training run; above 1, training runs are started by
+            torchrun (DistributedDataParallel, one GPU per process), evaluation-only runs
+            (``--eval-only``) stay one process. Not with ``in_process``.
     """
 
     train_script: str
     in_process: bool = False
     python: str = sys.executable
     cwd: str = field(default_factory=os.getcwd)
+    nproc_per_node: int = 1
+
+    def __post_init__(self):
+        if self.nproc_per_node < 1:
+            raise ValueError(f"nproc_per_node must be at least 1, got {self.nproc_per_node}.")
+        if self.in_process and self.nproc_per_node > 1:
+            raise ValueError("in-process runs are one process; nproc_per_node > 1 needs subprocess runs.")
+
+    def command(self, run: Run) -> List[str]:
+        """The subprocess command of ``run``: ``python train.py ARGV``, or for a training run
+        with ``nproc_per_node`` N > 1 ``python -m torch.distributed.run --standalone
+        --nproc_per_node N train.py ARGV`` (torchrun: N processes on this node, meeting on a
+        free local port, so concurrent runs do not collide)."""
+        if self.nproc_per_node > 1 and "--eval-only" not in run.argv:
+            return [self.python, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc_per_node", str(self.nproc_per_node), self.train_script, *run.argv]
+        return [self.python, self.train_script, *run.argv]
 
     def __call__(self, run: Run, env: Dict[str, str], console: TextIO) -> int:
         """Run ``run`` with extra environment ``env``, writing its output to ``console``;
@@ -113,9 +134,8 @@ class Launcher:
                                  "use subprocess runs for per-run devices.")
             return _run_in_process(self.train_script, run.argv, console)
         console.flush()
-        return subprocess.run([self.python, self.train_script, *run.argv], cwd=self.cwd,
-                              env={**os.environ, **env}, stdout=console,
-                              stderr=subprocess.STDOUT).returncode
+        return subprocess.run(self.command(run), cwd=self.cwd, env={**os.environ, **env},
+                              stdout=console, stderr=subprocess.STDOUT).returncode
 
 
 def _train_module(train_script: str):
