@@ -200,6 +200,7 @@ def test_synthetic_config_with_the_tiny_clips_role_maps(role_map, strategy, core
     merge_from_file(cfg, "configs/trainers/DeAR/synthetic.yaml")
     node = cfg.TRAINER.DEAR
     node.ROLE_MAP, node.MASK_STRATEGY = f"configs/head_roles/{role_map}", strategy
+    node.SHUFFLE_SEED = 0  # random_shuffle: the permutation of seed 0
     check_dear_config(node)
     assert cfg.MODEL.BACKBONE.NAME == "configs/clip/tiny-synthetic-clip.json" and node.INJECT_LAYER == 4
     roles = deep_head_roles(node, 6, 4)
@@ -207,3 +208,61 @@ def test_synthetic_config_with_the_tiny_clips_role_maps(role_map, strategy, core
              for layer, heads in roles.items() for head, role in enumerate(heads)}
     found = {key: attribute for key, attribute in cores.items() if attribute}
     assert sorted(roles) == [4, 5, 6] and found == core_heads
+
+
+def synthetic_shuffle_node(monkeypatch, shuffle_seed=-1):
+    """TRAINER.DEAR of DeAR/synthetic.yaml with the discovered map under random_shuffle."""
+    from vlprompt.config import extend_cfg, get_cfg_default, merge_from_file
+
+    monkeypatch.chdir(ROOT)
+    cfg = get_cfg_default()
+    extend_cfg(cfg)
+    merge_from_file(cfg, "configs/trainers/DeAR/synthetic.yaml")
+    node = cfg.TRAINER.DEAR
+    node.ROLE_MAP, node.MASK_STRATEGY = "configs/head_roles/tiny_synthetic_discovered.yaml", "random_shuffle"
+    node.SHUFFLE_SEED = shuffle_seed
+    return node
+
+
+def test_random_shuffle_draws_its_permutation_from_the_run_seed_by_default(monkeypatch):
+    """The three seeds of the ablation get three permutations; an explicit SHUFFLE_SEED wins."""
+    from trainers.dear import deep_head_roles, shuffle_seed
+
+    node = synthetic_shuffle_node(monkeypatch)
+    assert node.SHUFFLE_SEED == -1  # the default: follow SEED
+    assert [shuffle_seed(node, seed) for seed in (1, 2, 3)] == [(1, "SEED"), (2, "SEED"), (3, "SEED")]
+    roles = [deep_head_roles(node, 6, 4, permutation_seed=shuffle_seed(node, seed)[0]) for seed in (1, 2, 3)]
+    assert roles[0] != roles[1] and roles[1] != roles[2] and roles[0] != roles[2]
+    assert deep_head_roles(node, 6, 4, permutation_seed=shuffle_seed(node, 2)[0]) == roles[1]  # deterministic
+
+    explicit = synthetic_shuffle_node(monkeypatch, shuffle_seed=7)
+    assert shuffle_seed(explicit, 1) == shuffle_seed(explicit, 2) == (7, "TRAINER.DEAR.SHUFFLE_SEED")
+    assert deep_head_roles(explicit, 6, 4) == deep_head_roles(node, 6, 4, permutation_seed=7)
+    assert deep_head_roles(explicit, 6, 4) not in roles
+
+
+def test_unseeded_random_shuffle_draws_a_permutation_seed_and_says_so(monkeypatch):
+    from trainers.dear import shuffle_seed
+
+    node = synthetic_shuffle_node(monkeypatch)
+    seed, origin = shuffle_seed(node, -1)
+    assert 0 <= seed < 2**31 and origin == "drawn at random: SEED and TRAINER.DEAR.SHUFFLE_SEED are < 0"
+
+
+def test_shuffle_seed_below_minus_one_is_rejected(monkeypatch):
+    from trainers.dear import check_dear_config
+    from vlprompt.config import ConfigError
+
+    with pytest.raises(ConfigError, match="TRAINER.DEAR.SHUFFLE_SEED must be at least -1, got -2"):
+        check_dear_config(synthetic_shuffle_node(monkeypatch, shuffle_seed=-2))
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (("--seed", "2"), "permutation seed 2 (SEED)"),
+    (("--seed", "3", "TRAINER.DEAR.SHUFFLE_SEED", "7"), "permutation seed 7 (TRAINER.DEAR.SHUFFLE_SEED)"),
+])
+def test_train_logs_the_permutation_seed_of_random_shuffle(setup, tmp_path, extra, expected):
+    result = run_train(setup, tmp_path / "run", "OPTIM.MAX_EPOCH", "1", "TRAINER.DEAR.MASK_STRATEGY", "random_shuffle",
+                       *extra)
+    succeeded(result)
+    assert f"Random role shuffle: {expected}" in result.stdout

@@ -27,3 +27,38 @@ def test_table_has_a_row_per_analysed_head():
     for row in rows:
         shares = [float(value) for value in row[2:8]]
         assert all(0 <= share <= 1 for share in shares) and 0 <= float(row[8]) <= np.log(6)
+
+
+def test_roles_follow_the_dominance_and_entropy_rule():
+    """Order of the shares: shape, color, texture, location, size, background."""
+    from vlprompt.clip.head_roles import HeadRole
+
+    rows = [
+        (4, 0, np.array([0.1, 0.6, 0.1, 0.1, 0.1, 0.0])),  # colour 60 %: a DeAR attribute -> A
+        (4, 1, np.array([0.0, 0.0, 0.0, 0.0, 0.2, 0.8])),  # background 80 %: not one -> O
+        (5, 0, np.array([0.3, 0.25, 0.25, 0.2, 0.0, 0.0])),  # shape 30 %, entropy 1.38
+        (5, 1, np.array([0.2, 0.2, 0.2, 0.2, 0.2, 0.0])),  # uniform over five, entropy 1.61 (highest)
+        (6, 0, np.array([0.39, 0.31, 0.3, 0.0, 0.0, 0.0])),  # shape 39 %: just below 40 %, entropy 1.09
+    ]
+    attributes = ["color", "shape", "texture", "object", "location"]
+    roles = synthetic_head_roles.assign_roles(rows, attributes, dominance=0.4, generalization_share=0.4)
+    assert roles == {(4, 0): HeadRole("A", "color"), (4, 1): HeadRole("O", "background"), (5, 0): HeadRole("G"),
+                     (5, 1): HeadRole("G"), (6, 0): HeadRole("M")}  # floor(0.4 x 5) = 2 generalization heads
+    roles = synthetic_head_roles.assign_roles(rows, attributes, dominance=0.39, generalization_share=0.2)
+    assert roles[6, 0] == HeadRole("A", "shape") and roles[5, 1] == HeadRole("G") and roles[5, 0] == HeadRole("M")
+
+
+def test_output_writes_a_role_map_whose_header_holds_the_command(tmp_path):
+    from vlprompt.clip.head_roles import load_role_map
+
+    path = tmp_path / "roles.yaml"
+    argv = ["--num-images", "60", "--layers", "2", "--output", str(path)]
+    _, lines = quietly(lambda: synthetic_head_roles.main(argv))
+    role_map = load_role_map(str(path))
+    role_map.check_backbone(6, 4)
+    assert sorted(role_map.roles) == [5, 6] and role_map.weights == "weights/tiny-synthetic-clip.pt"
+    printed = {(int(row[0]), int(row[1])): " ".join(row[11:]) for row in map(str.split, lines[2:10])}
+    assert printed == {(layer, head): str(role_map.roles[layer][head]) for layer in (5, 6) for head in range(4)}
+    text = path.read_text()
+    assert f"#   python tools/synthetic_head_roles.py {' '.join(argv)}\n" in text
+    assert sum(str(role).startswith("G") for layer in role_map.roles.values() for role in layer) == 1  # floor(1.6)

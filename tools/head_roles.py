@@ -42,7 +42,7 @@ import torch
 import yaml
 
 from vlprompt.clip import CLIPLoadError, CLIPRunner, PromptTooLongError, Tokenizer, UnsupportedBackboneError, load_clip
-from vlprompt.clip.head_roles import parse_role_map
+from vlprompt.clip.head_roles import model_file_label, parse_role_map
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file, merge_from_list
 from vlprompt.data import build_data_loader
 from vlprompt.data.datasets import DatasetLayoutError, build_dataset
@@ -187,7 +187,7 @@ def main(args):
           f"{len(corpus)} descriptions embedded in {embed_seconds:.1f} s")
 
     tic = time.time()
-    weights = info["weights"] if not os.path.isfile(str(info["weights"])) else os.path.basename(info["weights"])
+    weights = model_file_label(info["weights"])
     notes = (f"Discovered by tools/head_roles.py: {num_images} images of {cfg.DATASET.NAME} ({args.split}), "
              f"corpus {corpus.source}, {args.texts_per_head} phrases per head, embedder {args.embedder}, "
              f"concepts {args.concepts}, entropy quantile {args.quantile}.")
@@ -195,7 +195,8 @@ def main(args):
         contributions, list(range(first, depth + 1)), corpus, text_embeddings, embed, depth,
         num_texts=args.texts_per_head, concepts=args.concepts, min_cluster_size=args.min_cluster_size,
         min_samples=args.min_samples, concept_names=args.concept_names, attributes=args.attributes,
-        quantile=args.quantile, backbone=cfg.MODEL.BACKBONE.NAME, weights=weights, notes=notes, progress=print,
+        quantile=args.quantile, backbone=model_file_label(cfg.MODEL.BACKBONE.NAME), weights=weights, notes=notes,
+        progress=print,
     )
     times = (f"decomposition {decompose_seconds:.1f} s, corpus {embed_seconds:.1f} s, "
              f"TEXTSPAN + concepts {time.time() - tic:.1f} s, total {time.time() - start:.1f} s")

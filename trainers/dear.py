@@ -19,6 +19,8 @@ domain generalization, "decoupled inference"). Loss = CE + lambda_reg * (1 - cos
 and text) + lambda_fusion * (1 - w_0). Layer numbers are 1-indexed in the config and
 0-indexed ("block") in the runner.
 """
+import random
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -50,7 +52,7 @@ def add_dear_config(cfg):
     cfg.TRAINER.DEAR.BETA = 0.9  # re-mixing: beta * output + (1 - beta) * raw token
     cfg.TRAINER.DEAR.ROLE_MAP = "auto"  # auto: registered for MODEL.BACKBONE NAME+WEIGHTS; or a map name or file
     cfg.TRAINER.DEAR.MASK_STRATEGY = "role"  # role, all_generalization, all_mixed, random_shuffle
-    cfg.TRAINER.DEAR.SHUFFLE_SEED = 0  # random_shuffle only
+    cfg.TRAINER.DEAR.SHUFFLE_SEED = -1  # random_shuffle only; < 0: the run's SEED (shuffle_seed)
     cfg.TRAINER.DEAR.LAMBDA_REG = 1.0
     cfg.TRAINER.DEAR.LAMBDA_FUSION = 0.7
     cfg.TRAINER.DEAR.FUSION_LOSS = "one_minus"  # one_minus: 1 - w_0; neg_log: -log w_0
@@ -65,7 +67,7 @@ def check_dear_config(node, backbone=None):
         check_choice(f"TRAINER.DEAR.{key}", node[key], allowed)
     INFERENCE_RULE.check(node.INFERENCE)
     for key, low in (("N_ATTR_TOKENS", 0), ("N_CTX_TEXT", 0), ("INJECT_LAYER", 1), ("TEXT_INJECT_LAYER", 0),
-                     ("LAMBDA_REG", 0), ("LAMBDA_FUSION", 0), ("SHUFFLE_SEED", 0)):
+                     ("LAMBDA_REG", 0), ("LAMBDA_FUSION", 0), ("SHUFFLE_SEED", -1)):
         check_range(f"TRAINER.DEAR.{key}", node[key], minimum=low)
     check_range("TRAINER.DEAR.BETA", node.BETA, 0.0, 1.0, why="(1: no re-mixing, 0: raw tokens at every layer)")
     names = list(node.ATTRIBUTES)
@@ -82,10 +84,28 @@ def _backbone_key(backbone):
     return (backbone.NAME, backbone.WEIGHTS) if backbone is not None else ("", "")
 
 
-def deep_head_roles(node, num_layers, num_heads, backbone=None):
+def shuffle_seed(node, seed):
+    """The permutation seed of MASK_STRATEGY random_shuffle and a phrase saying where it came from.
+
+    TRAINER.DEAR.SHUFFLE_SEED when it is >= 0 (an explicit permutation), else the run's
+    ``seed`` (cfg.SEED) when it is >= 0, so that every seed of an ablation draws its own
+    permutation; an unseeded run (both < 0) draws one at random and names it, so that it
+    can be repeated with SHUFFLE_SEED.
+    """
+    if node.SHUFFLE_SEED >= 0:
+        return node.SHUFFLE_SEED, "TRAINER.DEAR.SHUFFLE_SEED"
+    if seed >= 0:
+        return seed, "SEED"
+    drawn = random.SystemRandom().randrange(2**31)
+    return drawn, "drawn at random: SEED and TRAINER.DEAR.SHUFFLE_SEED are < 0"
+
+
+def deep_head_roles(node, num_layers, num_heads, backbone=None, permutation_seed=None):
     """Roles of the image heads in layers J..L under MASK_STRATEGY: {1-indexed layer: roles}.
 
-    ``all_mixed`` gives {} (no mask anywhere); ``all_generalization`` isolates every head.
+    ``all_mixed`` gives {} (no mask anywhere); ``all_generalization`` isolates every head;
+    ``random_shuffle`` permutes the map's roles with ``permutation_seed`` (None:
+    ``shuffle_seed(node, -1)``, i.e. SHUFFLE_SEED, else a random one).
     """
     first = node.INJECT_LAYER
     if node.MASK_STRATEGY in ("role", "random_shuffle"):
@@ -93,7 +113,9 @@ def deep_head_roles(node, num_layers, num_heads, backbone=None):
         role_map.check_backbone(num_layers, num_heads)
         role_map.check_inject_layer(first)
         if node.MASK_STRATEGY == "random_shuffle":
-            role_map = role_map.shuffled(node.SHUFFLE_SEED, first)
+            if permutation_seed is None:
+                permutation_seed, _ = shuffle_seed(node, -1)
+            role_map = role_map.shuffled(permutation_seed, first)
         return role_map.deep_roles(first)
     if first > num_layers:
         raise ConfigError(f"TRAINER.DEAR.INJECT_LAYER is {first}, but the image tower has {num_layers} layers.")
@@ -287,7 +309,12 @@ class DeAR(ClipTrainer):
                 f"DeAR needs a ViT image tower (attribute tokens and per-head masks); "
                 f"{self.cfg.MODEL.BACKBONE.NAME} is not one.")
         node = self.cfg.TRAINER.DEAR
-        roles = deep_head_roles(node, clip.visual.num_layers, clip.visual.num_heads, self.cfg.MODEL.BACKBONE)
+        permutation_seed = None
+        if node.MASK_STRATEGY == "random_shuffle":
+            permutation_seed, origin = shuffle_seed(node, self.cfg.SEED)
+            print(f"Random role shuffle: permutation seed {permutation_seed} ({origin})")
+        roles = deep_head_roles(node, clip.visual.num_layers, clip.visual.num_heads, self.cfg.MODEL.BACKBONE,
+                                permutation_seed)
         counts = [role.kind for layer in roles.values() for role in layer]
         summary = ", ".join(f"{counts.count(k)} {k}" for k in "AOGM") if counts else "no masks"
         layers = f"{node.INJECT_LAYER}..{clip.visual.num_layers}"

@@ -31,6 +31,7 @@ What a role means for attention (DeAR, Eq. 8 and 9), given the attributes a mode
   tokens do not see each other (attribute tokens still see attribute tokens);
 * ``M`` heads are not masked.
 """
+import os
 import random
 from dataclasses import dataclass, field, replace
 from typing import Dict, Optional, Sequence, Tuple
@@ -39,10 +40,11 @@ import torch
 import yaml
 
 from vlprompt.config import ConfigError
+from vlprompt.project import repository_root
 from vlprompt.utils import write_text
 
 __all__ = [
-    "HeadRole", "RoleMap", "RoleMapError", "ROLE_KINDS", "load_role_map", "parse_role_map",
+    "HeadRole", "RoleMap", "RoleMapError", "ROLE_KINDS", "load_role_map", "model_file_label", "parse_role_map",
     "role_attention_mask",
 ]
 
@@ -202,6 +204,20 @@ class RoleMap:
     def save(self, path):
         """Write ``to_yaml()`` to ``path`` atomically (an interrupted save keeps the previous file)."""
         write_text(self.to_yaml(), path)
+
+
+def model_file_label(value):
+    """How a role map names its backbone or weights (informative fields): a file inside the
+    repository by its path relative to the repository (as the configs name it, from any
+    working directory), another existing file by its file name (no user's folders in a map
+    meant to be shared), anything else (a tag such as ``openai``, a hub name) as given."""
+    value = str(value)
+    if not os.path.isfile(value):
+        return value
+    path, root = os.path.abspath(value), str(repository_root())
+    if path.startswith(root + os.sep):
+        return os.path.relpath(path, root).replace(os.sep, "/")
+    return os.path.basename(path)
 
 
 def load_role_map(path, label=None):
