@@ -32,17 +32,27 @@ def test_the_sys_path_check_catches_each_kind_of_change():
                                                              "sys.path == before"])
 
 
+def installed_environment(folder):
+    """The environment of a user with an editable install of this checkout: ``vlprompt`` is
+    importable (through a link in ``folder``/site), ``trainers`` and ``datasets`` are not."""
+    site = Path(folder, "site")
+    site.mkdir(exist_ok=True)
+    if not (site / "vlprompt").exists():
+        (site / "vlprompt").symlink_to(ROOT / "vlprompt", target_is_directory=True)
+    return dict(os.environ, PYTHONPATH=str(site), OMP_NUM_THREADS="1")
+
+
 def run_from(folder, script, *args):
-    """``python script args`` with ``folder`` as the working directory; vlprompt importable as
-    with an editable install of this checkout (PYTHONPATH is the checkout, not the folder)."""
-    environment = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    """``python script args`` with ``folder`` as the working directory and only vlprompt
+    importable, as after ``pip install -e .`` (see installed_environment)."""
+    environment = installed_environment(Path(folder).parent)
     return subprocess.run([sys.executable, str(script), *args], cwd=folder, env=environment, capture_output=True,
                           text=True, timeout=600)
 
 
 def test_every_tool_and_train_py_answer_help_from_another_directory(tmp_path):
     """All at once (each is a fresh interpreter importing torch): a failure names the tool."""
-    environment = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    environment = installed_environment(tmp_path.parent)
     scripts = [ROOT / "tools" / name for name in TOOLS] + [ROOT / "train.py"]
     running = {script.name: subprocess.Popen([sys.executable, str(script), "--help"], cwd=tmp_path, env=environment,
                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -68,6 +78,19 @@ def test_a_benchmark_runs_from_another_directory(tmp_path):
     assert "missing.json" in result.stderr
     result = run_from(tmp_path, ROOT / "tools" / "benchmark.py", "dear", "--config-file", "missing.yaml")
     assert result.returncode == 2 and "missing.yaml" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_run_protocol_expands_a_grid_from_another_directory(tmp_path):
+    """A real invocation past argument parsing: the trainers (and their configs) are resolved
+    from the repository root, not from the working directory."""
+    result = run_from(tmp_path, ROOT / "tools" / "run_protocol.py", "--benchmark", "synthetic",
+                      "--protocol", "base2new", "--root", str(tmp_path / "data"), "--output", str(tmp_path / "out"),
+                      "--trainers", "CoOp", "RAda:synthetic_mlp", "--config", "synthetic", "--seeds", "1",
+                      "--dry-run")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert "configs/trainers/RAda/synthetic_mlp.yaml" in result.stdout
+    assert not (tmp_path / "out").exists()  # a dry run writes nothing
 
 
 def test_project_packages_are_loaded_from_the_repository_root():

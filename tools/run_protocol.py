@@ -37,6 +37,7 @@ from vlprompt.protocols.execute import (  # noqa: E402
     summarize, wait_for_jobs,
 )
 from vlprompt.protocols.grid import resolve_method  # noqa: E402
+from vlprompt.project import import_project_package  # noqa: E402
 
 CONFIGS = REPO / "configs"
 TRAIN_SCRIPT = REPO / "train.py"
@@ -270,8 +271,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "the processes of each training run).", file=sys.stderr)
         return 2
     try:
-        import trainers  # noqa: F401  (registers the trainers and their config nodes)
-
+        import_project_package("trainers")  # registers the trainers and their config nodes
         benchmark = load_benchmark(args.benchmark, CONFIGS)
         protocols = protocol_datasets(args, benchmark)
         methods = [resolve_method(spec, args.config, CONFIGS, _trainer_learns)
