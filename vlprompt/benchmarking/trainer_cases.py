@@ -148,7 +148,7 @@ class SyntheticClasses:
 
     def build_data_loader(self):
         names = [f"class number {index}" for index in range(self.benchmark_classes)]
-        dataset = SimpleNamespace(classnames=names, train_x=[], val=[], test=[])
+        dataset = SimpleNamespace(classnames=names, train_x=[], val=[], test=[], prediction_map=None)
         self.dm = SimpleNamespace(dataset=dataset, train_loader_x=_NoBatches(1000), val_loader=None,
                                   test_loader=None, num_classes=len(names))
         self.train_loader_x, self.train_loader_u = self.dm.train_loader_x, None
