@@ -194,7 +194,7 @@ def test_objective_is_the_cross_entropy_alone(toy_world, tmp_path):  # noqa: F81
     images, labels = trainer.parse_batch_train(batch)
     loss_ce, loss_kl, _ = trainer.model.losses(images, labels)
     (g_ce,) = torch.autograd.grad(loss_ce, ctx)
-    assert float(loss_kl) > 1e-3
+    assert float(loss_kl.detach()) > 1e-3
     group = trainer._optims["prompt_learner"].param_groups[0]
     expected = ctx.detach() - group["lr"] * (g_ce + group["weight_decay"] * ctx.detach())
     trainer.batch_idx, trainer.num_batches, trainer.epoch = 0, 2, 0
@@ -219,6 +219,7 @@ def test_soft_cross_entropy_scales_with_the_squared_temperature():
     ("CLASS_TOKEN_POSITION", "left", "TRAINER.PROGRAD.CLASS_TOKEN_POSITION"),
     ("N_CTX", 0, "TRAINER.PROGRAD.N_CTX"),
     ("CTX_INIT", "a photo of a", "TRAINER.PROGRAD.CTX_INIT"),
+    ("CSC", "yes", "TRAINER.PROGRAD.CSC"),
     ("N_CTX", 5, "at least the number of words"),  # the pets prefix has 8 words
 ])
 def test_bad_config_values_are_config_errors(toy_world, tmp_path, key, value, message):  # noqa: F811

@@ -193,8 +193,9 @@ class ProGrad(ClipTrainer):
         check_range("TRAINER.PROGRAD.LAMBDA", node.LAMBDA, minimum=0.0)
         if not node.T > 0:
             raise ConfigError(f"TRAINER.PROGRAD.T must be > 0 (a softmax temperature), got {node.T}.")
-        if not isinstance(node.CTX_INIT, bool):
-            raise ConfigError(f"TRAINER.PROGRAD.CTX_INIT must be True or False, got {node.CTX_INIT!r}.")
+        for key, value in (("CSC", node.CSC), ("CTX_INIT", node.CTX_INIT)):
+            if not isinstance(value, bool):
+                raise ConfigError(f"TRAINER.PROGRAD.{key} must be True or False, got {value!r}.")
 
     def build_model(self):
         clip, tokenizer = self.build_clip()
