@@ -29,11 +29,13 @@ Dassl.ProGrad.pytorch/dassl/engine/trainer.py ``prograd_backward_and_update``):
 * the projection: backward of the KL, clone the gradients, zero them, backward of the CE, then
   per ``parameters()`` tensor ``if dot(ĝ_d, ĝ_g) < 0: g = g_d - λ dot(g_d, ĝ_g) ĝ_g``, one step;
   T² multiplies the soft cross-entropy before the batch mean (ProGradLoss), T = LOSS.T = 1.0;
-* λ = LOSS.LAMBDA, 1.0 in the base-to-novel scripts (the README's few-shot runs use 0.8 for
-  Flowers, DTD and EuroSAT at 8/16 shots);
+* λ = LOSS.LAMBDA, 1.0 in the base-to-novel scripts (ProGrad.public/README.md: the few-shot
+  runs use 0.8 for Flowers102, DTD and EuroSAT at 8 and 16 shots);
 * CTX_INIT True takes the prefix of CUSTOM_TEMPLATES[DATASET.NAME] into the last w of 16
-  slots, earlier slots zero; the official "amp" branch does no projection (it back-propagates
-  the (CE, KL) tuple), its fp16/fp32 branch does; ours projects at every precision.
+  slots, earlier slots zero; only the official fp16/fp32 branch projects (its "amp" branch
+  scales the (CE, KL) tuple and cannot back-propagate it); ours projects at every precision.
+  The teacher there is a second fp32 copy of CLIP encoding the image again; ours reuses the
+  student's image features (the same frozen encoder).
 Not yet compared by running: the official code needs a Dassl harness this project does not
 have yet (issue 18 keeps that item open). tests/test_prograd.py checks one update against an
 independent autograd re-computation of the equations above.
