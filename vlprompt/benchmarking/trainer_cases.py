@@ -63,6 +63,7 @@ CASES = (
     Case("CoCoOp", "CoCoOp", "CoCoOp/vit_b16_c4_ep10_batch1_ctxv1.yaml", TRAIN, batch=1, train_target=8.5,
          eval_target=4.0, official_train=17.0, official_eval="8"),
     Case("KgCoOp", "KgCoOp", "KgCoOp/vit_b16_ep100_ctxv1.yaml", TRAIN),
+    Case("ProGrad", "ProGrad", "ProGrad/vit_b16_ep100.yaml", TRAIN),
     Case("IVLP", "IVLP", "IVLP/vit_b16_c2_ep20_batch4_4+4ctx.yaml", TRAIN, train_target=3.3, official_train=6.7,
          official_eval=OFFICIAL_EVAL),
     Case("MaPLe", "MaPLe", "MaPLe/vit_b16_c2_ep5_batch4_2ctx.yaml", TRAIN, train_target=3.5, official_train=7.1,
