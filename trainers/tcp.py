@@ -179,8 +179,9 @@ def tcp_templates(cfg):
     node = cfg.TRAINER.TCP
     table = TCP_TEMPLATES.get(cfg.DATASET.NAME, (None, None))
     templates = []
-    for key, default in (("CONTEXT_TEMPLATE", table[0]), ("KNOWLEDGE_TEMPLATE", table[1])):
-        template = node[key] or default
+    given = (("CONTEXT_TEMPLATE", node.CONTEXT_TEMPLATE, table[0]), ("KNOWLEDGE_TEMPLATE", node.KNOWLEDGE_TEMPLATE, table[1]))
+    for key, value, default in given:
+        template = value or default
         if template is None:
             raise ConfigError(
                 f"TCP has no per-dataset templates for DATASET.NAME {cfg.DATASET.NAME!r} (looked up in "
