@@ -12,7 +12,8 @@ each class:
 3. Class-aware injection: the text tower runs the prompt; at the input of text block
    INJECT_LAYER (0-based; 8 = the 9th of 12 layers) the n context positions 1..n of class
    c's sequence are REPLACED by T_c (the mix weight is 1.0: nothing of the block's input at
-   those positions is kept), then the remaining blocks run as usual -> t_c [C, E].
+   those positions is kept; T_c gets no positional embedding), then the remaining blocks
+   run as usual -> t_c [C, E].
 4. logits = s · f̂ · t̂ᵀ with f the frozen image feature [B, E] (vision is not tuned);
    loss = CE(logits, y) + W_TEXT · (1 − mean_c cos(t̂_c, ê_c)), W_TEXT = 8.0.
 Inference is the same forward: novel classes get their own e_c and therefore their own T_c.
@@ -45,8 +46,8 @@ import torch.nn.functional as F
 from torch import nn
 from yacs.config import CfgNode as CN
 
-from vlprompt.clip.templates import check_template
 from vlprompt.clip import Plan, PromptedCLIP, ReplaceTokens, TextContext, fill_template, tower_depths
+from vlprompt.clip.templates import check_template
 from vlprompt.config import ConfigError, check_choice, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.amp import PRECISIONS
@@ -179,7 +180,8 @@ def tcp_templates(cfg):
     node = cfg.TRAINER.TCP
     table = TCP_TEMPLATES.get(cfg.DATASET.NAME, (None, None))
     templates = []
-    given = (("CONTEXT_TEMPLATE", node.CONTEXT_TEMPLATE, table[0]), ("KNOWLEDGE_TEMPLATE", node.KNOWLEDGE_TEMPLATE, table[1]))
+    given = (("CONTEXT_TEMPLATE", node.CONTEXT_TEMPLATE, table[0]),
+             ("KNOWLEDGE_TEMPLATE", node.KNOWLEDGE_TEMPLATE, table[1]))
     for key, value, default in given:
         template = value or default
         if template is None:
