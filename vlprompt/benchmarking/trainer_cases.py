@@ -64,6 +64,8 @@ CASES = (
          eval_target=4.0, official_train=17.0, official_eval="8"),
     Case("KgCoOp", "KgCoOp", "KgCoOp/vit_b16_ep100_ctxv1.yaml", TRAIN),
     Case("ProGrad", "ProGrad", "ProGrad/vit_b16_ep100.yaml", TRAIN),
+    # TCP's templates are per dataset: the benchmark's stand-in classes take the Pets ones.
+    Case("TCP", "TCP", "TCP/vit_b16_ep100_ctxv1.yaml", TRAIN, opts=("DATASET.NAME", "OxfordPets")),
     Case("IVLP", "IVLP", "IVLP/vit_b16_c2_ep20_batch4_4+4ctx.yaml", TRAIN, train_target=3.3, official_train=6.7,
          official_eval=OFFICIAL_EVAL),
     Case("MaPLe", "MaPLe", "MaPLe/vit_b16_c2_ep5_batch4_2ctx.yaml", TRAIN, train_target=3.5, official_train=7.1,

@@ -89,7 +89,7 @@ class TextContext(nn.Module):
             )
         device = self._device()
         names = [name.replace("_", " ") for name in classnames]
-        sentences = [f"{self.phrase} {name}." for name in names]
+        sentences = [self.sentence(name) for name in names]
         token_ids = self.tokenizer(sentences).to(device)
         with torch.no_grad():
             embedded = self._text_tower.embed(token_ids).float()
@@ -100,6 +100,10 @@ class TextContext(nn.Module):
         lens = [self.tokenizer.num_tokens(name) for name in names]
         self.register_buffer("name_lens", torch.tensor(lens, device=device), persistent=False)
         self.classnames = list(classnames)
+
+    def sentence(self, name):
+        """The tokenized sentence of class ``name``: the context placeholder phrase, the name, "."."""
+        return f"{self.phrase} {name}."
 
     def _device(self):
         return self._text_tower.token_embedding.weight.device
