@@ -9,7 +9,8 @@ Frozen CLIP with a parallel adapter beside each block l = ADAPTER_START..ADAPTER
 
     x <- x + Attn(LN_1 x) + MLP(LN_2 x') + s · U^l(S^l(D^l(LN_1 x))),   x' = x + Attn(LN_1 x)
 
-with x [N, L, D] the block's input and s = ADAPTER_SCALE = 0.001 (the runner's ``Plan.parallel``
+with x [N, L, D] the block's input and s = ADAPTER_SCALE = 0.001 (ViT-B/16: 674,560 learnable
+parameters, as ``tools/benchmark.py trainers --trainers MMA`` counts them) (the runner's ``Plan.parallel``
 hook: the branch reads the block's LN_1 output and is added after the MLP residual). Every
 Linear is Kaiming-normal (fan_out, ReLU gain) with zero bias.
 
