@@ -9,10 +9,10 @@ Frozen CLIP with a parallel adapter beside each block l = ADAPTER_START..ADAPTER
 
     x <- x + Attn(LN_1 x) + MLP(LN_2 x') + s · U^l(S^l(D^l(LN_1 x))),   x' = x + Attn(LN_1 x)
 
-with x [N, L, D] the block's input and s = ADAPTER_SCALE = 0.001 (ViT-B/16: 674,560 learnable
-parameters, as ``tools/benchmark.py trainers --trainers MMA`` counts them) (the runner's ``Plan.parallel``
-hook: the branch reads the block's LN_1 output and is added after the MLP residual). Every
-Linear is Kaiming-normal (fan_out, ReLU gain) with zero bias.
+with x [N, L, D] the block's input and s = ADAPTER_SCALE = 0.001. The branch is the runner's
+``Plan.parallel`` hook: it reads the block's LN_1 output and is added after the MLP residual.
+Every Linear is Kaiming-normal (fan_out, ReLU gain) with zero bias. ViT-B/16: 674,560 learnable
+parameters (as ``tools/benchmark.py trainers --trainers MMA`` counts them).
 
 Gradient scale: the branch is g_{1/s}(s · U(S(D(g_s(LN_1 x))))), where g_a is the identity
 forward and multiplies the incoming gradient by a backward. The forward is unchanged; every
