@@ -15,6 +15,8 @@ describes:
 * ``plan.masks[i]``: an additive attention mask for block ``i``, shape [heads, L, L] or
   [L, L] (0 = allowed, -inf = blocked), broadcast over the batch and never expanded per
   image. The text tower adds its causal mask to it.
+* ``plan.parallel[i]``: a branch beside block ``i``, ``branch(ln_1(x)) -> [B, L, D]``,
+  added to the block's output (MMA's adapters).
 
 Blocks before the first layer the plan touches run without autograd when their
 weights are frozen, and for text the hidden state there is cached per token-id tensor,

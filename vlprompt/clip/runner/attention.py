@@ -15,6 +15,10 @@ batch, never expanded per sequence. Two savings, both exact for the rows they re
   to [B, 1 or heads, R, L]).
 * ``known``: the block's (q, k, v) of the first N positions were computed before (see
   ``prefix.SharedPrefix``); only positions N.. are normalised and projected.
+
+A parallel branch (``Plan.parallel``, e.g. MMA's adapters) reads the block's normalised input
+``ln_1(x)`` [B, L, D] (the rows computed, [B, R, D] with ``rows``) and its output, of the same
+shape, is added to the block's output: ``x + attn(ln_1 x) + mlp(ln_2 x') + branch(ln_1 x)``.
 """
 import torch
 import torch.nn.functional as F
@@ -22,7 +26,7 @@ import torch.nn.functional as F
 __all__ = ["attention_block", "block_qkv"]
 
 
-def attention_block(block, x, attn_mask=None, rows=None, known=None):
+def attention_block(block, x, attn_mask=None, rows=None, known=None, parallel=None):
     """One pre-LN residual block of CLIP with an optional additive attention mask.
 
     Args:
@@ -37,6 +41,9 @@ def attention_block(block, x, attn_mask=None, rows=None, known=None):
         known: None, or this block's (q, k, v) of the first N positions of ``x``, each
             [B, heads, N, D / heads] (see ``SharedPrefix``); only positions N.. are
             normalised and projected.
+        parallel: None, or ``branch(h) -> [B, L', D]`` called on h = ``ln_1`` of the rows the
+            block computes ([B, L, D], or [B, R, D] with ``rows``); its output is added to the
+            block's output.
 
     Returns:
         [B, L, D], or [B, R, D] for R ``rows``.
@@ -47,13 +54,16 @@ def attention_block(block, x, attn_mask=None, rows=None, known=None):
     weight, bias = attn.in_proj_weight, attn.in_proj_bias
     num_known = 0 if known is None else known[0].shape[2]
     if rows is None:
-        q, k, v = block_qkv(block, x[:, num_known:])
+        h = block.ln_1(x[:, num_known:])
+        q, k, v = _split_heads(F.linear(h, weight, bias), 3, heads)
+        if parallel is not None and num_known:
+            h = torch.cat([block.ln_1(x[:, :num_known]), h], dim=1)
     else:
         h = block.ln_1(x[:, num_known:])
         h_rows = _select_rows(h, rows) if known is None else block.ln_1(_select_rows(x, rows))
         (q,) = _split_heads(F.linear(h_rows, weight[:width], None if bias is None else bias[:width]), 1, heads)
         k, v = _split_heads(F.linear(h, weight[width:], None if bias is None else bias[width:]), 2, heads)
-        x = _select_rows(x, rows)
+        x, h = _select_rows(x, rows), h_rows
         if attn_mask is not None:
             attn_mask = _select_mask_rows(attn_mask, rows)
     if known is not None:
@@ -65,7 +75,8 @@ def attention_block(block, x, attn_mask=None, rows=None, known=None):
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
     out = out.transpose(1, 2).reshape(batch, -1, width)
     x = x + block.ls_1(attn.out_proj(out))
-    return x + block.ls_2(block.mlp(block.ln_2(x)))
+    x = x + block.ls_2(block.mlp(block.ln_2(x)))
+    return x if parallel is None else x + parallel(h)
 
 
 def block_qkv(block, x):

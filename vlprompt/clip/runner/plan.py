@@ -8,6 +8,11 @@ to the host.
 
 Masks are additive ([L, L] or [heads, L, L]; 0 = allowed, -inf = blocked) and are
 broadcast over the batch by the towers (see ``attention.attention_block``).
+
+A parallel branch is a callable ``branch(h) -> [B, L, D]`` run beside block i: it reads
+h = ``ln_1`` of the block's input (after the edits there) [B, L, D] and its output is added
+to the block's output (MMA's adapters). When the block computes only some rows (a last
+block), h and the output hold those rows, [B, R, D].
 """
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional, Sequence, Union
@@ -98,18 +103,21 @@ class Plan:
             embedding, before ``ln_pre``).
         layers: edits at the input of block i (one edit or a sequence of them).
         masks: additive attention mask of block i, [L, L] or [heads, L, L].
+        parallel: a branch beside block i: ``branch(ln_1(x)) -> [B, L, D]`` added to the
+            block's output, x + attn(ln_1 x) + mlp(ln_2 x') + branch(ln_1 x).
     """
 
     embed: Sequence[Edit] = ()
     layers: Dict[int, Union[Edit, Sequence[Edit]]] = field(default_factory=dict)
     masks: Dict[int, torch.Tensor] = field(default_factory=dict)
+    parallel: Dict[int, Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
 
     def first_layer(self, num_layers):
         """Index of the first block the plan acts on: -1 if it edits the embedding,
         ``num_layers`` if it does nothing."""
         if self.embed:
             return -1
-        touched = set(self.layers) | set(self.masks)
+        touched = set(self.layers) | set(self.masks) | set(self.parallel)
         return min(touched) if touched else num_layers
 
     def edits_at(self, index):

@@ -2,8 +2,9 @@
 
 :class:`Tower` runs blocks ``start .. stop-1`` of a stack of open_clip
 ``ResidualAttentionBlock`` s on hidden states [N, L, D], applying the plan's edits at each
-block's input and adding the plan's mask ([L, L] or [heads, L, L]) to the tower's own mask
-(the text tower's causal mask; none for images). Subclasses give ``blocks`` and
+block's input, adding the plan's mask ([L, L] or [heads, L, L]) to the tower's own mask
+(the text tower's causal mask; none for images) and the plan's parallel branch to the
+block's output. Subclasses give ``blocks`` and
 ``base_mask``.
 """
 from dataclasses import dataclass
@@ -106,5 +107,6 @@ class Tower(nn.Module):
                     extra = extra[..., :length, :length]
                 mask = extra if mask is None else extra + mask.to(extra.dtype)
             last_rows = (rows(state) if callable(rows) else rows) if index == stop - 1 else None
-            x = attention_block(self.blocks[index], x, mask, rows=last_rows, known=known if index == start else None)
+            x = attention_block(self.blocks[index], x, mask, rows=last_rows, known=known if index == start else None,
+                                parallel=plan.parallel.get(index))
         return x
