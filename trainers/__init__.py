@@ -4,4 +4,5 @@ from . import cocoop, ivlp, kgcoop, maple, promptsrc, vpt  # noqa: F401
 from . import dear  # noqa: F401
 from . import prograd  # noqa: F401
 from . import tcp  # noqa: F401
+from . import dept  # noqa: F401
 from . import clip_adapter, rada, rada_adapter, rada_fft, rada_prompt, rada_ttt  # noqa: F401
