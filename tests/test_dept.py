@@ -181,3 +181,16 @@ def test_config_errors(toy_world, tmp_path):  # noqa: F811
     for opts, message in cases:
         with pytest.raises(ConfigError, match=message):
             build_seeded(pets_cfg(toy_world, tmp_path, *opts))
+
+
+def test_new_classes_load_the_base_run_without_its_head(toy_world, tmp_path, capsys):  # noqa: F811
+    trained = build_seeded(pets_cfg(toy_world, tmp_path / "base", "DATASET.SUBSAMPLE_CLASSES", "base"))
+    with torch.no_grad():
+        trained.model.base.prompt_learner.ctx.add_(1.0)
+    trained.save_model(0, str(tmp_path / "run"))
+    novel = build_seeded(pets_cfg(toy_world, tmp_path / "new", "DATASET.SUBSAMPLE_CLASSES", "new", "TEST.ROLE", "new"))
+    capsys.readouterr()
+    novel.load_model(str(tmp_path / "run"), epoch=1)
+    assert "Warning" not in capsys.readouterr().out  # no head rows of other classes reported
+    torch.testing.assert_close(novel.model.base.prompt_learner.ctx, trained.model.base.prompt_learner.ctx)
+    assert novel.model.head is None and novel.classnames != trained.classnames

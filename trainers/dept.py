@@ -190,6 +190,5 @@ class DePT(ClipTrainer):
         ])
 
     def get_class_dependent_keys(self, name):
-        # The base prompts' class embeddings, and the head when this role has none.
-        keys = ["base.prompt_learner.token_prefix", "base.prompt_learner.token_suffix"]
-        return keys + ([] if self.model.head is not None else ["head.weight", "head.bias"])
+        # The head scores the training classes; a role without it (new, target) drops its rows.
+        return [] if self.model.head is not None else ["head.weight", "head.bias"]
