@@ -8,9 +8,10 @@ UNNORMALISED features f [B, E] (image) and t [C, E] (class texts):
 * a linear head W ∈ R^{C_base×E} with bias b on the transformed features: h(x) = W x + b.
 
 Training (the base method's own logits s·f̂·t̂ᵀ, s = exp(logit_scale)):
-    L = (1 - w)·CE(s·f̂·t̂ᵀ, y) + w·CE(h([γ_T ⊙ t_y + β_T ; γ_I ⊙ f + β_I]), [y; y]),  w = HEAD_WEIGHT = 0.7,
-i.e. the head sees 2B samples: the true classes' text features t_y [B, E] stacked on top of
-the image features [B, E], both labelled y.
+    L = (1 - w)·CE(s·f̂·t̂ᵀ, y) + w·CE(h([γ_T ⊙ t_y + β_T ; γ_I ⊙ f + β_I]), [y; y]),
+with w = HEAD_WEIGHT = 0.7, i.e. the head sees 2B samples: the true classes' text features
+t_y [B, E] stacked on top of the image features [B, E], both labelled y. The base method's
+node's PREC is not read (TRAINER.DEPT.PREC is the precision).
 
 Inference (TRAINER.DEPT.INFERENCE, a RoleRule; ``auto`` follows the evaluation role):
 * ``fused`` (auto for base and source): (1 - w)·s·f̂·t̂ᵀ + w·h(γ_I ⊙ f + β_I), a weighted sum of
