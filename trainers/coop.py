@@ -43,8 +43,12 @@ class CoOpCLIP(PromptedCLIP):
         prompts = self.prompt_learner
         return self.clip.text(embeddings=prompts(), eot=prompts.eot).features
 
+    def unnormalised_image_features(self, images):
+        """Image features [B, E] before L2 normalisation (CoOp does not prompt the image tower)."""
+        return self.clip.encode_image(images)
+
     def forward(self, images):
-        image_features = F.normalize(self.clip.encode_image(images), dim=-1)
+        image_features = F.normalize(self.unnormalised_image_features(images), dim=-1)
         return self.cosine_logits(image_features, self.class_text_features())
 
 

@@ -84,10 +84,14 @@ class MaPLeCLIP(PromptedCLIP):
         plan = text_prompt_plan(prompts.compound_prompts_text)
         return self.clip.text(embeddings=prompts(), eot=prompts.eot, plan=plan).features
 
+    def unnormalised_image_features(self, images):
+        """Image features [B, E] with the coupled vision prompts, before L2 normalisation."""
+        plan = vision_prompt_plan(self.prompt_learner.vision_prompts())
+        return self.clip.encode_image(images, plan)
+
     def image_features(self, images):
         """Normalised image features [B, E] with the coupled vision prompts."""
-        plan = vision_prompt_plan(self.prompt_learner.vision_prompts())
-        return F.normalize(self.clip.encode_image(images, plan), dim=-1)
+        return F.normalize(self.unnormalised_image_features(images), dim=-1)
 
     def forward(self, images):
         return self.cosine_logits(self.image_features(images), self.class_text_features())

@@ -74,6 +74,8 @@ CASES = (
     Case("PromptSRC", "PromptSRC", "PromptSRC/vit_b16_c2_ep20_batch4_4+4ctx.yaml", TRAIN, train_target=4.0,
          official_train=8.0, official_eval=OFFICIAL_EVAL),
     Case("VPT", "VPT", "VPT/vit_b16_c2_ep5_batch4_4.yaml", TRAIN),
+    Case("DePT", "DePT", "DePT/vit_b16_maple.yaml", TRAIN),
+    Case("DePT+CoOp", "DePT", "DePT/vit_b16_coop.yaml", TRAIN),
     Case("DeAR", "DeAR", "DeAR/vit_b16_base2new.yaml", TRAIN, train_target=2.2),
     Case("CLIPAdapter", "CLIPAdapter", "CLIPAdapter/vit_b16.yaml", CACHED),
     Case("RAda", "RAda", "RAda/vit_b16_base2new.yaml", CACHED, train_target=0.05, official_eval="1.05"),

@@ -110,12 +110,19 @@ class ClipTrainer(TrainerX):
         Args:
             name: checkpoint folder name (e.g. "prompt_learner", as the references).
             module: nn.Module whose state is checkpointed.
-            params: parameters to optimise (default: those of ``module`` with grad).
+            params: parameters to optimise (default: those of ``module`` with grad), or
+                param-group dicts ({"params": [...], "lr": ...}) for per-group learning rates.
         """
         if self.cfg.MODEL.INIT_WEIGHTS:
             load_pretrained_weights(module, self.cfg.MODEL.INIT_WEIGHTS)
-        params = [p for p in (module.parameters() if params is None else params) if p.requires_grad]
-        print(f"Learnable parameters of {name}: {count_num_param(params=params):,}")
+        params = list(module.parameters() if params is None else params)
+        if params and isinstance(params[0], dict):
+            params = [dict(group, params=[p for p in group["params"] if p.requires_grad]) for group in params]
+            count = sum(count_num_param(params=group["params"]) for group in params)
+        else:
+            params = [p for p in params if p.requires_grad]
+            count = count_num_param(params=params)
+        print(f"Learnable parameters of {name}: {count:,}")
         optim = build_optimizer(params, self.cfg.OPTIM)
         sched = build_lr_scheduler(optim, self.cfg.OPTIM)
         self.register_model(name, module, optim, sched)
