@@ -1,0 +1,278 @@
+"""Compare a trainer's model with its official implementation on the same random weights.
+
+Both sides get the same inputs, all generated from seeds in this process:
+
+* a random CLIP (``--backbone``, OpenAI layout) saved as a plain OpenAI-format state-dict file
+  (values rounded to fp16 so that the official ``clip.build_model``, which casts to fp16
+  before the method's ``.float()``, holds exactly the same numbers);
+* the learnable values (CoOp's context ctx [n, D]) drawn with ``LEARNABLE_SCALE`` times the
+  official init std, so that a token in the wrong place moves the logits;
+* a batch of images [B, 3, R, R] and labels [B], and a fixed list of class names.
+
+Ours is built with ``load_clip`` (the file as ``MODEL.BACKBONE.WEIGHTS``) and the trainer's
+model class; the official code runs in a subprocess of this file (``--official-side``) with
+``PYTHONPATH`` set to trees exported (``git archive HEAD``) from the official repository and
+its Dassl fork into a temporary folder. In that subprocess ``clip._download`` returns the
+weights file, and the four modules Dassl imports only for logging and for datasets it does
+not use here (``torch.utils.tensorboard``, ``gdown``, ``wilds``, ``pandas``) are empty stand-ins, so nothing
+is installed. The official model class is built directly from a Dassl config (no data
+loader; the images are fed as tensors), in fp32 (the official ``PREC`` fp32 path).
+
+The logits [B, C] and the cross-entropy of the batch are compared by the relative max
+difference max|a - b| / max|b|; the result goes to ``tests/fixtures/official/<method>.json``
+(seeds, class names, parameter-name mapping, official logits and loss, official repository and
+commits), which ``tests/test_official_equivalence.py`` rebuilds our side against.
+
+Usage (the git directories of the official repositories, e.g. the mirrors ``fetch`` makes):
+
+    python tools/official_equivalence.py CoOp --official-git /path/to/CoOp/.git \\
+        --dassl-git /path/to/Dassl.pytorch/.git
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import types
+
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURE_DIR = os.path.join(ROOT, "tests", "fixtures", "official")
+# Learnable values are drawn with this many times the official init std.
+LEARNABLE_SCALE = 10.0
+# Contract tolerance: relative max difference of logits and loss.
+TOLERANCE = 3e-3
+DEFAULT_SEEDS = {"weights": 1, "learnable": 2, "images": 3}
+DEFAULT_CLASSNAMES = ["golden retriever", "sunflower", "fire truck"]
+DEFAULT_BATCH = 2
+
+# Per method: official repository, the config node of its trainer, the learnable values
+# (our parameter name -> official parameter name, official init std) and the settings used.
+METHODS = {
+    "CoOp": {
+        "repository": "KaiyangZhou/CoOp",
+        "official_module": "trainers.coop",
+        "node": "COOP",
+        "settings": {"N_CTX": 16, "CSC": False, "CTX_INIT": "", "CLASS_TOKEN_POSITION": "end", "PREC": "fp32"},
+        "learnables": {"prompt_learner.ctx": {"official": "prompt_learner.ctx", "init_std": 0.02}},
+    },
+}
+
+
+def relative_max_difference(ours, official):
+    """max|ours - official| / max|official| of two tensors of the same shape (0 for equal ones)."""
+    ours, official = torch.as_tensor(ours, dtype=torch.float64), torch.as_tensor(official, dtype=torch.float64)
+    if ours.shape != official.shape:
+        raise ValueError(f"Shapes differ: ours {tuple(ours.shape)}, official {tuple(official.shape)}.")
+    return ((ours - official).abs().max() / official.abs().max().clamp_min(1e-12)).item()
+
+
+def _normal(generator, shape, std):
+    return torch.randn(shape, generator=generator, dtype=torch.float32) * std
+
+
+def random_clip_state_dict(backbone, seed):
+    """An OpenAI-layout CLIP state dict of ``backbone`` with seeded random values.
+
+    Keys and shapes are those of open_clip's model for the backbone (the OpenAI layout);
+    values are drawn in sorted key order from one generator: LayerNorm weights 1 + N(0, 0.1²),
+    biases N(0, 0.02²), projections N(0, 1/fan_in), other tensors N(0, 0.02²), logit_scale
+    log(100); every value is rounded to fp16.
+    """
+    from vlprompt.clip import load_clip
+
+    model, _ = load_clip(backbone, "random")
+    generator = torch.Generator().manual_seed(seed)
+    state = {}
+    for key, tensor in sorted(model.state_dict().items()):
+        shape = tuple(tensor.shape)
+        if key == "logit_scale":
+            value = torch.full(shape, math.log(100.0))
+        elif ("ln_" in key or "ln_final" in key) and key.endswith(".weight"):
+            value = 1.0 + _normal(generator, shape, 0.1)
+        elif key.endswith("bias"):
+            value = _normal(generator, shape, 0.02)
+        elif key in ("text_projection", "visual.proj"):
+            value = _normal(generator, shape, shape[0] ** -0.5)
+        else:
+            value = _normal(generator, shape, 0.02)
+        state[key] = value.half().float()
+    return state
+
+
+def make_inputs(method, backbone_resolution, width, seeds, batch, n_classes):
+    """Seeded learnable values {our name: tensor}, images [B, 3, R, R] and labels [B]."""
+    spec = METHODS[method]
+    generator = torch.Generator().manual_seed(seeds["learnable"])
+    learnables = {}
+    for name, entry in spec["learnables"].items():
+        shape = (spec["settings"]["N_CTX"], width)
+        learnables[name] = _normal(generator, shape, LEARNABLE_SCALE * entry["init_std"])
+    generator = torch.Generator().manual_seed(seeds["images"])
+    images = torch.randn((batch, 3, backbone_resolution, backbone_resolution), generator=generator)
+    labels = torch.arange(batch) % n_classes
+    return learnables, images, labels
+
+
+def write_weights(backbone, seed, path):
+    """Save the seeded random CLIP as a state-dict file; return (input resolution, text width)."""
+    state = random_clip_state_dict(backbone, seed)
+    torch.save(state, path)
+    patch = state["visual.conv1.weight"].shape[-1]
+    grid = round((state["visual.positional_embedding"].shape[0] - 1) ** 0.5)
+    return patch * grid, state["ln_final.weight"].shape[0]
+
+
+def fixture_inputs(fixture, workdir):
+    """Regenerate a fixture's inputs from its seeds: (weights file in ``workdir``, learnable values
+    {our name: tensor}, images [B, 3, R, R], labels [B])."""
+    weights_path = os.path.join(workdir, "weights.pt")
+    resolution, width = write_weights(fixture["backbone"], fixture["seeds"]["weights"], weights_path)
+    learnables, images, labels = make_inputs(fixture["method"], resolution, width, fixture["seeds"],
+                                             fixture["batch"], len(fixture["classnames"]))
+    return weights_path, learnables, images, labels
+
+
+def our_logits(method, backbone, weights_path, classnames, learnables, images, labels):
+    """Our model's logits [B, C] and cross-entropy on the batch."""
+    from yacs.config import CfgNode as CN
+
+    import trainers  # noqa: F401  (registers the trainers' config nodes)
+    from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
+
+    spec = METHODS[method]
+    if method == "CoOp":
+        from trainers.coop import CoOpCLIP as model_class
+    model_clip, _ = load_clip(backbone, weights_path)
+    node = CN(spec["settings"])
+    model = model_class(CLIPRunner(model_clip), Tokenizer(backbone), classnames, node).eval()
+    parameters = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in learnables.items():
+            parameters[name].copy_(value)
+        logits = model(images)
+    return logits, F.cross_entropy(logits, labels)
+
+
+def _official_side(workdir):
+    """Run in the subprocess: build the official model from ``workdir``'s request, write its outputs."""
+    import torchvision.ops  # noqa: F401  (imported before the stand-ins: torch._dynamo looks modules up)
+
+    for name, attributes in (("torch.utils.tensorboard", {"SummaryWriter": None}), ("gdown", {}),
+                             ("wilds", {"get_dataset": None}), ("pandas", {})):
+        stand_in = types.ModuleType(name)
+        stand_in.__dict__.update(attributes)
+        sys.modules[name] = stand_in
+    import importlib
+
+    from clip import clip as official_clip
+    from dassl.config import get_cfg_default
+    from yacs.config import CfgNode as CN
+
+    with open(os.path.join(workdir, "request.json")) as f:
+        request = json.load(f)
+    spec = METHODS[request["method"]]
+    weights_path = os.path.join(workdir, "weights.pt")
+    official_clip._download = lambda url, root=None: weights_path
+    inputs = torch.load(os.path.join(workdir, "inputs.pt"))
+
+    cfg = get_cfg_default()
+    setattr(cfg.TRAINER, spec["node"], CN(spec["settings"]))
+    cfg.MODEL.BACKBONE.NAME = request["backbone"]
+    cfg.INPUT.SIZE = (inputs["images"].shape[-1], inputs["images"].shape[-1])
+    module = importlib.import_module(spec["official_module"])
+    clip_model = module.load_clip_to_cpu(cfg).float()
+    model = module.CustomCLIP(cfg, request["classnames"], clip_model).eval()
+    parameters = dict(model.named_parameters())
+    with torch.no_grad():
+        for ours, entry in spec["learnables"].items():
+            parameters[entry["official"]].copy_(inputs["learnables"][ours])
+        logits = model(inputs["images"])
+    torch.save({"logits": logits, "loss": F.cross_entropy(logits, inputs["labels"])},
+               os.path.join(workdir, "official.pt"))
+
+
+def _export(git_dir, target):
+    """``git archive HEAD`` of ``git_dir`` into ``target``; return the commit."""
+    commit = subprocess.run(["git", "-C", git_dir, "rev-parse", "HEAD"], check=True, capture_output=True,
+                            text=True).stdout.strip()
+    os.makedirs(target)
+    archive = subprocess.run(["git", "-C", git_dir, "archive", "HEAD"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", target], input=archive, check=True)
+    return commit
+
+
+def compare(method, official_git, dassl_git, backbone, seeds, classnames, batch):
+    """Run both sides; return the fixture dict (with the measured differences)."""
+    if method not in METHODS:
+        raise SystemExit(f"Unknown method '{method}'; this tool knows {sorted(METHODS)}.")
+    for label, path in (("--official-git", official_git), ("--dassl-git", dassl_git)):
+        if not os.path.isdir(path):
+            raise SystemExit(f"{label} '{path}' is not a folder; give the git directory of the repository.")
+    spec = METHODS[method]
+    with tempfile.TemporaryDirectory(prefix="official_equivalence_") as workdir:
+        official_commit = _export(official_git, os.path.join(workdir, "official"))
+        dassl_commit = _export(dassl_git, os.path.join(workdir, "dassl"))
+        request = {"method": method, "backbone": backbone, "classnames": classnames, "seeds": seeds, "batch": batch}
+        weights_path, learnables, images, labels = fixture_inputs(request, workdir)
+        torch.save({"learnables": learnables, "images": images, "labels": labels},
+                   os.path.join(workdir, "inputs.pt"))
+        with open(os.path.join(workdir, "request.json"), "w") as f:
+            json.dump(request, f)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [os.path.join(workdir, "official"), os.path.join(workdir, "dassl")]))
+        command = [sys.executable, os.path.abspath(__file__), method, "--official-side", workdir]
+        subprocess.run(command, check=True, env=env, cwd=workdir)
+        official = torch.load(os.path.join(workdir, "official.pt"))
+        logits, loss = our_logits(method, backbone, weights_path, classnames, learnables, images, labels)
+    return {
+        "method": method,
+        "official_repository": spec["repository"],
+        "official_commit": official_commit,
+        "dassl_commit": dassl_commit,
+        "backbone": backbone,
+        "seeds": seeds,
+        "batch": batch,
+        "classnames": classnames,
+        "learnable_scale": LEARNABLE_SCALE,
+        "settings": spec["settings"],
+        "parameter_mapping": {ours: entry["official"] for ours, entry in spec["learnables"].items()},
+        "official_logits": official["logits"].tolist(),
+        "official_loss": official["loss"].item(),
+        "relative_max_difference": {
+            "logits": relative_max_difference(logits, official["logits"]),
+            "loss": relative_max_difference(loss, official["loss"]),
+        },
+    }
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("method", help=f"one of {sorted(METHODS)}")
+    parser.add_argument("--official-git", help="git directory of the official repository")
+    parser.add_argument("--dassl-git", help="git directory of the Dassl fork the official code imports")
+    parser.add_argument("--backbone", default="ViT-B/16")
+    parser.add_argument("--official-side", metavar="WORKDIR", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.official_side:
+        _official_side(args.official_side)
+        return
+    if not (args.official_git and args.dassl_git):
+        parser.error("--official-git and --dassl-git are required")
+    fixture = compare(args.method, args.official_git, args.dassl_git, args.backbone, dict(DEFAULT_SEEDS),
+                      list(DEFAULT_CLASSNAMES), DEFAULT_BATCH)
+    os.makedirs(FIXTURE_DIR, exist_ok=True)
+    path = os.path.join(FIXTURE_DIR, f"{args.method.lower()}.json")
+    with open(path, "w") as f:
+        json.dump(fixture, f, indent=1)
+    print(f"{args.method} vs {fixture['official_repository']}@{fixture['official_commit'][:8]}: "
+          f"relative max difference logits {fixture['relative_max_difference']['logits']:.2e}, "
+          f"loss {fixture['relative_max_difference']['loss']:.2e}; wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
