@@ -50,15 +50,39 @@ DEFAULT_SEEDS = {"weights": 1, "learnable": 2, "images": 3}
 DEFAULT_CLASSNAMES = ["golden retriever", "sunflower", "fire truck"]
 DEFAULT_BATCH = 2
 
-# Per method: official repository, the config node of its trainer, the learnable values
-# (our parameter name -> official parameter name, official init std) and the settings used.
+# Per method: official repository (and the folder of its code and of its Dassl fork inside it,
+# "" = the root), the official module, its config nodes, our config node, the learnable values
+# (our parameter name -> official name, official init std), the outputs compared and, where
+# the default (0, 1, ...) does not serve, the batch's labels.
 METHODS = {
     "CoOp": {
         "repository": "KaiyangZhou/CoOp",
+        "code_dir": "",
         "official_module": "trainers.coop",
-        "node": "COOP",
-        "settings": {"N_CTX": 16, "CSC": False, "CTX_INIT": "", "CLASS_TOKEN_POSITION": "end", "PREC": "fp32"},
+        "official_cfg": {"TRAINER.COOP": {"N_CTX": 16, "CSC": False, "CTX_INIT": "", "CLASS_TOKEN_POSITION": "end",
+                                          "PREC": "fp32"}},
+        "our_node": {"N_CTX": 16, "CSC": False, "CTX_INIT": "", "CLASS_TOKEN_POSITION": "end", "PREC": "fp32"},
         "learnables": {"prompt_learner.ctx": {"official": "prompt_learner.ctx", "init_std": 0.02}},
+        "outputs": ("logits", "loss"),
+    },
+    "ProGrad": {
+        "repository": "BeierZhu/Prompt-align",
+        "code_dir": "ProGrad.public",
+        "dassl_dir": "Dassl.ProGrad.pytorch",
+        "official_module": "trainers.prograd",
+        "dataset": "OxfordPets",
+        "official_cfg": {
+            "TRAINER.COOP": {"N_CTX": 16, "CSC": False, "CTX_INIT": True, "CLASS_TOKEN_POSITION": "end",
+                             "PREC": "fp32", "ALPHA": 1.0},
+            "LOSS": {"NAME": "prograd", "T": 1.0, "LAMBDA": 1.0},
+        },
+        "our_node": {"N_CTX": 16, "CSC": False, "CTX_INIT": True, "CLASS_TOKEN_POSITION": "end", "PREC": "fp32",
+                     "LAMBDA": 1.0, "T": 1.0},
+        # labels against the zero-shot teacher's preference, so that the CE and KL gradients
+        # conflict and the projection acts (tests/test_official_equivalence.py checks it does)
+        "labels": [0, 0],
+        "learnables": {"prompt_learner.ctx": {"official": "prompt_learner.ctx", "init_std": 0.02}},
+        "outputs": ("logits", "loss", "zs_logits", "kl_loss", "ctx_update"),
     },
 }
 
@@ -110,11 +134,11 @@ def make_inputs(method, backbone_resolution, width, seeds, batch, n_classes):
     generator = torch.Generator().manual_seed(seeds["learnable"])
     learnables = {}
     for name, entry in spec["learnables"].items():
-        shape = (spec["settings"]["N_CTX"], width)
+        shape = (spec["our_node"]["N_CTX"], width)
         learnables[name] = _normal(generator, shape, LEARNABLE_SCALE * entry["init_std"])
     generator = torch.Generator().manual_seed(seeds["images"])
     images = torch.randn((batch, 3, backbone_resolution, backbone_resolution), generator=generator)
-    labels = torch.arange(batch) % n_classes
+    labels = torch.tensor(spec["labels"]) if "labels" in spec else torch.arange(batch) % n_classes
     return learnables, images, labels
 
 
@@ -137,29 +161,48 @@ def fixture_inputs(fixture, workdir):
     return weights_path, learnables, images, labels
 
 
-def our_logits(method, backbone, weights_path, classnames, learnables, images, labels):
-    """Our model's logits [B, C] and cross-entropy on the batch."""
+def our_outputs(method, backbone, weights_path, classnames, learnables, images, labels):
+    """Our model's outputs {name in METHODS[method]["outputs"]: tensor}: logits [B, C] and the
+    batch's cross-entropy "loss"; for ProGrad also the zero-shot teacher's logits [B, C], the KL
+    term, "ctx_update", the projected gradient of ctx [n, D] (its update under SGD, lr 1), and
+    "ctx_grad_ce", the CE gradient before the projection (not compared: it shows the projection acts)."""
     from yacs.config import CfgNode as CN
 
-    import trainers  # noqa: F401  (registers the trainers' config nodes)
     from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
 
     spec = METHODS[method]
-    if method == "CoOp":
-        from trainers.coop import CoOpCLIP as model_class
     model_clip, _ = load_clip(backbone, weights_path)
-    node = CN(spec["settings"])
-    model = model_class(CLIPRunner(model_clip), Tokenizer(backbone), classnames, node).eval()
+    clip, tokenizer, node = CLIPRunner(model_clip), Tokenizer(backbone), CN(spec["our_node"])
+    if method == "CoOp":
+        from trainers.coop import CoOpCLIP
+
+        model = CoOpCLIP(clip, tokenizer, classnames, node).eval()
+    else:
+        from trainers.prograd import ProGradCLIP, project_conflicting, template_for
+
+        model = ProGradCLIP(clip, tokenizer, classnames, node, template_for(spec["dataset"], "")).eval()
     parameters = dict(model.named_parameters())
     with torch.no_grad():
         for name, value in learnables.items():
             parameters[name].copy_(value)
-        logits = model(images)
-    return logits, F.cross_entropy(logits, labels)
+    if method == "CoOp":
+        with torch.no_grad():
+            logits = model(images)
+        return {"logits": logits, "loss": F.cross_entropy(logits, labels)}
+    loss_ce, loss_kl, logits = model.losses(images, labels)
+    with torch.no_grad():
+        image_features = F.normalize(model.clip.encode_image(images), dim=-1)
+        zs_logits = model.cosine_logits(image_features, model.zs_text_features)
+    ctx = parameters["prompt_learner.ctx"]
+    grad_kl, = torch.autograd.grad(loss_kl, ctx, retain_graph=True)
+    grad_ce, = torch.autograd.grad(loss_ce, ctx)
+    update = project_conflicting(grad_ce, grad_kl, node.LAMBDA)
+    return {"logits": logits.detach(), "loss": loss_ce.detach(), "zs_logits": zs_logits,
+            "kl_loss": loss_kl.detach(), "ctx_update": update, "ctx_grad_ce": grad_ce}
 
 
-def _official_side(workdir):
-    """Run in the subprocess: build the official model from ``workdir``'s request, write its outputs."""
+def _install_stand_ins():
+    """Empty modules for what Dassl imports only for logging and for datasets not used here."""
     import torchvision.ops  # noqa: F401  (imported before the stand-ins: torch._dynamo looks modules up)
 
     for name, attributes in (("torch.utils.tensorboard", {"SummaryWriter": None}), ("gdown", {}),
@@ -167,6 +210,11 @@ def _official_side(workdir):
         stand_in = types.ModuleType(name)
         stand_in.__dict__.update(attributes)
         sys.modules[name] = stand_in
+
+
+def _official_side(workdir):
+    """Run in the subprocess: build the official model from ``workdir``'s request, write its outputs."""
+    _install_stand_ins()
     import importlib
 
     from clip import clip as official_clip
@@ -179,21 +227,59 @@ def _official_side(workdir):
     weights_path = os.path.join(workdir, "weights.pt")
     official_clip._download = lambda url, root=None: weights_path
     inputs = torch.load(os.path.join(workdir, "inputs.pt"))
+    images, labels = inputs["images"], inputs["labels"]
 
     cfg = get_cfg_default()
-    setattr(cfg.TRAINER, spec["node"], CN(spec["settings"]))
+    for path, values in spec["official_cfg"].items():
+        parent = cfg
+        for part in path.split(".")[:-1]:
+            parent = getattr(parent, part)
+        setattr(parent, path.split(".")[-1], CN(values))
     cfg.MODEL.BACKBONE.NAME = request["backbone"]
-    cfg.INPUT.SIZE = (inputs["images"].shape[-1], inputs["images"].shape[-1])
+    cfg.INPUT.SIZE = (images.shape[-1], images.shape[-1])
+    cfg.DATASET.NAME = spec.get("dataset", "")
     module = importlib.import_module(spec["official_module"])
-    clip_model = module.load_clip_to_cpu(cfg).float()
+    clip_model = module.load_clip_to_cpu(cfg).float()  # the official PREC fp32 branch
     model = module.CustomCLIP(cfg, request["classnames"], clip_model).eval()
     parameters = dict(model.named_parameters())
     with torch.no_grad():
         for ours, entry in spec["learnables"].items():
             parameters[entry["official"]].copy_(inputs["learnables"][ours])
-        logits = model(inputs["images"])
-    torch.save({"logits": logits, "loss": F.cross_entropy(logits, inputs["labels"])},
-               os.path.join(workdir, "official.pt"))
+    if request["method"] == "CoOp":
+        with torch.no_grad():
+            logits = model(images)
+        outputs = {"logits": logits, "loss": F.cross_entropy(logits, labels)}
+    else:
+        outputs = _official_prograd_step(module, cfg, request, model, images, labels)
+    torch.save(outputs, os.path.join(workdir, "official.pt"))
+
+
+def _official_prograd_step(module, cfg, request, model, images, labels):
+    """ProGrad's forward_backward (fp32 branch) on one batch, with its Dassl TrainerBase's
+    prograd_backward_and_update and SGD at lr 1, so the ctx update is the projected gradient."""
+    from dassl.engine.trainer import TrainerBase
+
+    zs_clip = module.CLIP(cfg, request["classnames"])
+    logits = model(images)
+    with torch.no_grad():
+        zs_logits = zs_clip(images)
+    loss_ce, loss_kl = module.ProGradLoss(T=cfg.LOSS.T)(logits, zs_logits.detach(), labels)
+    for name, param in model.named_parameters():
+        param.requires_grad_("prompt_learner" in name)
+    trainer = TrainerBase()  # holds prograd_backward_and_update and the model registry
+    trainer.register_model("prompt_learner", model.prompt_learner,
+                           torch.optim.SGD(model.prompt_learner.parameters(), lr=1.0), None)
+    before = model.prompt_learner.ctx.detach().clone()
+    trainer.prograd_backward_and_update(loss_ce, loss_kl, cfg.LOSS.LAMBDA)
+    return {"logits": logits.detach(), "loss": loss_ce.detach(), "zs_logits": zs_logits, "kl_loss": loss_kl.detach(),
+            "ctx_update": before - model.prompt_learner.ctx.detach()}
+
+
+def _rounded(tensor):
+    """A tensor as nested lists of floats with 7 significant digits (float32's precision)."""
+    values = tensor.detach().double().flatten().tolist()
+    rounded = torch.tensor([float(f"{value:.7g}") for value in values], dtype=torch.float64)
+    return rounded.view(tensor.shape).tolist()
 
 
 def _export(git_dir, target):
@@ -208,27 +294,29 @@ def _export(git_dir, target):
 
 def compare(method, official_git, dassl_git, backbone, seeds, classnames, batch):
     """Run both sides; return the fixture dict (with the measured differences)."""
-    if method not in METHODS:
-        raise SystemExit(f"Unknown method '{method}'; this tool knows {sorted(METHODS)}.")
     for label, path in (("--official-git", official_git), ("--dassl-git", dassl_git)):
-        if not os.path.isdir(path):
+        if path is not None and not os.path.isdir(path):
             raise SystemExit(f"{label} '{path}' is not a folder; give the git directory of the repository.")
     spec = METHODS[method]
     with tempfile.TemporaryDirectory(prefix="official_equivalence_") as workdir:
         official_commit = _export(official_git, os.path.join(workdir, "official"))
-        dassl_commit = _export(dassl_git, os.path.join(workdir, "dassl"))
+        code_path = os.path.join(workdir, "official", spec["code_dir"])
+        if "dassl_dir" in spec:
+            dassl_commit, dassl_path = official_commit, os.path.join(workdir, "official", spec["dassl_dir"])
+        else:
+            dassl_path = os.path.join(workdir, "dassl")
+            dassl_commit = _export(dassl_git, dassl_path)
         request = {"method": method, "backbone": backbone, "classnames": classnames, "seeds": seeds, "batch": batch}
         weights_path, learnables, images, labels = fixture_inputs(request, workdir)
         torch.save({"learnables": learnables, "images": images, "labels": labels},
                    os.path.join(workdir, "inputs.pt"))
         with open(os.path.join(workdir, "request.json"), "w") as f:
             json.dump(request, f)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [os.path.join(workdir, "official"), os.path.join(workdir, "dassl")]))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([code_path, dassl_path]))
         command = [sys.executable, os.path.abspath(__file__), method, "--official-side", workdir]
         subprocess.run(command, check=True, env=env, cwd=workdir)
         official = torch.load(os.path.join(workdir, "official.pt"))
-        logits, loss = our_logits(method, backbone, weights_path, classnames, learnables, images, labels)
+        ours = our_outputs(method, backbone, weights_path, classnames, learnables, images, labels)
     return {
         "method": method,
         "official_repository": spec["repository"],
@@ -238,15 +326,13 @@ def compare(method, official_git, dassl_git, backbone, seeds, classnames, batch)
         "seeds": seeds,
         "batch": batch,
         "classnames": classnames,
+        "labels": labels.tolist(),
         "learnable_scale": LEARNABLE_SCALE,
-        "settings": spec["settings"],
-        "parameter_mapping": {ours: entry["official"] for ours, entry in spec["learnables"].items()},
-        "official_logits": official["logits"].tolist(),
-        "official_loss": official["loss"].item(),
-        "relative_max_difference": {
-            "logits": relative_max_difference(logits, official["logits"]),
-            "loss": relative_max_difference(loss, official["loss"]),
-        },
+        "official_cfg": spec["official_cfg"],
+        "our_node": spec["our_node"],
+        "parameter_mapping": {name: entry["official"] for name, entry in spec["learnables"].items()},
+        "official_outputs": {key: _rounded(official[key]) for key in spec["outputs"]},
+        "relative_max_difference": {key: relative_max_difference(ours[key], official[key]) for key in spec["outputs"]},
     }
 
 
@@ -254,24 +340,28 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("method", help=f"one of {sorted(METHODS)}")
     parser.add_argument("--official-git", help="git directory of the official repository")
-    parser.add_argument("--dassl-git", help="git directory of the Dassl fork the official code imports")
+    parser.add_argument("--dassl-git", help="git directory of the Dassl fork the official code imports "
+                        "(not for repositories that hold their own fork, e.g. ProGrad's)")
     parser.add_argument("--backbone", default="ViT-B/16")
     parser.add_argument("--official-side", metavar="WORKDIR", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.official_side:
         _official_side(args.official_side)
         return
-    if not (args.official_git and args.dassl_git):
-        parser.error("--official-git and --dassl-git are required")
+    if args.method not in METHODS:
+        parser.error(f"unknown method '{args.method}'; this tool knows {sorted(METHODS)}")
+    if not args.official_git or ("dassl_dir" not in METHODS[args.method] and not args.dassl_git):
+        parser.error(f"{args.method} needs --official-git" + ("" if "dassl_dir" in METHODS[args.method] else " and --dassl-git"))
     fixture = compare(args.method, args.official_git, args.dassl_git, args.backbone, dict(DEFAULT_SEEDS),
                       list(DEFAULT_CLASSNAMES), DEFAULT_BATCH)
     os.makedirs(FIXTURE_DIR, exist_ok=True)
     path = os.path.join(FIXTURE_DIR, f"{args.method.lower()}.json")
     with open(path, "w") as f:
-        json.dump(fixture, f, indent=1)
+        json.dump(fixture, f)
+        f.write("\n")
     print(f"{args.method} vs {fixture['official_repository']}@{fixture['official_commit'][:8]}: "
-          f"relative max difference logits {fixture['relative_max_difference']['logits']:.2e}, "
-          f"loss {fixture['relative_max_difference']['loss']:.2e}; wrote {path}")
+          "relative max difference " + ", ".join(f"{key} {value:.2e}" for key, value in
+                                                 fixture["relative_max_difference"].items()) + f"; wrote {path}")
 
 
 if __name__ == "__main__":
