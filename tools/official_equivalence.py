@@ -5,7 +5,7 @@ Both sides get the same inputs, all generated from seeds in this process:
 * a random CLIP (``--backbone``, OpenAI layout) saved as a plain OpenAI-format state-dict file
   (values rounded to fp16 so that the official ``clip.build_model``, which casts to fp16
   before the method's ``.float()``, holds exactly the same numbers);
-* the learnable values (CoOp's context ctx [n, D]) drawn with ``LEARNABLE_SCALE`` times the
+* the learnable values (the context ctx [n, D]) drawn with ``LEARNABLE_SCALE`` times the
   official init std, so that a token in the wrong place moves the logits;
 * a batch of images [B, 3, R, R] and labels [B], and a fixed list of class names.
 
@@ -14,19 +14,23 @@ model class; the official code runs in a subprocess of this file (``--official-s
 ``PYTHONPATH`` set to trees exported (``git archive HEAD``) from the official repository and
 its Dassl fork into a temporary folder. In that subprocess ``clip._download`` returns the
 weights file, and the four modules Dassl imports only for logging and for datasets it does
-not use here (``torch.utils.tensorboard``, ``gdown``, ``wilds``, ``pandas``) are empty stand-ins, so nothing
-is installed. The official model class is built directly from a Dassl config (no data
-loader; the images are fed as tensors), in fp32 (the official ``PREC`` fp32 path).
+not use here (``torch.utils.tensorboard``, ``gdown``, ``wilds``, ``pandas``) are empty
+stand-ins, so nothing is installed. The official model classes are built directly from a
+Dassl config (no data loader; the images are fed as tensors), in fp32 (the official ``PREC``
+fp32 branch).
 
-The logits [B, C] and the cross-entropy of the batch are compared by the relative max
-difference max|a - b| / max|b|; the result goes to ``tests/fixtures/official/<method>.json``
-(seeds, class names, parameter-name mapping, official logits and loss, official repository and
-commits), which ``tests/test_official_equivalence.py`` rebuilds our side against.
+Compared (``METHODS[method]["outputs"]``), each by the relative max difference
+max|ours - official| / max|official|: CoOp's logits [B, C] and the batch's cross-entropy;
+ProGrad's student and zero-shot logits, CE, KL and the ctx update of one official
+``prograd_backward_and_update`` step under SGD at lr 1 (the projected gradient). The result
+goes to ``tests/fixtures/official/<method>.json`` (seeds, class names, labels, settings,
+parameter-name mapping, official outputs, official repository and commits), which
+``tests/test_official_equivalence.py`` rebuilds our side against.
 
-Usage (the git directories of the official repositories, e.g. the mirrors ``fetch`` makes):
+Usage (clones, or bare git directories, of the official repositories; HEAD is compared):
 
-    python tools/official_equivalence.py CoOp --official-git /path/to/CoOp/.git \\
-        --dassl-git /path/to/Dassl.pytorch/.git
+    python tools/official_equivalence.py CoOp --official-git CoOp --dassl-git Dassl.pytorch
+    python tools/official_equivalence.py ProGrad --official-git Prompt-align
 """
 import argparse
 import json
@@ -169,7 +173,9 @@ def our_outputs(method, backbone, weights_path, classnames, learnables, images, 
     from yacs.config import CfgNode as CN
 
     from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
+    from vlprompt.project import import_project_package
 
+    import_project_package("trainers")  # our trainers/ (the official side has its own of that name)
     spec = METHODS[method]
     model_clip, _ = load_clip(backbone, weights_path)
     clip, tokenizer, node = CLIPRunner(model_clip), Tokenizer(backbone), CN(spec["our_node"])
@@ -284,8 +290,11 @@ def _rounded(tensor):
 
 def _export(git_dir, target):
     """``git archive HEAD`` of ``git_dir`` into ``target``; return the commit."""
-    commit = subprocess.run(["git", "-C", git_dir, "rev-parse", "HEAD"], check=True, capture_output=True,
-                            text=True).stdout.strip()
+    found = subprocess.run(["git", "-C", git_dir, "rev-parse", "HEAD"], capture_output=True, text=True)
+    if found.returncode != 0:
+        raise SystemExit(f"'{git_dir}' is not a git repository with a commit ({found.stderr.strip()}); "
+                         "give a clone (or the git directory) of the official repository.")
+    commit = found.stdout.strip()
     os.makedirs(target)
     archive = subprocess.run(["git", "-C", git_dir, "archive", "HEAD"], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", target], input=archive, check=True)
@@ -296,7 +305,7 @@ def compare(method, official_git, dassl_git, backbone, seeds, classnames, batch)
     """Run both sides; return the fixture dict (with the measured differences)."""
     for label, path in (("--official-git", official_git), ("--dassl-git", dassl_git)):
         if path is not None and not os.path.isdir(path):
-            raise SystemExit(f"{label} '{path}' is not a folder; give the git directory of the repository.")
+            raise SystemExit(f"{label} '{path}' is not a folder; give a clone (or the git directory) of the repository.")
     spec = METHODS[method]
     with tempfile.TemporaryDirectory(prefix="official_equivalence_") as workdir:
         official_commit = _export(official_git, os.path.join(workdir, "official"))
@@ -314,7 +323,9 @@ def compare(method, official_git, dassl_git, backbone, seeds, classnames, batch)
             json.dump(request, f)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([code_path, dassl_path]))
         command = [sys.executable, os.path.abspath(__file__), method, "--official-side", workdir]
-        subprocess.run(command, check=True, env=env, cwd=workdir)
+        if subprocess.run(command, env=env, cwd=workdir).returncode != 0:
+            raise SystemExit(f"The official side failed (its traceback is above): {' '.join(command)} "
+                             f"with PYTHONPATH={env['PYTHONPATH']}.")
         official = torch.load(os.path.join(workdir, "official.pt"))
         ours = our_outputs(method, backbone, weights_path, classnames, learnables, images, labels)
     return {
@@ -339,8 +350,8 @@ def compare(method, official_git, dassl_git, backbone, seeds, classnames, batch)
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("method", help=f"one of {sorted(METHODS)}")
-    parser.add_argument("--official-git", help="git directory of the official repository")
-    parser.add_argument("--dassl-git", help="git directory of the Dassl fork the official code imports "
+    parser.add_argument("--official-git", help="clone (or git directory) of the official repository")
+    parser.add_argument("--dassl-git", help="clone (or git directory) of the Dassl fork the official code imports "
                         "(not for repositories that hold their own fork, e.g. ProGrad's)")
     parser.add_argument("--backbone", default="ViT-B/16")
     parser.add_argument("--official-side", metavar="WORKDIR", help=argparse.SUPPRESS)
