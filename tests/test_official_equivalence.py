@@ -93,3 +93,14 @@ def test_prograd_batch_exercises_the_projection(outputs):
 def test_relative_max_difference_rejects_mismatched_shapes():
     with pytest.raises(ValueError, match="Shapes differ"):
         oe.relative_max_difference([[1.0, 2.0]], [[1.0], [2.0]])
+
+
+def test_tool_names_what_is_missing(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        oe.main(["Foo"])
+    assert "unknown method 'Foo'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        oe.main(["CoOp", "--official-git", str(tmp_path)])
+    assert "CoOp needs --official-git and --dassl-git" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="is not a git repository"):
+        oe.main(["ProGrad", "--official-git", str(tmp_path)])

@@ -305,7 +305,8 @@ def compare(method, official_git, dassl_git, backbone, seeds, classnames, batch)
     """Run both sides; return the fixture dict (with the measured differences)."""
     for label, path in (("--official-git", official_git), ("--dassl-git", dassl_git)):
         if path is not None and not os.path.isdir(path):
-            raise SystemExit(f"{label} '{path}' is not a folder; give a clone (or the git directory) of the repository.")
+            raise SystemExit(f"{label} '{path}' is not a folder; "
+                             "give a clone (or the git directory) of the repository.")
     spec = METHODS[method]
     with tempfile.TemporaryDirectory(prefix="official_equivalence_") as workdir:
         official_commit = _export(official_git, os.path.join(workdir, "official"))
@@ -361,8 +362,9 @@ def main(argv=None):
         return
     if args.method not in METHODS:
         parser.error(f"unknown method '{args.method}'; this tool knows {sorted(METHODS)}")
-    if not args.official_git or ("dassl_dir" not in METHODS[args.method] and not args.dassl_git):
-        parser.error(f"{args.method} needs --official-git" + ("" if "dassl_dir" in METHODS[args.method] else " and --dassl-git"))
+    needs_dassl = "dassl_dir" not in METHODS[args.method]
+    if not args.official_git or (needs_dassl and not args.dassl_git):
+        parser.error(f"{args.method} needs --official-git" + (" and --dassl-git" if needs_dassl else ""))
     fixture = compare(args.method, args.official_git, args.dassl_git, args.backbone, dict(DEFAULT_SEEDS),
                       list(DEFAULT_CLASSNAMES), DEFAULT_BATCH)
     os.makedirs(FIXTURE_DIR, exist_ok=True)
