@@ -1,0 +1,106 @@
+"""Our trainers' models against the outputs of their official code (committed fixtures).
+
+Each fixture in tests/fixtures/official/ was written by tools/official_equivalence.py, which ran
+the official repository (commit in the fixture) on a seeded random CLIP ViT-B/16, seeded
+learnable values (10x the official init std) and a seeded batch of 2 images and 3 classes.
+Here our side is rebuilt from the same seeds and must give the same outputs within the
+contract's relative max difference (3e-3): CoOp's logits and cross-entropy; ProGrad's student
+and zero-shot logits, CE, KL and the projected ctx gradient (one official update step). A
+context with its tokens in the wrong order must fail the comparison.
+"""
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+import official_equivalence as oe  # noqa: E402  (tools/official_equivalence.py)
+
+METHODS = ("CoOp", "ProGrad")
+
+
+def _fixture(method):
+    with open(os.path.join(oe.FIXTURE_DIR, f"{method.lower()}.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    """{(backbone, seed): (weights file, input resolution, text width)}, each written once."""
+    files = {}
+    for method in METHODS:
+        fixture = _fixture(method)
+        key = (fixture["backbone"], fixture["seeds"]["weights"])
+        if key not in files:
+            path = str(tmp_path_factory.mktemp("clip") / "weights.pt")
+            files[key] = (path, *oe.write_weights(*key, path))
+    return files
+
+
+def _case(method, weights):
+    fixture = _fixture(method)
+    path, resolution, width = weights[(fixture["backbone"], fixture["seeds"]["weights"])]
+    learnables, images, labels = oe.make_inputs(method, resolution, width, fixture["seeds"], fixture["batch"],
+                                                len(fixture["classnames"]))
+    assert labels.tolist() == fixture["labels"]
+    return fixture, path, learnables, images, labels
+
+
+def _ours(fixture, path, learnables, images, labels):
+    return oe.our_outputs(fixture["method"], fixture["backbone"], path, fixture["classnames"], learnables, images,
+                          labels)
+
+
+@pytest.fixture(scope="module")
+def outputs(weights):
+    """{method: our outputs on the fixture's inputs}."""
+    return {method: _ours(*_case(method, weights)) for method in METHODS}
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_fixture_records_the_official_run(method):
+    fixture = _fixture(method)
+    assert fixture["official_repository"] == oe.METHODS[method]["repository"]
+    assert len(fixture["official_commit"]) == 40
+    assert fixture["parameter_mapping"] == {"prompt_learner.ctx": "prompt_learner.ctx"}
+    assert set(fixture["official_outputs"]) == set(oe.METHODS[method]["outputs"])
+    assert all(value <= oe.TOLERANCE for value in fixture["relative_max_difference"].values())
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_matches_official_outputs(method, outputs):
+    fixture, ours = _fixture(method), outputs[method]
+    assert ours["logits"].shape == (fixture["batch"], len(fixture["classnames"]))
+    for key, official in fixture["official_outputs"].items():
+        assert oe.relative_max_difference(ours[key], official) <= oe.TOLERANCE, key
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_misplaced_context_token_fails_the_comparison(method, weights):
+    fixture, path, learnables, images, labels = _case(method, weights)
+    swapped = {name: value.flip(0) for name, value in learnables.items()}  # ctx tokens in reverse order
+    ours = _ours(fixture, path, swapped, images, labels)
+    assert oe.relative_max_difference(ours["logits"], fixture["official_outputs"]["logits"]) > oe.TOLERANCE
+
+
+def test_prograd_batch_exercises_the_projection(outputs):
+    """The fixture's batch has conflicting CE and KL gradients, so the compared update is not the CE gradient."""
+    fixture, ours = _fixture("ProGrad"), outputs["ProGrad"]
+    assert oe.relative_max_difference(ours["ctx_grad_ce"], fixture["official_outputs"]["ctx_update"]) > 0.1
+
+
+def test_relative_max_difference_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match="Shapes differ"):
+        oe.relative_max_difference([[1.0, 2.0]], [[1.0], [2.0]])
+
+
+def test_tool_names_what_is_missing(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        oe.main(["Foo"])
+    assert "unknown method 'Foo'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        oe.main(["CoOp", "--official-git", str(tmp_path)])
+    assert "CoOp needs --official-git and --dassl-git" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="is not a git repository"):
+        oe.main(["ProGrad", "--official-git", str(tmp_path)])
