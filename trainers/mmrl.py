@@ -26,9 +26,13 @@ Loss: α·CE(z_c) + (1−α)·CE(z_r) + λ·(1 − mean_b cos(f_cls, f_cls^CLIP)
 Inference (TRAINER.MMRL.INFERENCE, a RoleRule): ``fusion`` α·z_c + (1−α)·z_r for base and
 source, ``cls`` z_c for new and target (z_r is never used on classes it was not trained on).
 
-Per-dataset settings (upstream trainers/config.py): REG_WEIGHT < 0 and REP_DIM 0 mean "from
-DATASET_SETTINGS by DATASET.NAME"; explicit values win (upstream merges the table before
-command-line options). A dataset missing from the table is a ConfigError naming the key to set.
+Per-dataset settings (upstream trainers/config.py, its B2N task): REG_WEIGHT < 0 and REP_DIM 0
+mean "from DATASET_SETTINGS by DATASET.NAME"; explicit values win (upstream merges the table
+before command-line options). A dataset missing from the table is a ConfigError naming the key
+to set (upstream silently keeps its config's λ 1.0 there).
+
+ViT-B/16 (K 5, d_r 512, 7 layers): 2,560 + 7·(512·768 + 768) + 7·(512·512 + 512) + 768·512
+= 4,992,256 learnable parameters.
 
 Verified by reading the official code (yunncheng/MMRL @ 27d8821f): clip/model_mmrl.py
 (``ResidualAttentionBlock``: layers 1-based, insertion after CLS/BOT at REP_LAYERS[0] and
@@ -38,8 +42,9 @@ ln_post(x[:, 1:1+K]) @ proj_rep), trainers/mmrl.py (``_get_clones`` deep copies,
 logits 100·f̂·t̂ᵀ, fusion α·z_c + (1−α)·z_r, the loss of ``MMRL_Loss``, the text pooled at
 argmax + K, CUSTOM_TEMPLATES), trainers/config.py (λ per dataset, EuroSAT REP_DIM 2048).
 Not done yet: running the official code side by side on the same weights (it needs the Dassl
-harness of tools/official_equivalence.py, open); tests/test_mmrl.py checks the equations above
-independently.
+harness of tools/official_equivalence.py, open), and the cross-dataset / domain-generalization
+recipe (ImageNet, batch 32, 1 epoch, no warm-up, λ 0.2); tests/test_mmrl.py checks the
+equations above independently with open_clip's blocks.
 """
 import copy
 
