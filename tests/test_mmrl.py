@@ -237,3 +237,19 @@ def test_trainer_reads_the_dataset_table_and_trains_only_the_representation(toy_
         assert torch.equal(value, before_frozen[name]), name
     override = build_seeded(pets_cfg(toy_world, tmp_path / "x", "TRAINER.MMRL.REG_WEIGHT", "3.0"))
     assert override.model.reg_weight == 3.0
+
+
+def test_a_sentence_filling_the_context_grows_past_it_without_truncation(runner):
+    """The tiny CLIP's context is 32 tokens: a 32-token sentence has its end-of-text token at 31,
+    and at 31 + K after the insertion (35 positions, beyond the positional embedding and the
+    model's own causal mask); the features equal the hand computation."""
+    clip, tokenizer = runner
+    name = " ".join(["x"] * 20)  # "a photo of a x ... x, a type of pet.": 30 tokens + BOT + EOT
+    torch.manual_seed(0)
+    node = mmrl_node()
+    model = MMRLCLIP(clip, tokenizer, [name], TEMPLATE, node, node.REP_DIM, node.REG_WEIGHT, "fusion")
+    assert int(clip.text.eot_positions(model.token_ids)) == 31
+    with torch.no_grad():
+        out = clip.text(model.token_ids, model.representation.plan("text", model.first_block), all_tokens=True)
+        assert int(out.eot) == 31 + K and out.tokens.shape[1] == 32 + K
+        torch.testing.assert_close(model.compute_text_features(), hand_text(model), **TOL)
