@@ -172,7 +172,8 @@ def test_inference_follows_the_role(runner):
 
 def test_per_dataset_settings_and_config_errors(runner):
     node = trainer_node("MMRL")
-    assert dataset_setting(node, "EuroSAT", "REP_DIM") == 2048 and dataset_setting(node, "EuroSAT", "REG_WEIGHT") == 0.01
+    assert dataset_setting(node, "EuroSAT", "REP_DIM") == 2048
+    assert dataset_setting(node, "EuroSAT", "REG_WEIGHT") == 0.01
     assert dataset_setting(node, "StanfordCars", "REG_WEIGHT") == 7.0 and len(DATASET_SETTINGS) == 11
     assert dataset_setting(trainer_node("MMRL", REG_WEIGHT=2.0), "EuroSAT", "REG_WEIGHT") == 2.0  # explicit wins
     with pytest.raises(ConfigError, match=r"DATASET_SETTINGS.*'SyntheticShapes'.*set TRAINER.MMRL.REG_WEIGHT"):
@@ -222,7 +223,8 @@ def test_trainer_inference_follows_the_evaluation_role(toy_world, tmp_path, role
 
 
 def test_trainer_reads_the_dataset_table_and_trains_only_the_representation(toy_world, tmp_path):  # noqa: F811
-    trainer = build_seeded(pets_cfg(toy_world, tmp_path, "DATASET.SUBSAMPLE_CLASSES", "base", "OPTIM.WARMUP_EPOCH", "0"))
+    trainer = build_seeded(pets_cfg(toy_world, tmp_path, "DATASET.SUBSAMPLE_CLASSES", "base",
+                                    "OPTIM.WARMUP_EPOCH", "0"))
     model = trainer.model
     assert model.reg_weight == 0.2 and model.representation.rep.shape == (5, 512)  # OxfordPets: λ 0.2, d_r 512
     optimizer = trainer._optims["representation"]

@@ -20,7 +20,8 @@ over the K representation tokens, t_c the class sentence (the dataset's fixed ha
 template) through the text tower with the representation tokens.
 Logits z_c = 100·f̂_cls·t̂ᵀ, z_r = 100·f̂_rep·t̂ᵀ (scale 100 fixed, as upstream).
 
-Loss: α·CE(z_c) + (1−α)·CE(z_r) + λ·(1 − mean_b cos(f_cls, f_cls^CLIP)) + λ·(1 − mean_c cos(t_c, t_c^CLIP)),
+Loss: α·CE(z_c) + (1−α)·CE(z_r) + λ·(1 − mean_b cos(f_cls, f_cls^CLIP))
+      + λ·(1 − mean_c cos(t_c, t_c^CLIP)),
 α = ALPHA = 0.7, λ = REG_WEIGHT, the references from frozen CLIP with the same sentences.
 
 Inference (TRAINER.MMRL.INFERENCE, a RoleRule): ``fusion`` α·z_c + (1−α)·z_r for base and
@@ -40,7 +41,8 @@ replacement at the later ones in both towers, causal mask rebuilt for the grown 
 ``VisionTransformer``: ``proj_rep`` = scale·randn(width, output_dim), f_rep = mean of
 ln_post(x[:, 1:1+K]) @ proj_rep), trainers/mmrl.py (``_get_clones`` deep copies, R std 0.02,
 logits 100·f̂·t̂ᵀ, fusion α·z_c + (1−α)·z_r, the loss of ``MMRL_Loss``, the text pooled at
-argmax + K, CUSTOM_TEMPLATES), trainers/config.py (λ per dataset, EuroSAT REP_DIM 2048).
+argmax + K, CUSTOM_TEMPLATES, equal to the
+datasets' ``template`` attributes here), trainers/config.py (λ per dataset, EuroSAT REP_DIM 2048).
 Not done yet: running the official code side by side on the same weights (it needs the Dassl
 harness of tools/official_equivalence.py, open), and the cross-dataset / domain-generalization
 recipe (ImageNet, batch 32, 1 epoch, no warm-up, λ 0.2); tests/test_mmrl.py checks the
@@ -164,7 +166,8 @@ class MMRLCLIP(PromptedCLIP):
                 f"{clip.visual.num_layers} image and {clip.text.num_layers} text blocks)."
             )
         self.first_block = layers[0] - 1
-        self.n_tokens, self.alpha, self.reg_weight, self.inference = node.N_REP_TOKENS, node.ALPHA, reg_weight, inference
+        self.n_tokens, self.alpha = node.N_REP_TOKENS, node.ALPHA
+        self.reg_weight, self.inference = reg_weight, inference
         self.representation = RepresentationLearner(
             node.N_REP_TOKENS, rep_dim, len(layers), clip.visual.width, clip.text.width, clip.visual.output_dim
         )
