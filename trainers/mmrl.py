@@ -41,8 +41,8 @@ replacement at the later ones in both towers, causal mask rebuilt for the grown 
 ``VisionTransformer``: ``proj_rep`` = scale·randn(width, output_dim), f_rep = mean of
 ln_post(x[:, 1:1+K]) @ proj_rep), trainers/mmrl.py (``_get_clones`` deep copies, R std 0.02,
 logits 100·f̂·t̂ᵀ, fusion α·z_c + (1−α)·z_r, the loss of ``MMRL_Loss``, the text pooled at
-argmax + K, CUSTOM_TEMPLATES, equal to the
-datasets' ``template`` attributes here), trainers/config.py (λ per dataset, EuroSAT REP_DIM 2048).
+argmax + K, CUSTOM_TEMPLATES, equal to the datasets' ``template`` attributes here),
+trainers/config.py (λ per dataset, EuroSAT REP_DIM 2048).
 Not done yet: running the official code side by side on the same weights (it needs the Dassl
 harness of tools/official_equivalence.py, open), and the cross-dataset / domain-generalization
 recipe (ImageNet, batch 32, 1 epoch, no warm-up, λ 0.2); tests/test_mmrl.py checks the
