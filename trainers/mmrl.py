@@ -1,0 +1,255 @@
+"""MMRL: Multi-Modal Representation Learning (Guo et al., CVPR 2025).
+
+Frozen CLIP plus a shared representation space read by both towers:
+
+* R ∈ R^{K×d_r} (K = N_REP_TOKENS = 5, d_r = REP_DIM = 512; N(0, 0.02));
+* for each representation layer l ∈ REP_LAYERS (1-based, 6..12 for ViT-B/16) two Linear maps
+  with bias, P_v^l: d_r -> D_v and P_t^l: d_r -> D_t; the copies of each start as deep copies
+  of ONE random Linear (identical at initialisation);
+* ``proj_rep`` [D_v, E], initialised as D_v^-0.5·randn (not copied from CLIP's ``proj``).
+
+Towers (runner plans, 0-based block b = l - 1):
+* image: at the input of the first representation block insert P_v(R) [K, D_v] after CLS,
+  [CLS; rep(K); patches]; the later representation blocks replace those K slots;
+* text: the same at position 1 (after BOT): the sequence grows by K (77 -> 82 for ViT-B/16, no
+  truncation), the inserted tokens get no positional embedding (they enter mid-tower), the
+  causal mask covers the grown sequence and the pooled end-of-text position moves by K.
+
+Features: f_cls = LN_post(x_0)·proj (CLIP's frozen projection), f_rep = mean_k LN_post(x_k)·proj_rep
+over the K representation tokens, t_c the class sentence (the dataset's fixed hand-written
+template) through the text tower with the representation tokens.
+Logits z_c = 100·f̂_cls·t̂ᵀ, z_r = 100·f̂_rep·t̂ᵀ (scale 100 fixed, as upstream).
+
+Loss: α·CE(z_c) + (1−α)·CE(z_r) + λ·(1 − mean_b cos(f_cls, f_cls^CLIP))
+      + λ·(1 − mean_c cos(t_c, t_c^CLIP)),
+α = ALPHA = 0.7, λ = REG_WEIGHT, the references from frozen CLIP with the same sentences.
+
+Inference (TRAINER.MMRL.INFERENCE, a RoleRule): ``fusion`` α·z_c + (1−α)·z_r for base and
+source, ``cls`` z_c for new and target (z_r is never used on classes it was not trained on).
+
+Per-dataset settings (upstream trainers/config.py, its B2N task): REG_WEIGHT < 0 and REP_DIM 0
+mean "from DATASET_SETTINGS by DATASET.NAME"; explicit values win (upstream merges the table
+before command-line options). A dataset missing from the table is a ConfigError naming the key
+to set (upstream silently keeps its config's λ 1.0 there).
+
+ViT-B/16 (K 5, d_r 512, 7 layers): 2,560 + 7·(512·768 + 768) + 7·(512·512 + 512) + 768·512
+= 4,992,256 learnable parameters.
+
+Verified by reading the official code (yunncheng/MMRL @ 27d8821f): clip/model_mmrl.py
+(``ResidualAttentionBlock``: layers 1-based, insertion after CLS/BOT at REP_LAYERS[0] and
+replacement at the later ones in both towers, causal mask rebuilt for the grown text length;
+``VisionTransformer``: ``proj_rep`` = scale·randn(width, output_dim), f_rep = mean of
+ln_post(x[:, 1:1+K]) @ proj_rep), trainers/mmrl.py (``_get_clones`` deep copies, R std 0.02,
+logits 100·f̂·t̂ᵀ, fusion α·z_c + (1−α)·z_r, the loss of ``MMRL_Loss``, the text pooled at
+argmax + K, CUSTOM_TEMPLATES, equal to the datasets' ``template`` attributes here),
+trainers/config.py (λ per dataset, EuroSAT REP_DIM 2048).
+Not done yet: running the official code side by side on the same weights (it needs the Dassl
+harness of tools/official_equivalence.py, open), and the cross-dataset / domain-generalization
+recipe (ImageNet, batch 32, 1 epoch, no warm-up, λ 0.2); tests/test_mmrl.py checks the
+equations above independently with open_clip's blocks.
+"""
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from yacs.config import CfgNode as CN
+
+from vlprompt.clip import DEFAULT_TEMPLATE, InsertTokens, Plan, PromptedCLIP, ReplaceTokens, fill_template
+from vlprompt.clip import UnsupportedBackboneError
+from vlprompt.config import ConfigError, check_choice, check_range, register_cfg_extension
+from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.amp import PRECISIONS
+from vlprompt.engine.roles import RoleRule
+
+INFERENCE_RULE = RoleRule("TRAINER.MMRL.INFERENCE", base="fusion", new="cls", source="fusion", target="cls")
+LOGIT_SCALE = 100.0
+# DATASET.NAME -> the settings upstream's trainers/config.py merges for it (B2N recipe).
+DATASET_SETTINGS = {
+    "StanfordCars": {"REG_WEIGHT": 7.0, "REP_DIM": 512},
+    "FGVCAircraft": {"REG_WEIGHT": 6.0, "REP_DIM": 512},
+    "SUN397": {"REG_WEIGHT": 6.0, "REP_DIM": 512},
+    "DescribableTextures": {"REG_WEIGHT": 6.0, "REP_DIM": 512},
+    "Food101": {"REG_WEIGHT": 5.0, "REP_DIM": 512},
+    "OxfordFlowers": {"REG_WEIGHT": 4.0, "REP_DIM": 512},
+    "UCF101": {"REG_WEIGHT": 3.0, "REP_DIM": 512},
+    "ImageNet": {"REG_WEIGHT": 0.5, "REP_DIM": 512},
+    "Caltech101": {"REG_WEIGHT": 0.5, "REP_DIM": 512},
+    "OxfordPets": {"REG_WEIGHT": 0.2, "REP_DIM": 512},
+    "EuroSAT": {"REG_WEIGHT": 0.01, "REP_DIM": 2048},
+}
+
+
+@register_cfg_extension
+def add_mmrl_config(cfg):
+    cfg.TRAINER.MMRL = CN()
+    cfg.TRAINER.MMRL.PREC = "amp"  # fp16, fp32, amp or bf16
+    cfg.TRAINER.MMRL.N_REP_TOKENS = 5  # K
+    cfg.TRAINER.MMRL.REP_LAYERS = [6, 7, 8, 9, 10, 11, 12]  # 1-based, consecutive, both towers
+    cfg.TRAINER.MMRL.REP_DIM = 0  # d_r; 0: from DATASET_SETTINGS by DATASET.NAME
+    cfg.TRAINER.MMRL.REG_WEIGHT = -1.0  # λ; < 0: from DATASET_SETTINGS by DATASET.NAME
+    cfg.TRAINER.MMRL.ALPHA = 0.7  # α: CE and fusion weight of z_c
+    cfg.TRAINER.MMRL.INFERENCE = "auto"  # auto (by evaluation role), fusion or cls
+
+
+def dataset_setting(node, dataset, key):
+    """node[key], or the DATASET_SETTINGS entry of ``dataset`` when node[key] asks for it
+    (REG_WEIGHT < 0, REP_DIM 0)."""
+    value = node[key]
+    if (key == "REG_WEIGHT" and value >= 0) or (key == "REP_DIM" and value > 0):
+        return value
+    if dataset not in DATASET_SETTINGS:
+        raise ConfigError(
+            f"TRAINER.MMRL.{key} {value!r} means 'from trainers.mmrl.DATASET_SETTINGS', which has no entry "
+            f"for DATASET.NAME {dataset!r} (it has {', '.join(DATASET_SETTINGS)}); set TRAINER.MMRL.{key}."
+        )
+    return DATASET_SETTINGS[dataset][key]
+
+
+def check_mmrl_config(node, dataset):
+    check_choice("TRAINER.MMRL.PREC", node.PREC, PRECISIONS)
+    INFERENCE_RULE.check(node.INFERENCE)
+    check_range("TRAINER.MMRL.N_REP_TOKENS", node.N_REP_TOKENS, minimum=1)
+    check_range("TRAINER.MMRL.ALPHA", node.ALPHA, minimum=0.0, maximum=1.0)
+    layers = list(node.REP_LAYERS)
+    if not layers or layers != list(range(layers[0], layers[0] + len(layers))) or layers[0] < 1:
+        raise ConfigError(
+            f"TRAINER.MMRL.REP_LAYERS must be consecutive ascending 1-based layers (e.g. [6, 7, ..., 12]), "
+            f"got {layers}."
+        )
+    dataset_setting(node, dataset, "REG_WEIGHT")
+    dataset_setting(node, dataset, "REP_DIM")
+
+
+class RepresentationLearner(nn.Module):
+    """R [K, d_r], the per-layer maps P_v^l, P_t^l and ``proj_rep`` [D_v, E].
+
+    Attributes:
+        rep: R. visual, text: ModuleLists of Linear(d_r, D_v) / Linear(d_r, D_t), one per
+            representation layer, deep copies of one random Linear. proj_rep: [D_v, E].
+    """
+
+    def __init__(self, n_tokens, rep_dim, num_layers, vision_width, text_width, embed_dim):
+        super().__init__()
+        self.rep = nn.Parameter(torch.empty(n_tokens, rep_dim).normal_(std=0.02))
+        visual, text = nn.Linear(rep_dim, vision_width), nn.Linear(rep_dim, text_width)
+        self.visual = nn.ModuleList(copy.deepcopy(visual) for _ in range(num_layers))
+        self.text = nn.ModuleList(copy.deepcopy(text) for _ in range(num_layers))
+        self.proj_rep = nn.Parameter(vision_width ** -0.5 * torch.randn(vision_width, embed_dim))
+
+    def plan(self, tower, first_block):
+        """Plan of ``tower`` ("visual" or "text"): insert P^l(R) [K, D] at position 1 at
+        0-based block ``first_block``, replace positions 1..K at the following blocks."""
+        maps = getattr(self, tower)
+        layers = {first_block: InsertTokens(maps[0](self.rep), at=1)}
+        for i, linear in enumerate(maps[1:], start=1):
+            layers[first_block + i] = ReplaceTokens(linear(self.rep), at=1)
+        return Plan(layers=layers)
+
+
+class MMRLCLIP(PromptedCLIP):
+    """Frozen CLIP with MMRL's representation tokens in both towers.
+
+    Args:
+        clip: CLIPRunner (ViT image tower). tokenizer: Tokenizer. classnames: C names.
+        template: the dataset's sentence with "{}". node: cfg.TRAINER.MMRL.
+        rep_dim: d_r. reg_weight: λ. inference: "fusion" or "cls".
+    """
+
+    def __init__(self, clip, tokenizer, classnames, template, node, rep_dim, reg_weight, inference):
+        super().__init__(clip)
+        layers = list(node.REP_LAYERS)
+        deepest = min(clip.visual.num_layers, clip.text.num_layers)
+        if layers[-1] > deepest:
+            raise ConfigError(
+                f"TRAINER.MMRL.REP_LAYERS {layers} must lie within both towers (1..{deepest}: "
+                f"{clip.visual.num_layers} image and {clip.text.num_layers} text blocks)."
+            )
+        self.first_block = layers[0] - 1
+        self.n_tokens, self.alpha = node.N_REP_TOKENS, node.ALPHA
+        self.reg_weight, self.inference = reg_weight, inference
+        self.representation = RepresentationLearner(
+            node.N_REP_TOKENS, rep_dim, len(layers), clip.visual.width, clip.text.width, clip.visual.output_dim
+        )
+        sentences = [fill_template(template, name) for name in classnames]
+        print(f"MMRL sentences: {sentences[:3]}...; representation layers (1-based) {layers}, K {self.n_tokens}, "
+              f"d_r {rep_dim}, λ {reg_weight}, inference {inference}")
+        self.register_buffer("token_ids", tokenizer(sentences), persistent=False)
+        self._frozen_text = None
+
+    def _apply(self, fn, *args, **kwargs):
+        self._frozen_text = None
+        return super()._apply(fn, *args, **kwargs)
+
+    def compute_text_features(self):
+        """t [C, E] (not normalised), the sentences with the representation tokens."""
+        return self.clip.text(self.token_ids, self.representation.plan("text", self.first_block)).features
+
+    def frozen_text_features(self):
+        """t^CLIP [C, E] of frozen CLIP, the same sentences (a constant, cached)."""
+        if self._frozen_text is None:
+            with torch.no_grad():
+                self._frozen_text = self.clip.text(self.token_ids).features.float()
+        return self._frozen_text
+
+    def encode_image(self, images, frozen=False):
+        """(f_cls [B, E], f_rep [B, E], f_cls^CLIP [B, E] with ``frozen`` else None), not normalised."""
+        visual = self.clip.visual
+        hidden = visual.run_prefix(images, self.first_block)
+        rows = list(range(self.n_tokens + 1))
+        plan = self.representation.plan("visual", self.first_block)
+        out = visual(hidden=hidden, start=self.first_block, plan=plan, rows=rows)
+        f_rep = visual.ln_post(out.tokens[:, 1:1 + self.n_tokens]) @ self.representation.proj_rep.to(out.tokens.dtype)
+        reference = None
+        if frozen:
+            with torch.no_grad():
+                reference = visual(hidden=hidden, start=self.first_block, rows=[0]).features
+        return out.features, f_rep.mean(1), reference
+
+    def logits(self, f_cls, f_rep, text_features):
+        """(z_c, z_r) [B, C] each, from unnormalised image features and normalised text [C, E]."""
+        text_features = text_features.to(f_cls.dtype)
+        z_c = LOGIT_SCALE * F.normalize(f_cls, dim=-1) @ text_features.t()
+        z_r = LOGIT_SCALE * F.normalize(f_rep, dim=-1) @ text_features.t()
+        return z_c, z_r
+
+    def forward(self, images):
+        f_cls, f_rep, _ = self.encode_image(images)
+        z_c, z_r = self.logits(f_cls, f_rep, self.class_text_features())
+        return z_c if self.inference == "cls" else self.alpha * z_c + (1 - self.alpha) * z_r
+
+    def loss(self, images, labels):
+        """(total, fused logits [B, C], {"ce_cls", "ce_rep", "reg_image", "reg_text"})."""
+        f_cls, f_rep, f_clip = self.encode_image(images, frozen=True)
+        text = self.compute_text_features()
+        z_c, z_r = self.logits(f_cls, f_rep, F.normalize(text, dim=-1))
+        ce_cls, ce_rep = F.cross_entropy(z_c, labels), F.cross_entropy(z_r, labels)
+        reg_image = 1 - F.cosine_similarity(f_cls.float(), f_clip.float(), dim=-1).mean()
+        reg_text = 1 - F.cosine_similarity(text.float(), self.frozen_text_features(), dim=-1).mean()
+        total = self.alpha * ce_cls + (1 - self.alpha) * ce_rep + self.reg_weight * (reg_image + reg_text)
+        fused = self.alpha * z_c + (1 - self.alpha) * z_r
+        terms = {"ce_cls": ce_cls.detach(), "ce_rep": ce_rep.detach(),
+                 "reg_image": reg_image.detach(), "reg_text": reg_text.detach()}
+        return total, fused, terms
+
+
+@TRAINER_REGISTRY.register()
+class MMRL(ClipTrainer):
+    """MMRL trainer; the checkpointed module ("representation") holds R, P_v, P_t and proj_rep."""
+
+    def check_cfg(self, cfg):
+        check_mmrl_config(cfg.TRAINER.MMRL, cfg.DATASET.NAME)
+
+    def build_model(self):
+        clip, tokenizer = self.build_clip()
+        if clip.visual is None:
+            raise UnsupportedBackboneError(
+                f"MMRL needs a ViT image tower (representation tokens); {self.cfg.MODEL.BACKBONE.NAME} is not one.")
+        node, dataset = self.cfg.TRAINER.MMRL, self.cfg.DATASET.NAME
+        template = getattr(type(self.dm.dataset), "template", DEFAULT_TEMPLATE)
+        print(INFERENCE_RULE.describe(node.INFERENCE, self.eval_role))
+        self.model = MMRLCLIP(
+            clip, tokenizer, self.classnames, template, node, dataset_setting(node, dataset, "REP_DIM"),
+            dataset_setting(node, dataset, "REG_WEIGHT"), INFERENCE_RULE.resolve(node.INFERENCE, self.eval_role),
+        ).to(self.device)
+        self.register_learner("representation", self.model.representation)
