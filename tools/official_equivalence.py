@@ -23,19 +23,21 @@ fp32 branch).
 Compared (``METHODS[method]["outputs"]``), each by the relative max difference
 max|ours - official| / max|official|: CoOp's logits [B, C] and the batch's cross-entropy;
 ProGrad's student and zero-shot logits, CE, KL and the ctx update of one official
-``prograd_backward_and_update`` step under SGD at lr 1 (the projected gradient); DePT on MaPLe's
+``prograd_backward_and_update`` step under SGD at lr 1 (the projected gradient); MaPLe's logits
+and CE (Koorye/DePT's trainers/maple.py, the MaPLe code DePT builds on); DePT on MaPLe's
 (Koorye/DePT's trainers/elp_maple.py, run with ``DATASET.SUBSAMPLE_CLASSES`` base so the head
-exists) similarity logits, head logits, fused base-role logits and training loss, with every
-learnable value (MaPLe's prompts and couplings, FiLM γ/β, the head) drawn away from its init
-and mapped by name (``DEPT_MAPLE["learnables"]``). The result
+exists) similarity logits, head logits, fused base-role logits and training loss. For both,
+every learnable value (MaPLe's prompts and couplings, FiLM γ/β, the head) is drawn away from its
+init and mapped by name (``MAPLE["learnables"]``, ``DEPT_MAPLE["learnables"]``). The result
 goes to ``tests/fixtures/official/<method>.json`` (seeds, class names, labels, settings,
 parameter-name mapping, official outputs, official repository and commits), which
-``tests/test_official_equivalence.py`` rebuilds our side against.
+``tests/test_official_equivalence*.py`` rebuild our side against.
 
 Usage (clones, or bare git directories, of the official repositories; HEAD is compared):
 
     python tools/official_equivalence.py CoOp --official-git CoOp --dassl-git Dassl.pytorch
     python tools/official_equivalence.py ProGrad --official-git Prompt-align
+    python tools/official_equivalence.py MaPLe --official-git DePT --dassl-git Dassl.pytorch
     python tools/official_equivalence.py DePT-MaPLe --official-git DePT --dassl-git Dassl.pytorch
 """
 import argparse
@@ -64,6 +66,22 @@ MAPLE_DEPTH = 9  # MaPLe's PROMPT_DEPTH: T_1 plus 8 deep text prompts and 8 coup
 _MAPLE_LINEAR = {"init_std": 512 ** -0.5, "shape": {"weight": ("vision_width", "width"), "bias": ("vision_width",)}}
 
 
+def _maple_learnables(prefix):
+    """MaPLe's learnable values: our parameter name (under ``prefix``) -> official name, shape
+    (symbolic dims), init std: T_1, the couplings F_1..F_J and the deep text prompts T_2..T_J."""
+    learnables = {f"{prefix}prompt_learner.ctx": {"official": "prompt_learner.ctx", "shape": ("n_ctx", "width"),
+                                                  "init_std": 0.02}}
+    couplings = [("proj", "proj")] + [(f"compound_prompt_projections.{i}",) * 2 for i in range(MAPLE_DEPTH - 1)]
+    for ours, official in couplings:
+        for kind, shape in _MAPLE_LINEAR["shape"].items():
+            learnables[f"{prefix}prompt_learner.{ours}.{kind}"] = {
+                "official": f"prompt_learner.{official}.{kind}", "shape": shape, "init_std": _MAPLE_LINEAR["init_std"]}
+    for i in range(MAPLE_DEPTH - 1):
+        learnables[f"{prefix}prompt_learner.compound_prompts_text.{i}"] = {
+            "official": f"prompt_learner.compound_prompts_text.{i}", "shape": ("n_ctx", "width"), "init_std": 0.02}
+    return learnables
+
+
 def _dept_maple_learnables():
     """DePT on MaPLe: our parameter name -> official name, shape (symbolic dims), init mean and std.
 
@@ -71,16 +89,7 @@ def _dept_maple_learnables():
     Koorye/DePT's trainers/elp_maple.CustomCLIP (MaPLe's prompt learner plus film_lp_img,
     film_lp_text and linear_probe_proj). Every value is drawn away from its init.
     """
-    learnables = {"base.prompt_learner.ctx": {"official": "prompt_learner.ctx", "shape": ("n_ctx", "width"),
-                                              "init_std": 0.02}}
-    couplings = [("proj", "proj")] + [(f"compound_prompt_projections.{i}",) * 2 for i in range(MAPLE_DEPTH - 1)]
-    for ours, official in couplings:
-        for kind, shape in _MAPLE_LINEAR["shape"].items():
-            learnables[f"base.prompt_learner.{ours}.{kind}"] = {
-                "official": f"prompt_learner.{official}.{kind}", "shape": shape, "init_std": _MAPLE_LINEAR["init_std"]}
-    for i in range(MAPLE_DEPTH - 1):
-        learnables[f"base.prompt_learner.compound_prompts_text.{i}"] = {
-            "official": f"prompt_learner.compound_prompts_text.{i}", "shape": ("n_ctx", "width"), "init_std": 0.02}
+    learnables = _maple_learnables("base.")
     for ours, official in (("film_image", "film_lp_img"), ("film_text", "film_lp_text")):
         learnables[f"{ours}.scale"] = {"official": f"{official}.scale", "shape": ("embed",), "init_mean": 1.0,
                                        "init_std": 0.02}
@@ -107,6 +116,16 @@ DEPT_MAPLE = {
     # similarity logits [B, C], head logits h(FiLM_I(f)) [B, C], fused base-role logits [B, C],
     # one batch's loss 0.3·CE + 0.7·CE_head over [text; image]
     "outputs": ("logits", "head_logits", "fused_logits", "loss"),
+}
+
+MAPLE = {
+    "repository": "Koorye/DePT",  # its trainers/maple.py: MaPLe's code, on which DePT's elp_maple builds
+    "code_dir": "",
+    "official_module": "trainers.maple",
+    "official_cfg": {"TRAINER.MAPLE": DEPT_MAPLE["official_cfg"]["TRAINER.MAPLE"]},
+    "our_node": DEPT_MAPLE["our_node"],
+    "learnables": _maple_learnables(""),
+    "outputs": ("logits", "loss"),
 }
 
 # Per method: official repository (and the folder of its code and of its Dassl fork inside it,
@@ -143,6 +162,7 @@ METHODS = {
         "learnables": {"prompt_learner.ctx": {"official": "prompt_learner.ctx", "init_std": 0.02}},
         "outputs": ("logits", "loss", "zs_logits", "kl_loss", "ctx_update"),
     },
+    "MaPLe": MAPLE,
     "DePT-MaPLe": DEPT_MAPLE,
 }
 
@@ -236,6 +256,8 @@ def our_outputs(method, backbone, weights_path, classnames, learnables, images, 
     import_project_package("trainers")  # our trainers/ (the official side has its own of that name)
     if method == "DePT-MaPLe":
         return our_dept_maple_outputs(backbone, weights_path, classnames, learnables, images, labels)
+    if method == "MaPLe":
+        return our_maple_outputs(backbone, weights_path, classnames, learnables, images, labels)
     spec = METHODS[method]
     model_clip, _ = load_clip(backbone, weights_path)
     clip, tokenizer, node = CLIPRunner(model_clip), Tokenizer(backbone), CN(spec["our_node"])
@@ -294,8 +316,25 @@ def our_dept_maple_outputs(backbone, weights_path, classnames, learnables, image
     return {"logits": logits, "head_logits": head_logits, "fused_logits": fused_logits, "loss": loss}
 
 
-def _prepare_official_dept_maple(cfg, weights_path):
-    """DePT's MaPLe loads CLIP through its own ``clip_maple`` package; its head needs the base split."""
+def our_maple_outputs(backbone, weights_path, classnames, learnables, images, labels):
+    """Our MaPLeCLIP's logits [B, C] and the batch's cross-entropy "loss"."""
+    from yacs.config import CfgNode as CN
+
+    from trainers.maple import MaPLeCLIP
+    from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
+
+    model_clip, _ = load_clip(backbone, weights_path)
+    model = MaPLeCLIP(CLIPRunner(model_clip), Tokenizer(backbone), classnames, CN(MAPLE["our_node"])).eval()
+    parameters = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in learnables.items():
+            parameters[name].copy_(value)
+        logits = model(images)
+    return {"logits": logits, "loss": F.cross_entropy(logits, labels)}
+
+
+def _prepare_official_maple(cfg, weights_path):
+    """Koorye/DePT's MaPLe loads CLIP through its own ``clip_maple`` package; DePT's head needs the base split."""
     from clip_maple import clip as official_clip_maple
 
     official_clip_maple._download = lambda url, root=None: weights_path
@@ -354,8 +393,8 @@ def _official_side(workdir):
     cfg.MODEL.BACKBONE.NAME = request["backbone"]
     cfg.INPUT.SIZE = (images.shape[-1], images.shape[-1])
     cfg.DATASET.NAME = spec.get("dataset", "")
-    if request["method"] == "DePT-MaPLe":
-        _prepare_official_dept_maple(cfg, weights_path)
+    if request["method"] in ("MaPLe", "DePT-MaPLe"):
+        _prepare_official_maple(cfg, weights_path)
     module = importlib.import_module(spec["official_module"])
     clip_model = module.load_clip_to_cpu(cfg).float()  # the official PREC fp32 branch
     # .float(): MaPLe's prompt learner casts its coupling F_1 to fp16 after the model's cast
@@ -364,7 +403,7 @@ def _official_side(workdir):
     with torch.no_grad():
         for ours, entry in spec["learnables"].items():
             parameters[entry["official"]].copy_(inputs["learnables"][ours])
-    if request["method"] == "CoOp":
+    if request["method"] in ("CoOp", "MaPLe"):
         with torch.no_grad():
             logits = model(images)
         outputs = {"logits": logits, "loss": F.cross_entropy(logits, labels)}
