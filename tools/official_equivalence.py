@@ -13,7 +13,8 @@ Ours is built with ``load_clip`` (the file as ``MODEL.BACKBONE.WEIGHTS``) and th
 model class; the official code runs in a subprocess of this file (``--official-side``) with
 ``PYTHONPATH`` set to trees exported (``git archive HEAD``) from the official repository and
 its Dassl fork into a temporary folder. In that subprocess ``clip._download`` returns the
-weights file, and the four modules Dassl imports only for logging and for datasets it does
+weights file (for DePT also ``clip_maple.clip._download``, and ``plotnine`` is an empty
+stand-in), and the four modules Dassl imports only for logging and for datasets it does
 not use here (``torch.utils.tensorboard``, ``gdown``, ``wilds``, ``pandas``) are empty
 stand-ins, so nothing is installed. The official model classes are built directly from a
 Dassl config (no data loader; the images are fed as tensors), in fp32 (the official ``PREC``
@@ -22,15 +23,22 @@ fp32 branch).
 Compared (``METHODS[method]["outputs"]``), each by the relative max difference
 max|ours - official| / max|official|: CoOp's logits [B, C] and the batch's cross-entropy;
 ProGrad's student and zero-shot logits, CE, KL and the ctx update of one official
-``prograd_backward_and_update`` step under SGD at lr 1 (the projected gradient). The result
+``prograd_backward_and_update`` step under SGD at lr 1 (the projected gradient); MaPLe's logits
+and CE (Koorye/DePT's trainers/maple.py, the MaPLe code DePT builds on); DePT on MaPLe's
+(Koorye/DePT's trainers/elp_maple.py, run with ``DATASET.SUBSAMPLE_CLASSES`` base so the head
+exists) similarity logits, head logits, fused base-role logits and training loss. For both,
+every learnable value (MaPLe's prompts and couplings, FiLM γ/β, the head) is drawn away from its
+init and mapped by name (``MAPLE["learnables"]``, ``DEPT_MAPLE["learnables"]``). The result
 goes to ``tests/fixtures/official/<method>.json`` (seeds, class names, labels, settings,
 parameter-name mapping, official outputs, official repository and commits), which
-``tests/test_official_equivalence.py`` rebuilds our side against.
+``tests/test_official_equivalence*.py`` rebuild our side against.
 
 Usage (clones, or bare git directories, of the official repositories; HEAD is compared):
 
     python tools/official_equivalence.py CoOp --official-git CoOp --dassl-git Dassl.pytorch
     python tools/official_equivalence.py ProGrad --official-git Prompt-align
+    python tools/official_equivalence.py MaPLe --official-git DePT --dassl-git Dassl.pytorch
+    python tools/official_equivalence.py DePT-MaPLe --official-git DePT --dassl-git Dassl.pytorch
 """
 import argparse
 import json
@@ -53,6 +61,72 @@ TOLERANCE = 3e-3
 DEFAULT_SEEDS = {"weights": 1, "learnable": 2, "images": 3}
 DEFAULT_CLASSNAMES = ["golden retriever", "sunflower", "fire truck"]
 DEFAULT_BATCH = 2
+
+MAPLE_DEPTH = 9  # MaPLe's PROMPT_DEPTH: T_1 plus 8 deep text prompts and 8 couplings
+_MAPLE_LINEAR = {"init_std": 512 ** -0.5, "shape": {"weight": ("vision_width", "width"), "bias": ("vision_width",)}}
+
+
+def _maple_learnables(prefix):
+    """MaPLe's learnable values: our parameter name (under ``prefix``) -> official name, shape
+    (symbolic dims), init std: T_1, the couplings F_1..F_J and the deep text prompts T_2..T_J."""
+    learnables = {f"{prefix}prompt_learner.ctx": {"official": "prompt_learner.ctx", "shape": ("n_ctx", "width"),
+                                                  "init_std": 0.02}}
+    couplings = [("proj", "proj")] + [(f"compound_prompt_projections.{i}",) * 2 for i in range(MAPLE_DEPTH - 1)]
+    for ours, official in couplings:
+        for kind, shape in _MAPLE_LINEAR["shape"].items():
+            learnables[f"{prefix}prompt_learner.{ours}.{kind}"] = {
+                "official": f"prompt_learner.{official}.{kind}", "shape": shape, "init_std": _MAPLE_LINEAR["init_std"]}
+    for i in range(MAPLE_DEPTH - 1):
+        learnables[f"{prefix}prompt_learner.compound_prompts_text.{i}"] = {
+            "official": f"prompt_learner.compound_prompts_text.{i}", "shape": ("n_ctx", "width"), "init_std": 0.02}
+    return learnables
+
+
+def _dept_maple_learnables():
+    """DePT on MaPLe: our parameter name -> official name, shape (symbolic dims), init mean and std.
+
+    Ours is DePTCLIP(MaPLeCLIP) (the base under ``base.``); the official model is
+    Koorye/DePT's trainers/elp_maple.CustomCLIP (MaPLe's prompt learner plus film_lp_img,
+    film_lp_text and linear_probe_proj). Every value is drawn away from its init.
+    """
+    learnables = _maple_learnables("base.")
+    for ours, official in (("film_image", "film_lp_img"), ("film_text", "film_lp_text")):
+        learnables[f"{ours}.scale"] = {"official": f"{official}.scale", "shape": ("embed",), "init_mean": 1.0,
+                                       "init_std": 0.02}
+        learnables[f"{ours}.shift"] = {"official": f"{official}.bias", "shape": ("embed",), "init_std": 0.02}
+    learnables["head.weight"] = {"official": "linear_probe_proj.weight", "shape": ("classes", "embed"),
+                                 "init_std": 512 ** -0.5}
+    learnables["head.bias"] = {"official": "linear_probe_proj.bias", "shape": ("classes",), "init_std": 0.02}
+    return learnables
+
+
+DEPT_MAPLE = {
+    "repository": "Koorye/DePT",
+    "code_dir": "",
+    "official_module": "trainers.elp_maple",
+    "dataset": "OxfordPets",
+    "official_cfg": {
+        "TRAINER.MAPLE": {"N_CTX": 2, "CTX_INIT": "a photo of a", "PREC": "fp32", "PROMPT_DEPTH": MAPLE_DEPTH},
+        "TRAINER.LINEAR_PROBE": {"TYPE": "linear", "WEIGHT": 0.7, "TEST_TIME_FUSION": True},
+        "TRAINER.FILM": {"LINEAR_PROBE": True},
+    },
+    "our_node": {"N_CTX": 2, "CTX_INIT": "a photo of a", "PREC": "fp32", "PROMPT_DEPTH": MAPLE_DEPTH},
+    "our_dept_node": {"BASE": "MaPLe", "PREC": "fp32", "HEAD_WEIGHT": 0.7, "HEAD_LR_MULT": 6.5, "INFERENCE": "fused"},
+    "learnables": _dept_maple_learnables(),
+    # similarity logits [B, C], head logits h(FiLM_I(f)) [B, C], fused base-role logits [B, C],
+    # one batch's loss 0.3·CE + 0.7·CE_head over [text; image]
+    "outputs": ("logits", "head_logits", "fused_logits", "loss"),
+}
+
+MAPLE = {
+    "repository": "Koorye/DePT",  # its trainers/maple.py: MaPLe's code, on which DePT's elp_maple builds
+    "code_dir": "",
+    "official_module": "trainers.maple",
+    "official_cfg": {"TRAINER.MAPLE": DEPT_MAPLE["official_cfg"]["TRAINER.MAPLE"]},
+    "our_node": DEPT_MAPLE["our_node"],
+    "learnables": _maple_learnables(""),
+    "outputs": ("logits", "loss"),
+}
 
 # Per method: official repository (and the folder of its code and of its Dassl fork inside it,
 # "" = the root), the official module, its config nodes, our config node, the learnable values
@@ -88,6 +162,8 @@ METHODS = {
         "learnables": {"prompt_learner.ctx": {"official": "prompt_learner.ctx", "init_std": 0.02}},
         "outputs": ("logits", "loss", "zs_logits", "kl_loss", "ctx_update"),
     },
+    "MaPLe": MAPLE,
+    "DePT-MaPLe": DEPT_MAPLE,
 }
 
 
@@ -137,9 +213,11 @@ def make_inputs(method, backbone_resolution, width, seeds, batch, n_classes):
     spec = METHODS[method]
     generator = torch.Generator().manual_seed(seeds["learnable"])
     learnables = {}
+    dims = {"n_ctx": spec["our_node"]["N_CTX"], "width": width, "vision_width": 768, "embed": 512,
+            "classes": n_classes}
     for name, entry in spec["learnables"].items():
-        shape = (spec["our_node"]["N_CTX"], width)
-        learnables[name] = _normal(generator, shape, LEARNABLE_SCALE * entry["init_std"])
+        shape = tuple(dims[dim] for dim in entry.get("shape", ("n_ctx", "width")))
+        learnables[name] = entry.get("init_mean", 0.0) + _normal(generator, shape, LEARNABLE_SCALE * entry["init_std"])
     generator = torch.Generator().manual_seed(seeds["images"])
     images = torch.randn((batch, 3, backbone_resolution, backbone_resolution), generator=generator)
     labels = torch.tensor(spec["labels"]) if "labels" in spec else torch.arange(batch) % n_classes
@@ -176,6 +254,10 @@ def our_outputs(method, backbone, weights_path, classnames, learnables, images, 
     from vlprompt.project import import_project_package
 
     import_project_package("trainers")  # our trainers/ (the official side has its own of that name)
+    if method == "DePT-MaPLe":
+        return our_dept_maple_outputs(backbone, weights_path, classnames, learnables, images, labels)
+    if method == "MaPLe":
+        return our_maple_outputs(backbone, weights_path, classnames, learnables, images, labels)
     spec = METHODS[method]
     model_clip, _ = load_clip(backbone, weights_path)
     clip, tokenizer, node = CLIPRunner(model_clip), Tokenizer(backbone), CN(spec["our_node"])
@@ -205,6 +287,73 @@ def our_outputs(method, backbone, weights_path, classnames, learnables, images, 
     update = project_conflicting(grad_ce, grad_kl, node.LAMBDA)
     return {"logits": logits.detach(), "loss": loss_ce.detach(), "zs_logits": zs_logits,
             "kl_loss": loss_kl.detach(), "ctx_update": update, "ctx_grad_ce": grad_ce}
+
+
+def our_dept_maple_outputs(backbone, weights_path, classnames, learnables, images, labels):
+    """Our DePTCLIP on MaPLeCLIP (fused inference, head over the C classes): the similarity
+    logits s·f̂·t̂ᵀ, the head logits h(γ_I ⊙ f + β_I), the fused logits 0.3·sim + 0.7·head
+    (all [B, C]) and the training loss 0.3·CE + 0.7·CE_head over [text_y; image] of the batch."""
+    from yacs.config import CfgNode as CN
+
+    from trainers.dept import DePTCLIP
+    from trainers.maple import MaPLeCLIP
+    from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
+
+    spec = METHODS["DePT-MaPLe"]
+    model_clip, _ = load_clip(backbone, weights_path)
+    base = MaPLeCLIP(CLIPRunner(model_clip), Tokenizer(backbone), classnames, CN(spec["our_node"]))
+    node = CN(spec["our_dept_node"])
+    model = DePTCLIP(base, node, node.INFERENCE, len(classnames)).eval()
+    parameters = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in learnables.items():
+            parameters[name].copy_(value)
+        features = base.unnormalised_image_features(images)
+        logits = model.similarity_logits(features, F.normalize(base.compute_text_features(), dim=-1))
+        head_logits = model.head_logits(features)
+        fused_logits = model(images)
+        loss, _, _ = model.loss(images, labels)
+    return {"logits": logits, "head_logits": head_logits, "fused_logits": fused_logits, "loss": loss}
+
+
+def our_maple_outputs(backbone, weights_path, classnames, learnables, images, labels):
+    """Our MaPLeCLIP's logits [B, C] and the batch's cross-entropy "loss"."""
+    from yacs.config import CfgNode as CN
+
+    from trainers.maple import MaPLeCLIP
+    from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
+
+    model_clip, _ = load_clip(backbone, weights_path)
+    model = MaPLeCLIP(CLIPRunner(model_clip), Tokenizer(backbone), classnames, CN(MAPLE["our_node"])).eval()
+    parameters = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in learnables.items():
+            parameters[name].copy_(value)
+        logits = model(images)
+    return {"logits": logits, "loss": F.cross_entropy(logits, labels)}
+
+
+def _prepare_official_maple(cfg, weights_path):
+    """Koorye/DePT's MaPLe loads CLIP through its own ``clip_maple`` package; DePT's head needs the base split."""
+    from clip_maple import clip as official_clip_maple
+
+    official_clip_maple._download = lambda url, root=None: weights_path
+    cfg.DATASET.SUBSAMPLE_CLASSES = "base"  # the head exists (and the forward fuses) for base classes
+    sys.modules["plotnine"] = types.ModuleType("plotnine")  # imported (*) by elp_*.py, unused here
+
+
+def _official_dept_maple_outputs(model, images, labels):
+    """The official elp_maple CustomCLIP's similarity, head and fused logits (eval) and its
+    training loss (train mode: ``forward(img, labels)`` returns the loss)."""
+    with torch.no_grad():
+        text_feats, img_feats = model._forward_feats(images)
+        logits = model._forward_logits_similarity(text_feats, img_feats)
+        head_logits, _ = model._forward_logits_linear_probe(text_feats, img_feats, None)
+        fused_logits = model(images)
+        model.train()
+        loss = model(images, labels)
+        model.eval()
+    return {"logits": logits, "head_logits": head_logits, "fused_logits": fused_logits, "loss": loss}
 
 
 def _install_stand_ins():
@@ -244,17 +393,22 @@ def _official_side(workdir):
     cfg.MODEL.BACKBONE.NAME = request["backbone"]
     cfg.INPUT.SIZE = (images.shape[-1], images.shape[-1])
     cfg.DATASET.NAME = spec.get("dataset", "")
+    if request["method"] in ("MaPLe", "DePT-MaPLe"):
+        _prepare_official_maple(cfg, weights_path)
     module = importlib.import_module(spec["official_module"])
     clip_model = module.load_clip_to_cpu(cfg).float()  # the official PREC fp32 branch
-    model = module.CustomCLIP(cfg, request["classnames"], clip_model).eval()
+    # .float(): MaPLe's prompt learner casts its coupling F_1 to fp16 after the model's cast
+    model = module.CustomCLIP(cfg, request["classnames"], clip_model).float().eval()
     parameters = dict(model.named_parameters())
     with torch.no_grad():
         for ours, entry in spec["learnables"].items():
             parameters[entry["official"]].copy_(inputs["learnables"][ours])
-    if request["method"] == "CoOp":
+    if request["method"] in ("CoOp", "MaPLe"):
         with torch.no_grad():
             logits = model(images)
         outputs = {"logits": logits, "loss": F.cross_entropy(logits, labels)}
+    elif request["method"] == "DePT-MaPLe":
+        outputs = _official_dept_maple_outputs(model, images, labels)
     else:
         outputs = _official_prograd_step(module, cfg, request, model, images, labels)
     torch.save(outputs, os.path.join(workdir, "official.pt"))

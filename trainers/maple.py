@@ -7,6 +7,11 @@ k = 1..J. T_1 [n, D_t] starts from the first n tokens of "a photo of a" (n = 2: 
 start as identical copies of one default-initialised Linear, F_1 is a separate one.
 Gradients reach the text prompts through both towers. logits = 100 cos(image, text);
 loss = cross-entropy; CLIP stays frozen.
+
+Run side by side with the official MaPLe code as kept in Koorye/DePT @ d4ff4168
+(trainers/maple.py, with Dassl.pytorch @ c61a1b57; tools/official_equivalence.py MaPLe) on a
+seeded random ViT-B/16 with T_1..T_9 and F_1..F_9 drawn away from their inits: relative max
+difference logits 7.38e-06, CE 1.11e-06 (tests/test_official_equivalence_maple.py).
 """
 import copy
 
