@@ -52,6 +52,8 @@ import types
 import torch
 import torch.nn.functional as F
 
+from vlprompt.fileio import atomic_write
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE_DIR = os.path.join(ROOT, "tests", "fixtures", "official")
 # Learnable values are drawn with this many times the official init std.
@@ -227,7 +229,8 @@ def make_inputs(method, backbone_resolution, width, seeds, batch, n_classes):
 def write_weights(backbone, seed, path):
     """Save the seeded random CLIP as a state-dict file; return (input resolution, text width)."""
     state = random_clip_state_dict(backbone, seed)
-    torch.save(state, path)
+    with atomic_write(path) as f:
+        torch.save(state, f)
     patch = state["visual.conv1.weight"].shape[-1]
     grid = round((state["visual.positional_embedding"].shape[0] - 1) ** 0.5)
     return patch * grid, state["ln_final.weight"].shape[0]
@@ -381,7 +384,7 @@ def _official_side(workdir):
     spec = METHODS[request["method"]]
     weights_path = os.path.join(workdir, "weights.pt")
     official_clip._download = lambda url, root=None: weights_path
-    inputs = torch.load(os.path.join(workdir, "inputs.pt"))
+    inputs = torch.load(os.path.join(workdir, "inputs.pt"), weights_only=True)
     images, labels = inputs["images"], inputs["labels"]
 
     cfg = get_cfg_default()
@@ -411,7 +414,8 @@ def _official_side(workdir):
         outputs = _official_dept_maple_outputs(model, images, labels)
     else:
         outputs = _official_prograd_step(module, cfg, request, model, images, labels)
-    torch.save(outputs, os.path.join(workdir, "official.pt"))
+    with atomic_write(os.path.join(workdir, "official.pt")) as f:
+        torch.save(outputs, f)
 
 
 def _official_prograd_step(module, cfg, request, model, images, labels):
@@ -472,16 +476,16 @@ def compare(method, official_git, dassl_git, backbone, seeds, classnames, batch)
             dassl_commit = _export(dassl_git, dassl_path)
         request = {"method": method, "backbone": backbone, "classnames": classnames, "seeds": seeds, "batch": batch}
         weights_path, learnables, images, labels = fixture_inputs(request, workdir)
-        torch.save({"learnables": learnables, "images": images, "labels": labels},
-                   os.path.join(workdir, "inputs.pt"))
-        with open(os.path.join(workdir, "request.json"), "w") as f:
+        with atomic_write(os.path.join(workdir, "inputs.pt")) as f:
+            torch.save({"learnables": learnables, "images": images, "labels": labels}, f)
+        with atomic_write(os.path.join(workdir, "request.json"), "w") as f:
             json.dump(request, f)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([code_path, dassl_path]))
         command = [sys.executable, os.path.abspath(__file__), method, "--official-side", workdir]
         if subprocess.run(command, env=env, cwd=workdir).returncode != 0:
             raise SystemExit(f"The official side failed (its traceback is above): {' '.join(command)} "
                              f"with PYTHONPATH={env['PYTHONPATH']}.")
-        official = torch.load(os.path.join(workdir, "official.pt"))
+        official = torch.load(os.path.join(workdir, "official.pt"), weights_only=True)
         ours = our_outputs(method, backbone, weights_path, classnames, learnables, images, labels)
     return {
         "method": method,
@@ -523,7 +527,7 @@ def main(argv=None):
                       list(DEFAULT_CLASSNAMES), DEFAULT_BATCH)
     os.makedirs(FIXTURE_DIR, exist_ok=True)
     path = os.path.join(FIXTURE_DIR, f"{args.method.lower()}.json")
-    with open(path, "w") as f:
+    with atomic_write(path, "w") as f:
         json.dump(fixture, f)
         f.write("\n")
     print(f"{args.method} vs {fixture['official_repository']}@{fixture['official_commit'][:8]}: "
