@@ -172,10 +172,10 @@ def test_inference_follows_the_role(runner):
 
 def test_per_dataset_settings_and_config_errors(runner):
     node = trainer_node("MMRL")
-    assert dataset_setting(node, "EuroSAT", "REP_DIM") == 2048
-    assert dataset_setting(node, "EuroSAT", "REG_WEIGHT") == 0.01
-    assert dataset_setting(node, "StanfordCars", "REG_WEIGHT") == 7.0 and len(DATASET_SETTINGS) == 11
-    assert dataset_setting(trainer_node("MMRL", REG_WEIGHT=2.0), "EuroSAT", "REG_WEIGHT") == 2.0  # explicit wins
+    assert dataset_setting(node.REP_DIM, "EuroSAT", "REP_DIM") == 2048
+    assert dataset_setting(node.REG_WEIGHT, "EuroSAT", "REG_WEIGHT") == 0.01
+    assert dataset_setting(node.REG_WEIGHT, "StanfordCars", "REG_WEIGHT") == 7.0 and len(DATASET_SETTINGS) == 11
+    assert dataset_setting(trainer_node("MMRL", REG_WEIGHT=2.0).REG_WEIGHT, "EuroSAT", "REG_WEIGHT") == 2.0  # explicit wins
     with pytest.raises(ConfigError, match=r"DATASET_SETTINGS.*'SyntheticShapes'.*set TRAINER.MMRL.REG_WEIGHT"):
         check_mmrl_config(node, "SyntheticShapes")
     with pytest.raises(ConfigError, match="REP_LAYERS must be consecutive"):

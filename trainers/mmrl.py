@@ -92,10 +92,9 @@ def add_mmrl_config(cfg):
     cfg.TRAINER.MMRL.INFERENCE = "auto"  # auto (by evaluation role), fusion or cls
 
 
-def dataset_setting(node, dataset, key):
-    """node[key], or the DATASET_SETTINGS entry of ``dataset`` when node[key] asks for it
-    (REG_WEIGHT < 0, REP_DIM 0)."""
-    value = node[key]
+def dataset_setting(value, dataset, key):
+    """``value`` (TRAINER.MMRL.<key>), or the DATASET_SETTINGS entry of ``dataset`` when the
+    value asks for it (REG_WEIGHT < 0, REP_DIM 0)."""
     if (key == "REG_WEIGHT" and value >= 0) or (key == "REP_DIM" and value > 0):
         return value
     if dataset not in DATASET_SETTINGS:
@@ -117,8 +116,8 @@ def check_mmrl_config(node, dataset):
             f"TRAINER.MMRL.REP_LAYERS must be consecutive ascending 1-based layers (e.g. [6, 7, ..., 12]), "
             f"got {layers}."
         )
-    dataset_setting(node, dataset, "REG_WEIGHT")
-    dataset_setting(node, dataset, "REP_DIM")
+    dataset_setting(node.REG_WEIGHT, dataset, "REG_WEIGHT")
+    dataset_setting(node.REP_DIM, dataset, "REP_DIM")
 
 
 class RepresentationLearner(nn.Module):
@@ -249,7 +248,7 @@ class MMRL(ClipTrainer):
         template = getattr(type(self.dm.dataset), "template", DEFAULT_TEMPLATE)
         print(INFERENCE_RULE.describe(node.INFERENCE, self.eval_role))
         self.model = MMRLCLIP(
-            clip, tokenizer, self.classnames, template, node, dataset_setting(node, dataset, "REP_DIM"),
-            dataset_setting(node, dataset, "REG_WEIGHT"), INFERENCE_RULE.resolve(node.INFERENCE, self.eval_role),
+            clip, tokenizer, self.classnames, template, node, dataset_setting(node.REP_DIM, dataset, "REP_DIM"),
+            dataset_setting(node.REG_WEIGHT, dataset, "REG_WEIGHT"), INFERENCE_RULE.resolve(node.INFERENCE, self.eval_role),
         ).to(self.device)
         self.register_learner("representation", self.model.representation)
