@@ -26,16 +26,10 @@ def _fixture(method):
 
 
 @pytest.fixture(scope="module")
-def weights(tmp_path_factory):
-    """{(backbone, seed): (weights file, input resolution, text width)}, each written once."""
-    files = {}
-    for method in METHODS:
-        fixture = _fixture(method)
-        key = (fixture["backbone"], fixture["seeds"]["weights"])
-        if key not in files:
-            path = str(tmp_path_factory.mktemp("clip") / "weights.pt")
-            files[key] = (path, *oe.write_weights(*key, path))
-    return files
+def weights(official_weights):
+    """{(backbone, seed): (weights file, input resolution, text width)} of every fixture's weights."""
+    keys = {(_fixture(method)["backbone"], _fixture(method)["seeds"]["weights"]) for method in METHODS}
+    return {key: official_weights(*key) for key in keys}
 
 
 def _case(method, weights):

@@ -28,10 +28,9 @@ def fixture():
 
 
 @pytest.fixture(scope="module")
-def case(fixture, tmp_path_factory):
+def case(fixture, official_weights):
     """(weights file, learnable values {our name: tensor}, images [B, 3, R, R], labels [B])."""
-    path = str(tmp_path_factory.mktemp("clip") / "weights.pt")
-    resolution, width = oe.write_weights(fixture["backbone"], fixture["seeds"]["weights"], path)
+    path, resolution, width = official_weights(fixture["backbone"], fixture["seeds"]["weights"])
     learnables, images, labels = oe.make_inputs(METHOD, resolution, width, fixture["seeds"], fixture["batch"],
                                                 len(fixture["classnames"]))
     assert labels.tolist() == fixture["labels"]
