@@ -45,6 +45,9 @@ fp32 copy encoding the same augmented batch), ProVP/clip/model.py (``ResidualAtt
 at layer_id 0 the concatenation after CLS only if N > 4, at layer_id >= 1 the in-place re-mix
 ``x[1:N+1] = x[1:N+1]*0.01 + P*(1-0.01)`` of the block input, i.e. of the previous block's
 output), ProVP/configs/trainers/ProVP/vit_b16_b2n_ep100.yaml (the recipe) and its Dassl fork.
+Upstream's "amp" branch of ``forward_backward`` cannot run (it unpacks three outputs of a model
+that returns two, and passes the ProGrad loss's arguments to ``ReformatLoss``); its fp16/fp32
+branch is the method, and ours runs that at every precision.
 Upstream evaluates on the test split after every epoch and reports the base classes with the
 best test epoch (``after_epoch`` saves model-best by test accuracy, ``after_train`` loads it),
 the novel classes with epoch 100; this project evaluates the last epoch for both.
