@@ -105,13 +105,14 @@ def dataset_setting(value, dataset, key):
     return DATASET_SETTINGS[dataset][key]
 
 
-def check_representation_config(node, key, inference_rule):
-    """The checks MMRL and MMRL++ share, on the node named ``key`` (e.g. "TRAINER.MMRL")."""
-    check_choice(f"{key}.PREC", node.PREC, PRECISIONS)
-    inference_rule.check(node.INFERENCE)
-    check_range(f"{key}.N_REP_TOKENS", node.N_REP_TOKENS, minimum=1)
-    check_range(f"{key}.ALPHA", node.ALPHA, minimum=0.0, maximum=1.0)
-    layers = list(node.REP_LAYERS)
+def check_representation_config(key, inference_rule, prec, inference, n_tokens, alpha, layers):
+    """The checks MMRL and MMRL++ share, of the values of the node named ``key`` (e.g.
+    "TRAINER.MMRL"): PREC, INFERENCE, N_REP_TOKENS, ALPHA and REP_LAYERS."""
+    check_choice(f"{key}.PREC", prec, PRECISIONS)
+    inference_rule.check(inference)
+    check_range(f"{key}.N_REP_TOKENS", n_tokens, minimum=1)
+    check_range(f"{key}.ALPHA", alpha, minimum=0.0, maximum=1.0)
+    layers = list(layers)
     if not layers or layers != list(range(layers[0], layers[0] + len(layers))) or layers[0] < 1:
         raise ConfigError(
             f"{key}.REP_LAYERS must be consecutive ascending 1-based layers (e.g. [6, 7, ..., 12]), got {layers}."
@@ -119,7 +120,8 @@ def check_representation_config(node, key, inference_rule):
 
 
 def check_mmrl_config(node, dataset):
-    check_representation_config(node, "TRAINER.MMRL", INFERENCE_RULE)
+    check_representation_config("TRAINER.MMRL", INFERENCE_RULE, node.PREC, node.INFERENCE, node.N_REP_TOKENS,
+                                node.ALPHA, node.REP_LAYERS)
     dataset_setting(node.REG_WEIGHT, dataset, "REG_WEIGHT")
     dataset_setting(node.REP_DIM, dataset, "REP_DIM")
 
