@@ -118,16 +118,14 @@ def dataset_setting(value, dataset, key, role):
     """
     if value >= 0:
         return value
-    if key == "BETA" and role == "target":
-        table, name = {name: {"BETA": beta} for name, beta in TARGET_BETA.items()}, "TARGET_BETA"
-    else:
-        table, name = BASE2NEW_SETTINGS, "BASE2NEW_SETTINGS"
+    target = key == "BETA" and role == "target"
+    table, name = (TARGET_BETA, "TARGET_BETA") if target else (BASE2NEW_SETTINGS, "BASE2NEW_SETTINGS")
     if dataset not in table:
         raise ConfigError(
             f"{KEY}.{key} {value!r} means 'from trainers.mmrlpp.{name}' (evaluation role {role!r}), which has "
             f"no entry for DATASET.NAME {dataset!r} (it has {', '.join(table)}); set {KEY}.{key}."
         )
-    return table[dataset][key]
+    return table[dataset] if target else table[dataset][key]
 
 
 def resolved_node(node, dataset, role):
