@@ -38,6 +38,8 @@ Usage (clones, or bare git directories, of the official repositories; HEAD is co
         --dassl-git Dassl.pytorch
     python tools/official_equivalence.py MMA --official-git Multi-Modal-Adapter --dassl-git Dassl.pytorch
     python tools/official_equivalence.py ProVP --official-git ProVP
+    python tools/official_equivalence.py MMRL --official-git MMRL --dassl-git Dassl.pytorch
+    python tools/official_equivalence.py MMRLpp --official-git MMRL --dassl-git Dassl.pytorch
 """
 import argparse
 import json

@@ -43,10 +43,14 @@ ln_post(x[:, 1:1+K]) @ proj_rep), trainers/mmrl.py (``_get_clones`` deep copies,
 logits 100·f̂·t̂ᵀ, fusion α·z_c + (1−α)·z_r, the loss of ``MMRL_Loss``, the text pooled at
 argmax + K, CUSTOM_TEMPLATES, equal to the datasets' ``template`` attributes here),
 trainers/config.py (λ per dataset, EuroSAT REP_DIM 2048).
-Not done yet: running the official code side by side on the same weights (it needs the Dassl
-harness of tools/official_equivalence.py, open), and the cross-dataset / domain-generalization
-recipe (ImageNet, batch 32, 1 epoch, no warm-up, λ 0.2); tests/test_mmrl.py checks the
-equations above independently with open_clip's blocks.
+Side by side with the official code (tools/official_equivalence.py MMRL, tools/official_methods/mmrl.py,
+tests/test_official_equivalence_mmrl.py): yunncheng/MMRL @ 27d8821f's CustomCLIP and MMRL_Loss on a
+seeded random ViT-B/16 (Dassl.pytorch @ c61a1b57), R, each of the 7 maps per tower and proj_rep
+drawn at 10x their init std, 2 images, 3 classes: relative max difference of the fused base-role
+logits 1.5e-6, the class-token logits 1.3e-6, the representation logits 3.8e-6 and the training
+loss with the λ regularisers 5.7e-7 (tokens one block early, or two layers' maps swapped, fail).
+Not done yet: the cross-dataset / domain-generalization recipe (ImageNet, batch 32, 1 epoch, no
+warm-up, λ 0.2); tests/test_mmrl.py checks the equations above independently with open_clip's blocks.
 """
 import copy
 
@@ -105,23 +109,51 @@ def dataset_setting(value, dataset, key):
     return DATASET_SETTINGS[dataset][key]
 
 
-def check_mmrl_config(node, dataset):
-    check_choice("TRAINER.MMRL.PREC", node.PREC, PRECISIONS)
-    INFERENCE_RULE.check(node.INFERENCE)
-    check_range("TRAINER.MMRL.N_REP_TOKENS", node.N_REP_TOKENS, minimum=1)
-    check_range("TRAINER.MMRL.ALPHA", node.ALPHA, minimum=0.0, maximum=1.0)
-    layers = list(node.REP_LAYERS)
+def check_representation_config(key, inference_rule, prec, inference, n_tokens, alpha, layers):
+    """The checks MMRL and MMRL++ share, of the values of the node named ``key`` (e.g.
+    "TRAINER.MMRL"): PREC, INFERENCE, N_REP_TOKENS, ALPHA and REP_LAYERS."""
+    check_choice(f"{key}.PREC", prec, PRECISIONS)
+    inference_rule.check(inference)
+    check_range(f"{key}.N_REP_TOKENS", n_tokens, minimum=1)
+    check_range(f"{key}.ALPHA", alpha, minimum=0.0, maximum=1.0)
+    layers = list(layers)
     if not layers or layers != list(range(layers[0], layers[0] + len(layers))) or layers[0] < 1:
         raise ConfigError(
-            f"TRAINER.MMRL.REP_LAYERS must be consecutive ascending 1-based layers (e.g. [6, 7, ..., 12]), "
-            f"got {layers}."
+            f"{key}.REP_LAYERS must be consecutive ascending 1-based layers (e.g. [6, 7, ..., 12]), got {layers}."
         )
+
+
+def check_mmrl_config(node, dataset):
+    check_representation_config("TRAINER.MMRL", INFERENCE_RULE, node.PREC, node.INFERENCE, node.N_REP_TOKENS,
+                                node.ALPHA, node.REP_LAYERS)
     dataset_setting(node.REG_WEIGHT, dataset, "REG_WEIGHT")
     dataset_setting(node.REP_DIM, dataset, "REP_DIM")
 
 
-class RepresentationLearner(nn.Module):
-    """R [K, d_r], the per-layer maps P_v^l, P_t^l and ``proj_rep`` [D_v, E].
+class SharedRepresentation(nn.Module):
+    """R [K, d_r] and its per-layer maps into the towers: the part MMRL and MMRL++ share.
+
+    A subclass gives ``layer_tokens(tower)`` (the mapped tokens [K, D] of each representation
+    layer, in order), ``later_edit(tokens)`` (what a later representation layer does with them)
+    and ``image_projection(proj)`` ([D_v, E], the projection of f_rep; ``proj`` is CLIP's).
+    """
+
+    def __init__(self, n_tokens, rep_dim):
+        super().__init__()
+        self.rep = nn.Parameter(torch.empty(n_tokens, rep_dim).normal_(std=0.02))
+
+    def plan(self, tower, first_block):
+        """Plan of ``tower`` ("visual" or "text"): insert the first layer's tokens [K, D] at
+        position 1 at 0-based block ``first_block``, ``later_edit`` at the following blocks."""
+        tokens = self.layer_tokens(tower)
+        layers = {first_block: InsertTokens(tokens[0], at=1)}
+        for i, mapped in enumerate(tokens[1:], start=1):
+            layers[first_block + i] = self.later_edit(mapped)
+        return Plan(layers=layers)
+
+
+class RepresentationLearner(SharedRepresentation):
+    """MMRL's R [K, d_r], the per-layer maps P_v^l, P_t^l and ``proj_rep`` [D_v, E].
 
     Attributes:
         rep: R. visual, text: ModuleLists of Linear(d_r, D_v) / Linear(d_r, D_t), one per
@@ -129,21 +161,23 @@ class RepresentationLearner(nn.Module):
     """
 
     def __init__(self, n_tokens, rep_dim, num_layers, vision_width, text_width, embed_dim):
-        super().__init__()
-        self.rep = nn.Parameter(torch.empty(n_tokens, rep_dim).normal_(std=0.02))
+        super().__init__(n_tokens, rep_dim)
         visual, text = nn.Linear(rep_dim, vision_width), nn.Linear(rep_dim, text_width)
         self.visual = nn.ModuleList(copy.deepcopy(visual) for _ in range(num_layers))
         self.text = nn.ModuleList(copy.deepcopy(text) for _ in range(num_layers))
         self.proj_rep = nn.Parameter(vision_width ** -0.5 * torch.randn(vision_width, embed_dim))
 
-    def plan(self, tower, first_block):
-        """Plan of ``tower`` ("visual" or "text"): insert P^l(R) [K, D] at position 1 at
-        0-based block ``first_block``, replace positions 1..K at the following blocks."""
-        maps = getattr(self, tower)
-        layers = {first_block: InsertTokens(maps[0](self.rep), at=1)}
-        for i, linear in enumerate(maps[1:], start=1):
-            layers[first_block + i] = ReplaceTokens(linear(self.rep), at=1)
-        return Plan(layers=layers)
+    def layer_tokens(self, tower):
+        """[P^l(R) [K, D] for each representation layer l] of ``tower``."""
+        return [linear(self.rep) for linear in getattr(self, tower)]
+
+    def later_edit(self, tokens):
+        """A later representation layer replaces positions 1..K with P^l(R)."""
+        return ReplaceTokens(tokens, at=1)
+
+    def image_projection(self, proj):
+        """``proj_rep``, learned on its own (CLIP's ``proj`` is not used)."""
+        return self.proj_rep
 
 
 class MMRLCLIP(PromptedCLIP):
@@ -153,7 +187,12 @@ class MMRLCLIP(PromptedCLIP):
         clip: CLIPRunner (ViT image tower). tokenizer: Tokenizer. classnames: C names.
         template: the dataset's sentence with "{}". node: cfg.TRAINER.MMRL.
         rep_dim: d_r. reg_weight: λ. inference: "fusion" or "cls".
+
+    A variant (MMRL++) overrides ``build_representation`` and the names used in messages
+    (``NAME``, ``KEY``: its config node).
     """
+
+    NAME, KEY = "MMRL", "TRAINER.MMRL"
 
     def __init__(self, clip, tokenizer, classnames, template, node, rep_dim, reg_weight, inference):
         super().__init__(clip)
@@ -161,20 +200,25 @@ class MMRLCLIP(PromptedCLIP):
         deepest = min(clip.visual.num_layers, clip.text.num_layers)
         if layers[-1] > deepest:
             raise ConfigError(
-                f"TRAINER.MMRL.REP_LAYERS {layers} must lie within both towers (1..{deepest}: "
+                f"{self.KEY}.REP_LAYERS {layers} must lie within both towers (1..{deepest}: "
                 f"{clip.visual.num_layers} image and {clip.text.num_layers} text blocks)."
             )
         self.first_block = layers[0] - 1
         self.n_tokens, self.alpha = node.N_REP_TOKENS, node.ALPHA
         self.reg_weight, self.inference = reg_weight, inference
-        self.representation = RepresentationLearner(
-            node.N_REP_TOKENS, rep_dim, len(layers), clip.visual.width, clip.text.width, clip.visual.output_dim
-        )
+        self.representation = self.build_representation(node, rep_dim, len(layers))
         sentences = [fill_template(template, name) for name in classnames]
-        print(f"MMRL sentences: {sentences[:3]}...; representation layers (1-based) {layers}, K {self.n_tokens}, "
-              f"d_r {rep_dim}, λ {reg_weight}, inference {inference}")
+        print(f"{self.NAME} sentences: {sentences[:3]}...; representation layers (1-based) {layers}, "
+              f"K {self.n_tokens}, d_r {rep_dim}, λ {reg_weight}, inference {inference}")
         self.register_buffer("token_ids", tokenizer(sentences), persistent=False)
         self._frozen_text = None
+
+    def build_representation(self, node, rep_dim, num_layers):
+        """MMRL's :class:`RepresentationLearner` for ``num_layers`` representation layers."""
+        clip = self.clip
+        return RepresentationLearner(
+            node.N_REP_TOKENS, rep_dim, num_layers, clip.visual.width, clip.text.width, clip.visual.output_dim
+        )
 
     def _apply(self, fn, *args, **kwargs):
         self._frozen_text = None
@@ -198,7 +242,8 @@ class MMRLCLIP(PromptedCLIP):
         rows = list(range(self.n_tokens + 1))
         plan = self.representation.plan("visual", self.first_block)
         out = visual(hidden=hidden, start=self.first_block, plan=plan, rows=rows)
-        f_rep = visual.ln_post(out.tokens[:, 1:1 + self.n_tokens]) @ self.representation.proj_rep.to(out.tokens.dtype)
+        proj_rep = self.representation.image_projection(visual.proj).to(out.tokens.dtype)
+        f_rep = visual.ln_post(out.tokens[:, 1:1 + self.n_tokens]) @ proj_rep
         reference = None
         if frozen:
             with torch.no_grad():
@@ -234,21 +279,35 @@ class MMRLCLIP(PromptedCLIP):
 
 @TRAINER_REGISTRY.register()
 class MMRL(ClipTrainer):
-    """MMRL trainer; the checkpointed module ("representation") holds R, P_v, P_t and proj_rep."""
+    """MMRL trainer; the checkpointed module ("representation") holds R, P_v, P_t and proj_rep.
+
+    A variant (MMRL++) sets ``model_class`` and ``inference_rule`` and overrides ``check_cfg``
+    and ``model_settings``.
+    """
+
+    model_class = MMRLCLIP
+    inference_rule = INFERENCE_RULE
 
     def check_cfg(self, cfg):
         check_mmrl_config(cfg.TRAINER.MMRL, cfg.DATASET.NAME)
 
+    def model_settings(self):
+        """(node, d_r, λ) for ``model_class``, the per-dataset values resolved."""
+        node, dataset = self.cfg.TRAINER.MMRL, self.cfg.DATASET.NAME
+        return node, dataset_setting(node.REP_DIM, dataset, "REP_DIM"), dataset_setting(
+            node.REG_WEIGHT, dataset, "REG_WEIGHT")
+
     def build_model(self):
         clip, tokenizer = self.build_clip()
+        name = type(self).__name__
         if clip.visual is None:
             raise UnsupportedBackboneError(
-                f"MMRL needs a ViT image tower (representation tokens); {self.cfg.MODEL.BACKBONE.NAME} is not one.")
-        node, dataset = self.cfg.TRAINER.MMRL, self.cfg.DATASET.NAME
+                f"{name} needs a ViT image tower (representation tokens); {self.cfg.MODEL.BACKBONE.NAME} is not one.")
+        node, rep_dim, reg_weight = self.model_settings()
         template = getattr(type(self.dm.dataset), "template", DEFAULT_TEMPLATE)
-        print(INFERENCE_RULE.describe(node.INFERENCE, self.eval_role))
-        self.model = MMRLCLIP(
-            clip, tokenizer, self.classnames, template, node, dataset_setting(node.REP_DIM, dataset, "REP_DIM"),
-            dataset_setting(node.REG_WEIGHT, dataset, "REG_WEIGHT"), INFERENCE_RULE.resolve(node.INFERENCE, self.eval_role),
+        print(self.inference_rule.describe(node.INFERENCE, self.eval_role))
+        self.model = self.model_class(
+            clip, tokenizer, self.classnames, template, node, rep_dim, reg_weight,
+            self.inference_rule.resolve(node.INFERENCE, self.eval_role),
         ).to(self.device)
         self.register_learner("representation", self.model.representation)

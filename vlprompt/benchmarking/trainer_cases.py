@@ -70,6 +70,8 @@ CASES = (
     # MMRL's λ and representation width are per dataset: the stand-in classes take the Pets ones.
     Case("MMRL", "MMRL", "MMRL/vit_b16.yaml", TRAIN, opts=("DATASET.NAME", "OxfordPets")),
     Case("ProVP", "ProVP", "ProVP/vit_b16_b2n_ep100.yaml", TRAIN),
+    # MMRL++'s β and λ are per dataset: the stand-in classes take the Pets ones.
+    Case("MMRLpp", "MMRLpp", "MMRLpp/vit_b16.yaml", TRAIN, opts=("DATASET.NAME", "OxfordPets")),
     Case("IVLP", "IVLP", "IVLP/vit_b16_c2_ep20_batch4_4+4ctx.yaml", TRAIN, train_target=3.3, official_train=6.7,
          official_eval=OFFICIAL_EVAL),
     Case("MaPLe", "MaPLe", "MaPLe/vit_b16_c2_ep5_batch4_2ctx.yaml", TRAIN, train_target=3.5, official_train=7.1,
