@@ -85,9 +85,9 @@ from vlprompt.data import DataManager
 from vlprompt.data.checks import check_images
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.amp import PRECISIONS
-from vlprompt.engine.results import RESULTS_FILENAME, RUN_CONFIG_FILENAME
+from vlprompt.engine.results import RESULTS_FILENAME, RUN_CONFIG_FILENAME, write_run_config
 from vlprompt.project import repository_root
-from vlprompt.utils import load_checkpoint
+from vlprompt.utils import load_checkpoint, save_checkpoint
 
 from .ivlp import IVLPCLIP
 
@@ -285,6 +285,26 @@ def _trained_class_count(folder):
     if not isinstance(record, dict) or record.get("eval_only") is not False:
         return None
     return record.get("num_classes")
+
+
+def write_stand_in_teacher(folder, backbone, weights, input_size, dataset):
+    """Write a PromptSRC run folder with untrained prompts (N(0, 0.02), "a photo of a") for timing
+    PromptKD without training a teacher (tools/benchmark.py): ``config.yaml`` (PromptSRC's ViT-B/16
+    base-to-novel recipe with ``backbone``, ``weights``, ``input_size``, DATASET.NAME ``dataset``)
+    and ``VLPromptLearner/model.pth.tar-<OPTIM.MAX_EPOCH>``. Returns ``folder``."""
+    cfg = get_cfg_default()
+    extend_cfg(cfg)
+    merge_from_file(cfg, osp.join(repository_root(), "configs", "trainers", TEACHER_TRAINER,
+                                  "vit_b16_c2_ep20_batch4_4+4ctx.yaml"))
+    cfg.TRAINER.NAME, cfg.DATASET.NAME = TEACHER_TRAINER, dataset
+    cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.WEIGHTS = backbone, weights
+    cfg.INPUT.SIZE = tuple(input_size)
+    clip_model, _ = load_clip(backbone, weights, device="cpu")
+    model = IVLPCLIP(CLIPRunner(clip_model), Tokenizer(backbone), ["stand-in"], cfg.TRAINER.PROMPTSRC)
+    prompts = {name: param.detach() for name, param in model.named_parameters() if param.requires_grad}
+    save_checkpoint({"state_dict": prompts, "epoch": cfg.OPTIM.MAX_EPOCH}, osp.join(folder, TEACHER_MODEL_NAME))
+    write_run_config(cfg, folder)
+    return folder
 
 
 class PromptSRCTeacher(nn.Module):
