@@ -59,9 +59,20 @@ PromptKD in base2novel), scripts/promptkd/base2new_train.sh (NUM_SHOTS 0, T 1, K
 200 for fgvc_aircraft, oxford_flowers, dtd), configs/trainers/PromptKD/
 vit_b16_c2_ep20_batch8_4+4ctx.yaml (SGD lr 0.005, 20 epochs, batch 8, cosine, warm-up 1 epoch
 constant 1e-5, fp16, FINAL_MODEL best_val).
-Not run side by side with the official code yet (it needs the ViT-L/14 teacher format and the
-Dassl harness of tools/official_equivalence.py); tests/test_promptkd.py computes the equations
-above independently from the trainer's pieces.
+Run side by side with that code (tools/official_equivalence.py PromptKD, module
+tools/official_methods/promptkd.py, fixture tests/fixtures/official/promptkd.json): its student
+CustomCLIP on a seeded random ViT-B/16 and its CustomCLIP_teacher on a seeded random CLIP with
+ViT-L/14's embedding width 768, every prompt and the projector at 10x their init std, 2 images and
+3 classes; relative max differences: base logits 3.2e-7, new logits 4.9e-7, teacher logits 6.2e-7,
+distillation loss 9.3e-8. tests/test_promptkd.py also computes the equations above independently
+from the trainer's pieces.
+
+Differences from upstream besides the epoch selection: PREC fp16 is autocast with fp32 master
+weights (upstream casts the student, projector included, to fp16); the teacher's text features
+are computed once per class list (upstream re-encodes them at every step and also runs the
+teacher's image tower at test time, unused); the projector's widths follow the two backbones
+(upstream hard-codes 512 -> 768); the teacher is a run folder of this project, not upstream's
+``teacher_model/<dataset>/VLPromptLearner/model-best.pth.tar`` files.
 """
 import json
 import os
