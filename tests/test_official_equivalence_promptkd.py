@@ -45,7 +45,8 @@ def _ours(fixture, case, learnables=None):
 
 
 def _differences(fixture, ours):
-    return {key: oe.relative_max_difference(ours[key], official) for key, official in fixture["official_outputs"].items()}
+    return {key: oe.relative_max_difference(ours[key], official)
+            for key, official in fixture["official_outputs"].items()}
 
 
 def test_fixture_records_the_official_run(fixture):

@@ -215,7 +215,8 @@ def teacher_command(folder, dataset_name, seed):
         f"python train.py --trainer {TEACHER_TRAINER} --dataset-config-file {dataset} "
         f"--config-file configs/trainers/{TEACHER_TRAINER}/vit_b16_c2_ep20_batch4_4+4ctx.yaml --seed {seed} "
         f"--output-dir {folder} DATASET.NUM_SHOTS 16 DATASET.SUBSAMPLE_CLASSES base "
-        f"(or a tools/run_protocol.py base2new grid of {TEACHER_TRAINER}: its train_base/.../seedS folders are teachers)"
+        f"(or a tools/run_protocol.py base2new grid of {TEACHER_TRAINER}: its train_base/.../seedS folders "
+        "are teachers)"
     )
 
 

@@ -1,8 +1,8 @@
 """PromptKD against zhengli97/PromptKD's trainers/promptkd.py: the student's base and new logits
 (official ``test`` with split val, the first ⌈C/2⌉ classes' teacher text features, and split test,
 the rest), the teacher's logits over all classes (``CustomCLIP_teacher``) and the distillation loss
-of one official ``forward_backward`` (its fp32 branch, the student in training mode), with the student's vision prompts V_1..V_9 and its projector, and the
-teacher's PromptSRC prompts (T_1..T_9, V_1..V_9), all drawn away from their init.
+of one official ``forward_backward`` (its fp32 branch, the student in training mode), with the
+student's vision prompts V_1..V_9 and its projector, and the teacher's PromptSRC prompts (T_1..T_9, V_1..V_9), all drawn away from their init.
 
 The official code reads the student's CLIP from ./clip/ViT-B-16.pt and the teacher's from
 ./clip/ViT-L-14.pt (relative to the working folder) and fixes the projector at 512 -> 768: the
