@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from baseline_setup import ROOT, build_seeded, frozen, learnable, make_cfg, toy_world  # noqa: F401
+from baseline_setup import ROOT, build_seeded, frozen, learnable, make_cfg, toy_world, trainer_node  # noqa: F401
 
 from trainers.ivlp import IVLPCLIP
 from trainers.promptkd import (
@@ -22,6 +22,7 @@ from vlprompt.utils import load_checkpoint
 
 ALL = ["abyssinian", "american bulldog", "bengal", "boxer", "persian"]
 TOL = dict(rtol=1e-5, atol=1e-5)
+NODE = trainer_node("PROMPTKD")
 
 
 @pytest.fixture(scope="module")
@@ -213,19 +214,19 @@ def test_a_missing_teacher_names_the_folder_and_the_command(toy_world, tmp_path)
 
 def test_teacher_folder_errors(teacher_dir, tmp_path):
     with pytest.raises(ConfigError, match="trained on OxfordPets.*this run uses Caltech101"):
-        read_teacher_run(teacher_dir, "Caltech101", (32, 32), 1)
+        read_teacher_run(teacher_dir, "Caltech101", (32, 32), 1, NODE)
     with pytest.raises(ConfigError, match=r"takes \(32, 32\) images"):
-        read_teacher_run(teacher_dir, "OxfordPets", (224, 224), 1)
+        read_teacher_run(teacher_dir, "OxfordPets", (224, 224), 1, NODE)
     os.makedirs(tmp_path / "no_config")
-    with pytest.raises(ConfigError, match="has no config.yaml"):
-        read_teacher_run(str(tmp_path / "no_config"), "OxfordPets", (32, 32), 1)
+    with pytest.raises(ConfigError, match="has neither config.yaml.*nor upstream"):
+        read_teacher_run(str(tmp_path / "no_config"), "OxfordPets", (32, 32), 1, NODE)
     unfinished = tmp_path / "unfinished"
     os.makedirs(unfinished)
     with open(os.path.join(teacher_dir, "config.yaml"), encoding="utf-8") as f:
         (unfinished / "config.yaml").write_text(f.read(), encoding="utf-8")
     with pytest.raises(ConfigError, match=r"model.pth.tar-3.*is missing"):
-        read_teacher_run(str(unfinished), "OxfordPets", (32, 32), 1)
-    run = read_teacher_run(teacher_dir, "OxfordPets", (32, 32), 1)
+        read_teacher_run(str(unfinished), "OxfordPets", (32, 32), 1, NODE)
+    run = read_teacher_run(teacher_dir, "OxfordPets", (32, 32), 1, NODE)
     assert run.num_classes == 3 and run.subsample == "base"
     with pytest.raises(ConfigError, match="trained on 3 classes.*are 4"):
         run.check_class_count(4, "the base classes of OxfordPets here")
@@ -237,7 +238,7 @@ def test_a_teacher_of_another_trainer_is_refused(toy_world, tmp_path, teacher_di
     cfg = make_cfg(toy_world, "IVLP", other)
     write_run_config(cfg, str(other))
     with pytest.raises(ConfigError, match="is a IVLP run.*must be a PromptSRC run"):
-        read_teacher_run(str(other), "OxfordPets", (32, 32), 1)
+        read_teacher_run(str(other), "OxfordPets", (32, 32), 1, NODE)
 
 
 def test_bad_config_values(toy_world, tmp_path, teacher_dir):  # noqa: F811
@@ -247,3 +248,42 @@ def test_bad_config_values(toy_world, tmp_path, teacher_dir):  # noqa: F811
         build_seeded(kd_cfg(toy_world, tmp_path, teacher_dir, UNLABELLED_SHOTS=-1))
     with pytest.raises(ConfigError, match="TRAINER.PROMPTKD.PROMPT_DEPTH_VISION"):
         build_seeded(kd_cfg(toy_world, tmp_path, teacher_dir, PROMPT_DEPTH_VISION=7))
+
+
+def upstream_teacher(teacher_dir, folder, classes=3):
+    """``teacher_dir``'s prompts saved as upstream's PromptSRC saves its teachers: the whole model under
+    upstream's names in VLPromptLearner/model-best.pth.tar, with the base classes' token_prefix."""
+    state = load_checkpoint(os.path.join(teacher_dir, "VLPromptLearner", "model.pth.tar-3"))["state_dict"]
+    upstream = {"prompt_learner.ctx": state["prompt_learner.ctx"], "image_encoder.VPT": state["vision_prompts.0"],
+                "image_encoder.transformer.resblocks.1.VPT_shallow": state["vision_prompts.1"],
+                "image_encoder.transformer.resblocks.2.VPT_shallow": state["vision_prompts.2"],
+                "text_encoder.transformer.resblocks.1.VPT_shallow": state["text_prompts.0"],
+                "prompt_learner.token_prefix": torch.zeros(classes, 1, 32),
+                "image_encoder.conv1.weight": torch.zeros(64, 3, 8, 8), "logit_scale": torch.tensor(4.6)}
+    os.makedirs(os.path.join(folder, "VLPromptLearner"))
+    torch.save({"state_dict": upstream, "epoch": 20}, os.path.join(folder, "VLPromptLearner", "model-best.pth.tar"))
+    return folder
+
+
+def test_a_teacher_in_upstreams_format_is_read(toy_world, tmp_path, teacher_dir):  # noqa: F811
+    upstream_teacher(teacher_dir, str(tmp_path / "teacher_model" / "OxfordPets"))
+    _, clip_config, clip_weights = toy_world
+    cfg = kd_cfg(toy_world, tmp_path / "out", str(tmp_path / "teacher_model" / "{name}"),
+                 TEACHER_BACKBONE=clip_config, TEACHER_WEIGHTS=clip_weights)
+    trainer = build_seeded(cfg)
+    run = trainer.teacher_run
+    assert run.num_classes == 3 and run.subsample == "base"
+    assert (run.cfg.TRAINER.PROMPTSRC.PROMPT_DEPTH_TEXT, run.cfg.TRAINER.PROMPTSRC.PROMPT_DEPTH_VISION) == (2, 3)
+    text, teacher = independent_teacher(teacher_dir, ALL)
+    torch.testing.assert_close(trainer.model.teacher.text_features(ALL), text, **TOL)
+    with torch.no_grad():
+        expected = teacher.logit_scale * F.normalize(teacher.image_features(images()), dim=-1) @ text.t()
+    torch.testing.assert_close(trainer.model.teacher.logits(images(), text), expected, **TOL)
+
+
+def test_an_upstream_teacher_of_another_class_count_is_refused(toy_world, tmp_path, teacher_dir):  # noqa: F811
+    folder = upstream_teacher(teacher_dir, str(tmp_path / "teacher"), classes=4)
+    _, clip_config, clip_weights = toy_world
+    cfg = kd_cfg(toy_world, tmp_path / "out", folder, TEACHER_BACKBONE=clip_config, TEACHER_WEIGHTS=clip_weights)
+    with pytest.raises(ConfigError, match="trained on 4 classes.*are 3"):
+        build_seeded(cfg)

@@ -42,10 +42,14 @@ Teacher (TEACHER_DIR): the folder of a PromptSRC training run of this project (t
 tools/run_protocol.py) on the same dataset: its ``config.yaml`` gives backbone, prompt sizes and
 epochs, ``VLPromptLearner/model.pth.tar-<OPTIM.MAX_EPOCH>`` the trained prompts (with GPA, the
 aggregate), ``results.json`` the number of classes it was trained on. The path may contain
-``{dataset}`` (the dataset YAML stem under configs/datasets, the folder name run_protocol uses)
-and ``{seed}`` (SEED), so one value serves a protocol grid. A missing folder or checkpoint, a
-teacher of another trainer or dataset, or one whose class count does not match this dataset's
-is a ConfigError naming the path and the command that trains the teacher.
+``{dataset}`` (the dataset YAML stem under configs/datasets, the folder name run_protocol uses),
+``{name}`` (DATASET.NAME) and ``{seed}`` (SEED), so one value serves a protocol grid. A folder in
+upstream's format is read too: ``teacher_model/<DATASET.NAME>/VLPromptLearner/model-best.pth.tar``
+(the authors' ViT-L/14 teachers; TEACHER_DIR ``teacher_model/{name}``), the whole PromptSRC model
+under upstream's names, with TEACHER_BACKBONE / TEACHER_WEIGHTS as its CLIP, prompt sizes and depths
+from its prompts and its base-class count from its ``prompt_learner.token_prefix``. A missing
+folder or checkpoint, a teacher of another trainer or dataset, or one whose class count does not
+match this dataset's is a ConfigError naming the path and the command that trains the teacher.
 
 Verified by reading the official code (zhengli97/PromptKD @ ec244f78): trainers/promptkd.py
 (``Feature_Trans_Module_two_layer(512, 768)``: conv 1x1 -> BN -> ReLU -> conv 1x1 on the
@@ -71,8 +75,8 @@ Differences from upstream besides the epoch selection: PREC fp16 is autocast wit
 weights (upstream casts the student, projector included, to fp16); the teacher's text features
 are computed once per class list (upstream re-encodes them at every step and also runs the
 teacher's image tower at test time, unused); the projector's widths follow the two backbones
-(upstream hard-codes 512 -> 768); the teacher is a run folder of this project, not upstream's
-``teacher_model/<dataset>/VLPromptLearner/model-best.pth.tar`` files.
+(upstream hard-codes 512 -> 768). The dataset of an upstream-format teacher folder cannot be
+checked (only the folder's name says it); its class count is.
 """
 import json
 import os
@@ -110,7 +114,8 @@ KD_WEIGHTS = {
 }
 TEACHER_TRAINER = "PromptSRC"
 TEACHER_MODEL_NAME = "VLPromptLearner"  # the model name PromptSRC registers (its checkpoint folder)
-TEACHER_DIR_FIELDS = ("dataset", "seed")
+TEACHER_DIR_FIELDS = ("dataset", "name", "seed")
+UPSTREAM_TEACHER_FILE = "model-best.pth.tar"  # upstream's teacher_model/<DATASET.NAME>/VLPromptLearner/ file
 
 
 
@@ -122,7 +127,9 @@ def add_promptkd_config(cfg):
     cfg.TRAINER.PROMPTKD.PREC = "fp16"  # fp16 = autocast with fp32 master weights on CUDA
     cfg.TRAINER.PROMPTKD.TEMPERATURE = 1.0  # τ of the distillation
     cfg.TRAINER.PROMPTKD.KD_WEIGHT = -1.0  # w; < 0: from KD_WEIGHTS by DATASET.NAME
-    cfg.TRAINER.PROMPTKD.TEACHER_DIR = ""  # PromptSRC run folder; may hold {dataset} and {seed}
+    cfg.TRAINER.PROMPTKD.TEACHER_DIR = ""  # PromptSRC run folder; may hold {dataset}, {name} and {seed}
+    cfg.TRAINER.PROMPTKD.TEACHER_BACKBONE = "ViT-L/14"  # backbone of an upstream-format teacher folder
+    cfg.TRAINER.PROMPTKD.TEACHER_WEIGHTS = ""  # its CLIP weights (MODEL.BACKBONE.WEIGHTS semantics)
     cfg.TRAINER.PROMPTKD.TRANSDUCTIVE = True  # train on the unlabelled training images of all classes
     cfg.TRAINER.PROMPTKD.UNLABELLED_SHOTS = 0  # images per class of that set; 0 = all of them
 
@@ -182,7 +189,7 @@ def dataset_config_stem(dataset_name, folder=None):
 
 
 def resolve_teacher_dir(template, dataset_name, seed):
-    """TEACHER_DIR with ``{dataset}`` (dataset YAML stem) and ``{seed}`` (SEED) filled in."""
+    """TEACHER_DIR with ``{dataset}`` (dataset YAML stem), ``{name}`` (DATASET.NAME) and ``{seed}`` (SEED) filled in."""
     if not template:
         raise ConfigError(
             "TRAINER.PROMPTKD.TEACHER_DIR is empty: give the folder of a PromptSRC training run on this dataset "
@@ -199,7 +206,7 @@ def resolve_teacher_dir(template, dataset_name, seed):
             f"TRAINER.PROMPTKD.TEACHER_DIR {template!r} has unknown placeholders {unknown}; "
             f"only {{{'}, {'.join(TEACHER_DIR_FIELDS)}}} are filled in."
         )
-    values = {"seed": seed}
+    values = {"seed": seed, "name": dataset_name}
     if "dataset" in fields:
         values["dataset"] = dataset_config_stem(dataset_name)
     return template.format(**values)
@@ -252,17 +259,24 @@ class TeacherRun:
             )
 
 
-def read_teacher_run(folder, dataset_name, input_size, seed):
-    """Check the teacher folder and read it (see module docstring); ConfigError naming what is wrong."""
+def read_teacher_run(folder, dataset_name, input_size, seed, node):
+    """Check the teacher folder and read it (see module docstring); ConfigError naming what is wrong.
+
+    ``node`` (cfg.TRAINER.PROMPTKD) gives TEACHER_BACKBONE / TEACHER_WEIGHTS for an upstream-format folder.
+    """
     command = teacher_command(folder, dataset_name, seed)
     where = f'The PromptKD teacher folder "{folder}" (TRAINER.PROMPTKD.TEACHER_DIR)'
     if not osp.isdir(folder):
         raise ConfigError(f"{where} does not exist. Train the {TEACHER_TRAINER} teacher first: {command}")
     config_path = osp.join(folder, RUN_CONFIG_FILENAME)
     if not osp.isfile(config_path):
+        upstream = osp.join(folder, TEACHER_MODEL_NAME, UPSTREAM_TEACHER_FILE)
+        if osp.isfile(upstream):
+            return read_upstream_teacher(folder, upstream, dataset_name, input_size, node, command)
         raise ConfigError(
-            f'{where} has no {RUN_CONFIG_FILENAME}: it is not a training run of this project (train.py writes '
-            f"{config_path} when it trains). Train the teacher: {command}"
+            f"{where} has neither {RUN_CONFIG_FILENAME} (a training run of this project: train.py writes "
+            f'{config_path} when it trains) nor upstream\'s teacher checkpoint "{upstream}". Train the teacher: '
+            f"{command}"
         )
     cfg = get_cfg_default()
     extend_cfg(cfg)
@@ -284,6 +298,32 @@ def read_teacher_run(folder, dataset_name, input_size, seed):
             f"Train it (again): {command}"
         )
     return TeacherRun(folder, cfg, checkpoint, _trained_class_count(folder), command)
+
+
+def read_upstream_teacher(folder, checkpoint, dataset_name, input_size, node, command):
+    """A teacher in upstream's format (``teacher_model/<DATASET.NAME>/VLPromptLearner/model-best.pth.tar``,
+    the whole PromptSRC CLIP saved by upstream's code): backbone TEACHER_BACKBONE / TEACHER_WEIGHTS, prompt
+    sizes and depths read from the checkpoint's prompts, the classes it was trained on from the rows of its
+    ``prompt_learner.token_prefix`` (its base classes: SUBSAMPLE_CLASSES base)."""
+    state = load_checkpoint(checkpoint)["state_dict"]
+    if "prompt_learner.ctx" not in state or "image_encoder.VPT" not in state:
+        raise ConfigError(f'"{checkpoint}" holds no PromptSRC prompts (prompt_learner.ctx, image_encoder.VPT): '
+                          f"it is not an upstream PromptSRC teacher. Train a teacher: {command}")
+    deep = {tower: sum(1 for key in state if key.startswith(f"{tower}.transformer.resblocks.")
+                       and key.endswith(".VPT_shallow")) for tower in ("image_encoder", "text_encoder")}
+    cfg = get_cfg_default()
+    extend_cfg(cfg)
+    cfg.TRAINER.NAME, cfg.DATASET.NAME, cfg.DATASET.SUBSAMPLE_CLASSES = TEACHER_TRAINER, dataset_name, "base"
+    cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.WEIGHTS = node.TEACHER_BACKBONE, node.TEACHER_WEIGHTS
+    cfg.INPUT.SIZE = tuple(input_size)
+    teacher_node = cfg.TRAINER.PROMPTSRC
+    teacher_node.N_CTX_TEXT = state["prompt_learner.ctx"].shape[0]
+    teacher_node.N_CTX_VISION = state["image_encoder.VPT"].shape[0]
+    teacher_node.PROMPT_DEPTH_TEXT = 1 + deep["text_encoder"]
+    teacher_node.PROMPT_DEPTH_VISION = 1 + deep["image_encoder"]
+    teacher_node.CTX_INIT = "a photo of a"
+    prefix = state.get("prompt_learner.token_prefix")
+    return TeacherRun(folder, cfg, checkpoint, None if prefix is None else prefix.shape[0], command)
 
 
 def _trained_class_count(folder):
@@ -341,15 +381,15 @@ class PromptSRCTeacher(nn.Module):
         self.model = IVLPCLIP(clip, Tokenizer(backbone.NAME), classnames, run.cfg.TRAINER.PROMPTSRC).to(device)
         state_dict = load_checkpoint(run.checkpoint)["state_dict"]
         learned = {name for name, param in self.model.named_parameters() if param.requires_grad}
-        missing = sorted(learned - set(state_dict))
-        if missing:
-            raise ConfigError(f'The PromptKD teacher checkpoint "{run.checkpoint}" lacks {missing}: '
-                              f"it does not hold the prompts its {RUN_CONFIG_FILENAME} describes.")
         try:
-            self.model.load_state_dict(state_dict, strict=False)
+            result = self.model.load_state_dict(state_dict, strict=False)  # upstream names are mapped to ours
         except RuntimeError as error:
             raise ConfigError(f'The PromptKD teacher checkpoint "{run.checkpoint}" does not fit the prompts '
-                              f"its {RUN_CONFIG_FILENAME} describes: {error}") from None
+                              f"of its run folder: {error}") from None
+        missing = sorted(learned & set(result.missing_keys))
+        if missing:
+            raise ConfigError(f'The PromptKD teacher checkpoint "{run.checkpoint}" lacks {missing}: '
+                              "it does not hold the prompts its run folder describes.")
         self.model.requires_grad_(False)
         self.model.eval()
         self.embed_dim = clip.visual.output_dim
@@ -459,7 +499,7 @@ class PromptKD(ClipTrainer):
         cfg, node = self.cfg, self.cfg.TRAINER.PROMPTKD
         clip, _ = self.build_clip()
         folder = resolve_teacher_dir(node.TEACHER_DIR, cfg.DATASET.NAME, cfg.SEED)
-        self.teacher_run = read_teacher_run(folder, cfg.DATASET.NAME, cfg.INPUT.SIZE, cfg.SEED)
+        self.teacher_run = read_teacher_run(folder, cfg.DATASET.NAME, cfg.INPUT.SIZE, cfg.SEED, node)
         if self.teacher_run.subsample == cfg.DATASET.SUBSAMPLE_CLASSES:
             self.teacher_run.check_class_count(
                 len(self.classnames), f"the {cfg.DATASET.SUBSAMPLE_CLASSES} classes of {cfg.DATASET.NAME} here")
