@@ -40,6 +40,7 @@ Usage (clones, or bare git directories, of the official repositories; HEAD is co
     python tools/official_equivalence.py ProVP --official-git ProVP
     python tools/official_equivalence.py MMRL --official-git MMRL --dassl-git Dassl.pytorch
     python tools/official_equivalence.py MMRLpp --official-git MMRL --dassl-git Dassl.pytorch
+    python tools/official_equivalence.py PromptKD --official-git PromptKD
 """
 import argparse
 import json
@@ -119,7 +120,8 @@ def make_inputs(method, backbone_resolution, width, seeds, batch, n_classes):
             "classes": n_classes}
     for name, entry in spec["learnables"].items():
         shape = tuple(dim if isinstance(dim, int) else dims[dim] for dim in entry.get("shape", ("n_ctx", "width")))
-        learnables[name] = entry.get("init_mean", 0.0) + _normal(generator, shape, LEARNABLE_SCALE * entry["init_std"])
+        value = entry.get("init_mean", 0.0) + _normal(generator, shape, LEARNABLE_SCALE * entry["init_std"])
+        learnables[name] = value.half().float() if entry.get("fp16") else value
     generator = torch.Generator().manual_seed(seeds["images"])
     images = torch.randn((batch, 3, backbone_resolution, backbone_resolution), generator=generator)
     labels = torch.tensor(spec["labels"]) if "labels" in spec else torch.arange(batch) % n_classes
@@ -212,18 +214,23 @@ def _official_side(workdir):
         spec["prepare_official"](cfg, weights_path)
     module = importlib.import_module(spec["official_module"])
     clip_model = module.load_clip_to_cpu(cfg).float()  # the official PREC fp32 branch
-    # .float(): MaPLe's prompt learner casts its coupling F_1 to fp16 after the model's cast
-    model = module.CustomCLIP(cfg, request["classnames"], clip_model).float().eval()
+    if "build_official" in spec:
+        model = spec["build_official"](module, cfg, request["classnames"], clip_model)
+    else:
+        # .float(): MaPLe's prompt learner casts its coupling F_1 to fp16 after the model's cast
+        model = module.CustomCLIP(cfg, request["classnames"], clip_model).float().eval()
     parameters = dict(model.named_parameters())
     prefixes = spec.get("official_learnable_prefixes", ("prompt_learner.", "adapter_learner."))
-    learned = {name for name in parameters if name.startswith(prefixes)}
+    is_learnable = spec.get("official_learnable", lambda name: name.startswith(prefixes))
+    learned = {name for name in parameters if is_learnable(name)}
     mapped = {entry["official"] for entry in spec["learnables"].values()}
     if learned != mapped:
         raise SystemExit(f"The official learnable parameters and the {request['method']} spec differ: official only "
                          f"{sorted(learned - mapped)}, mapped only {sorted(mapped - learned)}.")
     with torch.no_grad():
         for ours, entry in spec["learnables"].items():
-            parameters[entry["official"]].copy_(inputs["learnables"][ours])
+            target = parameters[entry["official"]]
+            target.copy_(inputs["learnables"][ours].view_as(target))  # e.g. a Linear's weight into a 1x1 conv's
     outputs = spec["run_official"](module, cfg, request, model, images, labels)
     with atomic_write(os.path.join(workdir, "official.pt")) as f:
         torch.save(outputs, f)

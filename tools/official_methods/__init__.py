@@ -14,16 +14,22 @@ A method module defines ``SPECS``, {method name: spec}; a spec is a dict with
   ``vision_width``, ``embed``, ``classes``; default (n_ctx, width)), "init_std", optional
   "init_mean"}}: every value is drawn at ``LEARNABLE_SCALE`` times init_std around init_mean;
   ``official_learnable_prefixes`` (optional, default prompt_learner./adapter_learner.): the
-  official parameters under these prefixes must be exactly the mapped ones;
+  official parameters under these prefixes must be exactly the mapped ones (or, instead,
+  ``official_learnable(name) -> bool`` says which are); an entry's optional "fp16": True draws an
+  fp16-representable value (for official code that casts the value to fp16); a value is copied
+  into an official parameter of the same number of elements but another shape (e.g. a Linear's
+  weight into a 1x1 convolution's) with ``view_as``;
 * ``outputs``: the names compared;
 * ``build_ours(clip, tokenizer, classnames, node, spec)`` -> our model (CLIPRunner, Tokenizer,
   class names [C], our config node with any test changes); ``run_ours(model, node, images [B, 3,
   R, R], labels [B])`` -> {output name: tensor};
 * on the official side (run in the subprocess, the official tree on ``PYTHONPATH``):
-  ``prepare_official(cfg, weights_path)`` (optional; before the official module is imported) and
+  ``prepare_official(cfg, weights_path)`` (optional; before the official module is imported; the
+  working folder is the harness's temporary folder), ``build_official(module, cfg, classnames,
+  clip_model)`` (optional; -> the official model, default ``module.CustomCLIP`` in fp32 and eval) and
   ``run_official(module, cfg, request, model, images, labels)`` -> {output name: tensor}.
 """
-from . import coop, dept, maple, mma, mmrl, prograd, provp, tcp
+from . import coop, dept, maple, mma, mmrl, prograd, promptkd, provp, tcp
 
-METHODS = {name: spec for module in (coop, prograd, tcp, mma, mmrl, maple, dept, provp)
+METHODS = {name: spec for module in (coop, prograd, tcp, mma, mmrl, maple, dept, provp, promptkd)
            for name, spec in module.SPECS.items()}

@@ -11,7 +11,7 @@ import io
 import os.path as osp
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -39,6 +39,8 @@ class Case:
         opts: KEY VALUE config overrides of this case.
         train_target, eval_target: issue 10's targets of the cost ratios (None: none).
         official_train, official_eval: the official implementations' ratios quoted by issue 10.
+        prepare: None, or callable(settings, output_dir) -> more KEY VALUE overrides, for a case
+            that needs files before its trainer is built (PromptKD's teacher folder).
     """
 
     name: str
@@ -51,6 +53,18 @@ class Case:
     eval_target: Optional[float] = 1.15
     official_train: Optional[float] = None
     official_eval: Optional[str] = None
+    prepare: Optional[Callable] = None
+
+
+def promptkd_teacher(settings, output_dir):
+    """A stand-in PromptSRC teacher of the benchmark's backbone (untrained prompts; the step's cost
+    does not depend on their values) for the PromptKD case; returns its TEACHER_DIR override."""
+    from trainers.promptkd import write_stand_in_teacher
+
+    size = (settings["image_size"], settings["image_size"])
+    folder = write_stand_in_teacher(osp.join(output_dir, "promptkd_teacher"), settings["backbone"],
+                                    settings["weights"], size, "OxfordPets")
+    return ("TRAINER.PROMPTKD.TEACHER_DIR", folder)
 
 
 # Every registered trainer needs at least one case: a new trainer makes the benchmark fail
@@ -72,6 +86,10 @@ CASES = (
     Case("ProVP", "ProVP", "ProVP/vit_b16_b2n_ep100.yaml", TRAIN),
     # MMRL++'s β and λ are per dataset: the stand-in classes take the Pets ones.
     Case("MMRLpp", "MMRLpp", "MMRLpp/vit_b16.yaml", TRAIN, opts=("DATASET.NAME", "OxfordPets")),
+    # PromptKD's KD weight is per dataset and its teacher a PromptSRC run of that dataset: the stand-in
+    # classes take the Pets weight, the teacher is PromptSRC with untrained prompts on the same backbone.
+    Case("PromptKD", "PromptKD", "PromptKD/vit_b16_c2_ep20_batch8_4+4ctx.yaml", TRAIN,
+         opts=("DATASET.NAME", "OxfordPets"), prepare=promptkd_teacher),
     Case("IVLP", "IVLP", "IVLP/vit_b16_c2_ep20_batch4_4+4ctx.yaml", TRAIN, train_target=3.3, official_train=6.7,
          official_eval=OFFICIAL_EVAL),
     Case("MaPLe", "MaPLe", "MaPLe/vit_b16_c2_ep5_batch4_2ctx.yaml", TRAIN, train_target=3.5, official_train=7.1,
@@ -169,7 +187,8 @@ class SyntheticClasses:
 
 
 def build_cfg(case, settings, output_dir):
-    """The case's config: its trainer YAML, the benchmark's backbone, input, batch and precision."""
+    """The case's config: its trainer YAML, the benchmark's backbone, input, batch and precision
+    (plus the overrides of ``case.prepare``)."""
     cfg = get_cfg_default()
     extend_cfg(cfg)
     merge_from_file(cfg, osp.join(ROOT, "configs", "trainers", case.config))
@@ -185,7 +204,8 @@ def build_cfg(case, settings, output_dir):
     node = cfg.TRAINER.get(case.trainer.upper())
     if node is not None and "PREC" in node:  # trainers without a node (zero-shot CLIP) follow the engine's default
         node.PREC = settings["prec"]
-    merge_from_list(cfg, list(case.opts) + list(settings["opts"]))
+    prepared = case.prepare(settings, output_dir) if case.prepare is not None else ()
+    merge_from_list(cfg, list(case.opts) + list(prepared) + list(settings["opts"]))
     cfg.freeze()
     return cfg
 
