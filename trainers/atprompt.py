@@ -28,7 +28,9 @@ tokens N(0, 0.01), ctx N(0, 0.02); token_middle_k is ONE token per attribute), c
 (MaPLe's deep text prompts at 1 + K(n+1), upstream assuming m = n), train.py
 (choose_attribute_for_atprompt: the per-dataset words, hard-coded there) and
 scripts/coop/atprompt_base2new_train.sh (CoOp's vit_b16.yaml with 100 epochs, N_CTX 2, 2 tokens
-per attribute). Differences: upstream's OxfordPets word "playfulness" is two BPE tokens
+per attribute). Both upstream prompt learners ignore CTX_INIT ("if False:"): the context is
+random, N(0, 0.02), for MaPLe too (configs/trainers/ATPrompt/vit_b16_maple.yaml: CTX_INIT "").
+Differences: upstream's OxfordPets word "playfulness" is two BPE tokens
 ("playful", "ness"); its fixed slicing then takes "playful" as the first word, the second
 attribute's last placeholder "X" as the second word, and drops "energy" without a message;
 here that word is an error naming the word, the dataset and the file. Upstream always creates
