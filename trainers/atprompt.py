@@ -31,9 +31,10 @@ scripts/coop/atprompt_base2new_train.sh (CoOp's vit_b16.yaml with 100 epochs, N_
 per attribute). Both upstream prompt learners ignore CTX_INIT ("if False:"): the context is
 random, N(0, 0.02), for MaPLe too (configs/trainers/ATPrompt/vit_b16_maple.yaml: CTX_INIT "").
 Differences: upstream's OxfordPets word "playfulness" is two BPE tokens
-("playful", "ness"); its fixed slicing then takes "playful" as the first word, the second
-attribute's last placeholder "X" as the second word, and drops "energy" without a message;
-here that word is an error naming the word, the dataset and the file. Upstream always creates
+("playful", "ness"); its fixed slicing then takes "playful" as the first word and a
+placeholder "X" as the second, drops "ness" and "energy" and leaves another "X" before the
+class name, without a message; here that word is an error naming the word, the dataset and
+the file. Upstream always creates
 three attribute parameter tensors (unused ones receive no gradient); here exactly K.
 """
 import os
