@@ -14,7 +14,8 @@ A method module defines ``SPECS``, {method name: spec}; a spec is a dict with
   ``vision_width``, ``embed``, ``classes``; default (n_ctx, width)), "init_std", optional
   "init_mean"}}: every value is drawn at ``LEARNABLE_SCALE`` times init_std around init_mean;
   ``official_learnable_prefixes`` (optional, default prompt_learner./adapter_learner.): the
-  official parameters under these prefixes must be exactly the mapped ones;
+  official parameters under these prefixes must be exactly the mapped ones and
+  ``official_unused`` (optional), those the official model builds but never reads;
 * ``outputs``: the names compared;
 * ``build_ours(clip, tokenizer, classnames, node, spec)`` -> our model (CLIPRunner, Tokenizer,
   class names [C], our config node with any test changes); ``run_ours(model, node, images [B, 3,
@@ -23,6 +24,6 @@ A method module defines ``SPECS``, {method name: spec}; a spec is a dict with
   ``prepare_official(cfg, weights_path)`` (optional; before the official module is imported) and
   ``run_official(module, cfg, request, model, images, labels)`` -> {output name: tensor}.
 """
-from . import coop, dept, maple, mma, prograd, tcp
+from . import atprompt, coop, dept, maple, mma, prograd, tcp
 
-METHODS = {name: spec for module in (coop, prograd, tcp, mma, maple, dept) for name, spec in module.SPECS.items()}
+METHODS = {name: spec for module in (coop, prograd, tcp, mma, maple, dept, atprompt) for name, spec in module.SPECS.items()}
