@@ -194,3 +194,29 @@ def test_the_shipped_attribute_file(tmp_path):
     for tokenizer in tokenizers.values():
         several = {word for words in table.values() for word in words if tokenizer.num_tokens(word) != 1}
         assert several == {"playfulness"}  # upstream's two-token word (see the file's header)
+
+
+@pytest.mark.parametrize("target_words", [("texture",), ("texture", "shape", "size")])
+def test_a_target_takes_its_own_words_and_the_sources_first_attribute_tokens(toy_world, tmp_path, target_words,  # noqa: F811
+                                                                             capsys):
+    source = build_seeded(pets_cfg(toy_world, tmp_path / "source", "DATASET.SUBSAMPLE_CLASSES", "all"))
+    with torch.no_grad():
+        for soft in source.model.attributes.soft:
+            soft.add_(1.0)
+    source.save_model(0, str(tmp_path / "run"))
+    target = build_seeded(pets_cfg(toy_world, tmp_path / "target", "DATASET.SUBSAMPLE_CLASSES", "all",
+                                   "TEST.ROLE", "target", words=target_words))
+    initial = [soft.detach().clone() for soft in target.model.attributes.soft]
+    capsys.readouterr()
+    target.load_model(str(tmp_path / "run"), epoch=1)
+    report = capsys.readouterr().out
+    assert target.model.attributes.words == list(target_words)
+    shared = min(len(target_words), 2)
+    for k in range(shared):
+        torch.testing.assert_close(target.model.attributes.soft[k], source.model.attributes.soft[k])
+    if len(target_words) > 2:  # the third keeps its init, reported as missing
+        torch.testing.assert_close(target.model.attributes.soft[2], initial[2])
+        assert "attributes.soft.2" in report
+    else:  # the source's second is not used, reported as unexpected
+        assert "attributes.soft.1" in report
+    torch.testing.assert_close(target.model.base.prompt_learner.ctx, source.model.base.prompt_learner.ctx)
