@@ -41,6 +41,8 @@ Usage (clones, or bare git directories, of the official repositories; HEAD is co
     python tools/official_equivalence.py MMRL --official-git MMRL --dassl-git Dassl.pytorch
     python tools/official_equivalence.py MMRLpp --official-git MMRL --dassl-git Dassl.pytorch
     python tools/official_equivalence.py PromptKD --official-git PromptKD
+    python tools/official_equivalence.py ATPrompt --official-git ATPrompt
+    python tools/official_equivalence.py ATPrompt-MaPLe --official-git ATPrompt
 """
 import argparse
 import json
@@ -222,7 +224,7 @@ def _official_side(workdir):
     parameters = dict(model.named_parameters())
     prefixes = spec.get("official_learnable_prefixes", ("prompt_learner.", "adapter_learner."))
     is_learnable = spec.get("official_learnable", lambda name: name.startswith(prefixes))
-    learned = {name for name in parameters if is_learnable(name)}
+    learned = {name for name in parameters if is_learnable(name)} - set(spec.get("official_unused", ()))
     mapped = {entry["official"] for entry in spec["learnables"].values()}
     if learned != mapped:
         raise SystemExit(f"The official learnable parameters and the {request['method']} spec differ: official only "
@@ -251,9 +253,33 @@ def _export(git_dir, target):
                          "give a clone (or the git directory) of the official repository.")
     commit = found.stdout.strip()
     os.makedirs(target)
-    archive = subprocess.run(["git", "-C", git_dir, "archive", "HEAD"], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", target], input=archive, check=True)
+    archive = subprocess.run(["git", "-C", git_dir, "archive", "HEAD"], capture_output=True)
+    if archive.returncode == 0:
+        subprocess.run(["tar", "-x", "-C", target], input=archive.stdout, check=True)
+    else:
+        _export_present_files(git_dir, target)
     return commit
+
+
+def _export_present_files(git_dir, target):
+    """Write HEAD's files one by one into ``target``, leaving out (and naming) those whose content
+    the repository lacks, e.g. the large files of a snapshot that ``git archive`` refuses."""
+    listing = subprocess.run(["git", "-C", git_dir, "ls-tree", "-r", "-z", "HEAD"], check=True, capture_output=True)
+    missing = []
+    for entry in listing.stdout.decode().split("\0"):
+        if not entry:
+            continue
+        meta, path = entry.split("\t", 1)
+        kind, blob = meta.split()[1:]
+        content = subprocess.run(["git", "-C", git_dir, "cat-file", "blob", blob], capture_output=True) \
+            if kind == "blob" else None
+        if content is None or content.returncode != 0:
+            missing.append(path)
+            continue
+        with atomic_write(os.path.join(target, path), "wb") as f:
+            f.write(content.stdout)
+    print(f"git archive failed on {git_dir}; exported HEAD file by file, leaving out the files it lacks "
+          f"({len(missing)}): {', '.join(missing)}")
 
 
 def compare(method, official_git, dassl_git, backbone, seeds, classnames, batch):

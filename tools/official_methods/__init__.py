@@ -15,7 +15,8 @@ A method module defines ``SPECS``, {method name: spec}; a spec is a dict with
   "init_mean"}}: every value is drawn at ``LEARNABLE_SCALE`` times init_std around init_mean;
   ``official_learnable_prefixes`` (optional, default prompt_learner./adapter_learner.): the
   official parameters under these prefixes must be exactly the mapped ones (or, instead,
-  ``official_learnable(name) -> bool`` says which are); an entry's optional "fp16": True draws an
+  ``official_learnable(name) -> bool`` says which are), less ``official_unused`` (optional),
+  those the official model builds but never reads; an entry's optional "fp16": True draws an
   fp16-representable value (for official code that casts the value to fp16); a value is copied
   into an official parameter of the same number of elements but another shape (e.g. a Linear's
   weight into a 1x1 convolution's) with ``view_as``;
@@ -29,7 +30,7 @@ A method module defines ``SPECS``, {method name: spec}; a spec is a dict with
   clip_model)`` (optional; -> the official model, default ``module.CustomCLIP`` in fp32 and eval) and
   ``run_official(module, cfg, request, model, images, labels)`` -> {output name: tensor}.
 """
-from . import coop, dept, maple, mma, mmrl, prograd, promptkd, provp, tcp
+from . import atprompt, coop, dept, maple, mma, mmrl, prograd, promptkd, provp, tcp
 
-METHODS = {name: spec for module in (coop, prograd, tcp, mma, mmrl, maple, dept, provp, promptkd)
+METHODS = {name: spec for module in (coop, prograd, tcp, mma, mmrl, maple, dept, provp, promptkd, atprompt)
            for name, spec in module.SPECS.items()}

@@ -19,7 +19,6 @@ Stand-ins on the official side (the official model classes are unchanged):
   ``forward_backward`` (its fp32 branch), normalised as there.
 """
 import torch
-import torch.nn.functional as F
 
 ALPHA, REG_WEIGHT, K, REP_DIM, LAYERS = 0.7, 0.5, 5, 512, [6, 7, 8, 9, 10, 11, 12]
 VISION_WIDTH, TEXT_WIDTH, EMBED = 768, 512, 512

@@ -99,6 +99,9 @@ CASES = (
     Case("VPT", "VPT", "VPT/vit_b16_c2_ep5_batch4_4.yaml", TRAIN),
     Case("DePT", "DePT", "DePT/vit_b16_maple.yaml", TRAIN),
     Case("DePT+CoOp", "DePT", "DePT/vit_b16_coop.yaml", TRAIN),
+    # ATPrompt's attribute words are per dataset: the stand-in classes take ImageNet's ("color", "shape").
+    Case("ATPrompt", "ATPrompt", "ATPrompt/vit_b16.yaml", TRAIN, opts=("DATASET.NAME", "ImageNet")),
+    Case("ATPrompt+MaPLe", "ATPrompt", "ATPrompt/vit_b16_maple.yaml", TRAIN, opts=("DATASET.NAME", "ImageNet")),
     Case("DeAR", "DeAR", "DeAR/vit_b16_base2new.yaml", TRAIN, train_target=2.2),
     Case("CLIPAdapter", "CLIPAdapter", "CLIPAdapter/vit_b16.yaml", CACHED),
     Case("RAda", "RAda", "RAda/vit_b16_base2new.yaml", CACHED, train_target=0.05, official_eval="1.05"),
