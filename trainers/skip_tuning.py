@@ -35,7 +35,7 @@ text lr OPTIM.LR 2e-5, image lr IMAGE_LR 5e-6, one warm-up epoch at a constant 1
 cosine over 20 epochs, batch 4; EPOCH_DIVISOR 4 for ImageNet, SUN397 and Food101 (table
 EPOCH_DIVISORS, read by DATASET.NAME): int(20 / 4) = 5 epochs, the number the protocol runner
 loads (``training_epochs``). Checkpoints hold the tuned parameters only (the engine drops frozen
-ones): ViT-B/16 6·7,087,872 + 6·3,152,384 + 2·768 + 768·512 + 2·512 + 512·512 = 61,846,784 values.
+ones): ViT-B/16 6·7,087,872 + 6·3,152,384 + 2·768 + 768·512 + 2·512 + 512·512 = 62,099,456 values.
 
 Verified by reading the official code (Koorye/SkipTuning @ 8c4636ed): trainers/skip_tuning.py
 (SkipCustomCLIP: start_layer, select_classes, forward_*_features; SkipTuning: before_train,
@@ -169,13 +169,11 @@ def batch_plan(labels, batch_size, same_class, generator=None):
     order of all items cut into ⌊N / B⌋ batches. Items past the last full batch are left out.
     """
     if not same_class:
-        order = torch.randperm(labels.shape[0], generator=generator)
-        return list(order[: (labels.shape[0] // batch_size) * batch_size].split(batch_size))
+        return _full_batches(torch.randperm(labels.shape[0], generator=generator), batch_size)
     pending = {}
     for label in labels.unique().tolist():
         items = (labels == label).nonzero().flatten()
-        items = items[torch.randperm(items.numel(), generator=generator)]
-        chunks = list(items[: (items.numel() // batch_size) * batch_size].split(batch_size))
+        chunks = _full_batches(items[torch.randperm(items.numel(), generator=generator)], batch_size)
         if chunks:
             pending[label] = chunks
     plan = []
@@ -186,6 +184,12 @@ def batch_plan(labels, batch_size, same_class, generator=None):
         if not pending[label]:
             del pending[label]
     return plan
+
+
+def _full_batches(items, batch_size):
+    """``items`` [n] cut into ⌊n / B⌋ batches of B (the rest left out): a list of [B] tensors."""
+    count = items.numel() // batch_size
+    return list(items[: count * batch_size].split(batch_size)) if count else []
 
 
 class CachedPrefixBatches:
@@ -318,7 +322,9 @@ class SkipTuning(ClipTrainer):
         check_choice("TRAINER.SKIPTUNING.PREC", node.PREC, PRECISIONS)
         check_choice("TRAINER.SKIPTUNING.BATCHES", node.BATCHES, BATCHES)
         if node.TOP_RATIO <= 0:
-            raise ConfigError(f"TRAINER.SKIPTUNING.TOP_RATIO must be > 0 (a ratio <= 1 or a count), got {node.TOP_RATIO}.")
+            raise ConfigError(
+                f"TRAINER.SKIPTUNING.TOP_RATIO must be > 0 (a ratio <= 1 or a count), got {node.TOP_RATIO}."
+            )
         check_range("TRAINER.SKIPTUNING.MAX_TOP", node.MAX_TOP, minimum=1)
         if node.LAMBDA <= 0:
             raise ConfigError(f"TRAINER.SKIPTUNING.LAMBDA (the pdf's scale) must be > 0, got {node.LAMBDA}.")
@@ -378,10 +384,12 @@ class SkipTuning(ClipTrainer):
         same_class = node.BATCHES == "same_class" or (node.BATCHES == "auto" and self.cfg.DATASET.NUM_SHOTS >= 4)
         plan = batch_plan(labels, self.cfg.DATALOADER.TRAIN_X.BATCH_SIZE, same_class)
         if not plan:
+            size = self.cfg.DATALOADER.TRAIN_X.BATCH_SIZE
+            advice = (f" (same-class batches: no class has {size} images): lower the batch size or set "
+                      "TRAINER.SKIPTUNING.BATCHES random." if same_class else ": lower the batch size.")
             raise ConfigError(
-                f"No training batch of DATALOADER.TRAIN_X.BATCH_SIZE {self.cfg.DATALOADER.TRAIN_X.BATCH_SIZE} "
-                f"can be formed ({'from one class each' if same_class else 'from'} {labels.numel()} images): lower "
-                "the batch size" + (" or set TRAINER.SKIPTUNING.BATCHES random." if same_class else ".")
+                f"No training batch of DATALOADER.TRAIN_X.BATCH_SIZE {size} can be formed from the {labels.numel()} "
+                f"training images{advice}"
             )
         self.train_loader_x = CachedPrefixBatches(hidden, labels, plan)
 
