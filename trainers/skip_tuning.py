@@ -47,8 +47,8 @@ NEW_LR), train.py (SKIP defaults) and configs/trainers/SkipTuning/. Where we dif
 
 * The keep mask: upstream draws it at the first class selection, which is the torchinfo model
   summary in before_train (random inputs), from the CUDA generator, and does not checkpoint it;
-  here it is drawn from torch's CPU generator in before_train and kept in the checkpoints'
-  trainer state, so a resumed run keeps the same mask.
+  here it is drawn from torch's CPU generator when the model is built and kept in the
+  checkpoints' trainer state, so a resumed run keeps the same mask.
 * A batch's true classes are always kept. Upstream forces them in only through their top rank,
   so a batch with more distinct classes than n_top (random batches with few classes) could drop
   one and score it as class 0; same-class batches (the >= 4-shot recipe) never reach that case.
@@ -221,7 +221,7 @@ class SkipTuningCLIP(PromptedCLIP):
         token_ids: [C, L] class sentences (buffer, not saved).
         prototypes: [C, E] normalised zero-shot text features of the pretrained towers (buffer,
             not saved), computed at construction, before any weight changes.
-        keep_mask: [C] bool over ranks, or None until ``draw_keep_mask`` / the trainer sets it.
+        keep_mask: [C] bool over ranks, or None until the trainer sets it (``draw_keep_mask``).
     """
 
     def __init__(self, clip, tokenizer, classnames, template, start_layer):
@@ -357,16 +357,12 @@ class SkipTuning(ClipTrainer):
         optim_cfg.MAX_EPOCH = self.max_epoch
         optim = build_optimizer(groups, optim_cfg)
         self.register_model("SkipTuning", self.model, optim, build_lr_scheduler(optim, optim_cfg))
-
-    # ------------------------------------------------------------------ the run's keep mask
-    def before_train(self):
-        super().before_train()  # resuming restores the keep mask (set_trainer_state)
-        if self.model.keep_mask is None:
-            node, classes = self.cfg.TRAINER.SKIPTUNING, len(self.classnames)
-            top = num_top_classes(classes, node.TOP_RATIO, node.MAX_TOP)
-            self.model.keep_mask = draw_keep_mask(classes, top, node.LAMBDA)
-            print(f"Class-wise skip: {classes} classes, the top {top} always kept, "
-                  f"{int(self.model.keep_mask.sum())} ranks kept by the drawn mask")
+        # The class-wise skip's keep mask, drawn once per run (resuming restores the run's own).
+        classes = len(self.classnames)
+        top = num_top_classes(classes, node.TOP_RATIO, node.MAX_TOP)
+        self.model.keep_mask = draw_keep_mask(classes, top, node.LAMBDA)
+        print(f"Class-wise skip: {classes} classes, the top {top} always kept, "
+              f"{int(self.model.keep_mask.sum())} ranks kept by the drawn mask")
 
     def get_trainer_state(self):
         return dict(super().get_trainer_state(), keep_mask=self.model.keep_mask)
@@ -410,8 +406,14 @@ class SkipTuning(ClipTrainer):
         return torch.cat(hidden), torch.cat(labels)
 
     def parse_batch_train(self, batch):
-        """(cached states [B, 1 + P, D] in fp32 on the device, labels [B])."""
-        return batch["hidden"].to(self.device).float(), batch["label"].to(self.device)
+        """(states [B, 1 + P, D] at block S in fp32 on the device, labels [B]): the cached ones of the
+        epoch's batches, or for a batch of images ("img" [B, 3, H, W], e.g. tools/benchmark.py) their
+        frozen prefix computed here, which is what caching costs per image and epoch."""
+        labels = batch["label"].to(self.device)
+        if "hidden" in batch:
+            return batch["hidden"].to(self.device).float(), labels
+        with self.autocast():
+            return self.model.image_prefix(batch["img"].to(self.device)).float(), labels
 
 
 def _transform_of(loader):

@@ -78,6 +78,9 @@ CASES = (
     Case("VPT", "VPT", "VPT/vit_b16_c2_ep5_batch4_4.yaml", TRAIN),
     Case("DePT", "DePT", "DePT/vit_b16_maple.yaml", TRAIN),
     Case("DePT+CoOp", "DePT", "DePT/vit_b16_coop.yaml", TRAIN),
+    # Its step starts from images: the frozen lower blocks (what the per-epoch cache costs per image), then
+    # the tuned upper blocks with the class-wise skip.
+    Case("SkipTuning", "SkipTuning", "SkipTuning/vit_b16_bs4.yaml", TRAIN),
     Case("DeAR", "DeAR", "DeAR/vit_b16_base2new.yaml", TRAIN, train_target=2.2),
     Case("CLIPAdapter", "CLIPAdapter", "CLIPAdapter/vit_b16.yaml", CACHED),
     Case("RAda", "RAda", "RAda/vit_b16_base2new.yaml", CACHED, train_target=0.05, official_eval="1.05"),
