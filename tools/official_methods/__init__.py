@@ -23,6 +23,7 @@ A method module defines ``SPECS``, {method name: spec}; a spec is a dict with
   ``prepare_official(cfg, weights_path)`` (optional; before the official module is imported) and
   ``run_official(module, cfg, request, model, images, labels)`` -> {output name: tensor}.
 """
-from . import coop, dept, maple, mma, prograd, tcp
+from . import coop, dept, maple, mma, prograd, skip_tuning, tcp
 
-METHODS = {name: spec for module in (coop, prograd, tcp, mma, maple, dept) for name, spec in module.SPECS.items()}
+METHODS = {name: spec for module in (coop, prograd, tcp, mma, maple, dept, skip_tuning)
+           for name, spec in module.SPECS.items()}
