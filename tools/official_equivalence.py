@@ -37,6 +37,7 @@ Usage (clones, or bare git directories, of the official repositories; HEAD is co
     python tools/official_equivalence.py TCP --official-git Textual-based_Class-aware_prompt_tuning \
         --dassl-git Dassl.pytorch
     python tools/official_equivalence.py MMA --official-git Multi-Modal-Adapter --dassl-git Dassl.pytorch
+    python tools/official_equivalence.py SkipTuning --official-git SkipTuning --dassl-git Dassl.pytorch
 """
 import argparse
 import json
