@@ -30,6 +30,10 @@ random cuts a shuffled list of all images into batches of B (the rest left out).
 Inference (every evaluation role alike: the method has no role-dependent part): the whole
 fine-tuned CLIP, s·f̂·t̂ᵀ over all classes of the evaluated dataset.
 
+Resuming continues after the last epoch checkpoint (weights, optimizer, scheduler, RNG states and
+the keep mask restored; the next epoch's cache is drawn as in an uninterrupted run). The epoch's
+cached batches are not a resumable sampler, so TRAIN.CHECKPOINT_ITERS writes no mid-epoch files.
+
 Recipe (configs/trainers/SkipTuning/vit_b16_bs4.yaml): SGD (momentum 0.9, weight decay 5e-4),
 text lr OPTIM.LR 2e-5, image lr IMAGE_LR 5e-6, one warm-up epoch at a constant 1e-6 (both groups),
 cosine over 20 epochs, batch 4; EPOCH_DIVISOR 4 for ImageNet, SUN397 and Food101 (table
@@ -379,6 +383,7 @@ class SkipTuning(ClipTrainer):
     # -------------------------------------------------------------------- layer-wise skip
     def before_epoch(self):
         super().before_epoch()
+        self.train_loader_x = self.dm.train_loader_x  # frees the previous epoch's cache first
         hidden, labels = self.cache_image_prefix()
         node = self.cfg.TRAINER.SKIPTUNING
         same_class = node.BATCHES == "same_class" or (node.BATCHES == "auto" and self.cfg.DATASET.NUM_SHOTS >= 4)
