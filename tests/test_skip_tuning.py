@@ -269,7 +269,8 @@ def test_a_run_killed_after_an_epoch_resumes_to_the_uninterrupted_result(toy_wor
     # 5 classes, n_top 1, a flat pdf (scale 5): the keep mask is random (ranks 1..3 kept with 0.55, 0.23, 0)
     opts = ("OPTIM.MAX_EPOCH", "3", "OPTIM.LR", "0.05", "TRAINER.SKIPTUNING.IMAGE_LR", "0.02",
             "TRAIN.CHECKPOINT_FREQ", "1", "TEST.NO_TEST", "True", "DATASET.NUM_SHOTS", "4",
-            "DATASET.SUBSAMPLE_CLASSES", "all", "TRAINER.SKIPTUNING.TOP_RATIO", "0.2", "TRAINER.SKIPTUNING.LAMBDA", "5.0")
+            "DATASET.SUBSAMPLE_CLASSES", "all", "TRAINER.SKIPTUNING.TOP_RATIO", "0.2",
+            "TRAINER.SKIPTUNING.LAMBDA", "5.0")
     uninterrupted = build_seeded(pets_cfg(toy_world, tmp_path / "full", *opts))
     uninterrupted.train()
 

@@ -122,12 +122,16 @@ class TextTower(Tower):
         if embeddings is None and token_ids is None:
             raise ValueError("TextTower needs token_ids or embeddings.")
         if hidden is not None and (embeddings is not None or token_ids is None):
-            raise ValueError("TextTower continues from hidden states with the token_ids they belong to, not embeddings.")
+            raise ValueError(
+                "TextTower continues from hidden states with the token_ids they belong to, not embeddings."
+            )
         state = self._state(token_ids if embeddings is None else embeddings, eot, token_ids)
         first = plan.first_layer(self.num_layers)
         if hidden is not None:
             if not 0 <= start < self.num_layers:
-                raise ValueError(f"start must be a block index 0..{self.num_layers - 1} with hidden states, got {start}.")
+                raise ValueError(
+                    f"start must be a block index 0..{self.num_layers - 1} with hidden states, got {start}."
+                )
             x = hidden[:, : state.last + 1]
         elif embeddings is not None or first < 0:
             x = self.embed(token_ids) if embeddings is None else embeddings
