@@ -43,6 +43,7 @@ Usage (clones, or bare git directories, of the official repositories; HEAD is co
     python tools/official_equivalence.py PromptKD --official-git PromptKD
     python tools/official_equivalence.py ATPrompt --official-git ATPrompt
     python tools/official_equivalence.py ATPrompt-MaPLe --official-git ATPrompt
+    python tools/official_equivalence.py SkipTuning --official-git SkipTuning --dassl-git Dassl.pytorch
 """
 import argparse
 import json

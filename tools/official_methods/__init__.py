@@ -30,7 +30,8 @@ A method module defines ``SPECS``, {method name: spec}; a spec is a dict with
   clip_model)`` (optional; -> the official model, default ``module.CustomCLIP`` in fp32 and eval) and
   ``run_official(module, cfg, request, model, images, labels)`` -> {output name: tensor}.
 """
-from . import atprompt, coop, dept, maple, mma, mmrl, prograd, promptkd, provp, tcp
+from . import atprompt, coop, dept, maple, mma, mmrl, prograd, promptkd, provp, skip_tuning, tcp
 
-METHODS = {name: spec for module in (coop, prograd, tcp, mma, mmrl, maple, dept, provp, promptkd, atprompt)
+METHODS = {name: spec
+           for module in (coop, prograd, tcp, mma, mmrl, maple, dept, provp, promptkd, atprompt, skip_tuning)
            for name, spec in module.SPECS.items()}

@@ -102,6 +102,9 @@ CASES = (
     # ATPrompt's attribute words are per dataset: the stand-in classes take ImageNet's ("color", "shape").
     Case("ATPrompt", "ATPrompt", "ATPrompt/vit_b16.yaml", TRAIN, opts=("DATASET.NAME", "ImageNet")),
     Case("ATPrompt+MaPLe", "ATPrompt", "ATPrompt/vit_b16_maple.yaml", TRAIN, opts=("DATASET.NAME", "ImageNet")),
+    # Its step starts from images: the frozen lower blocks (what the per-epoch cache costs per image), then
+    # the tuned upper blocks with the class-wise skip.
+    Case("SkipTuning", "SkipTuning", "SkipTuning/vit_b16_bs4.yaml", TRAIN),
     Case("DeAR", "DeAR", "DeAR/vit_b16_base2new.yaml", TRAIN, train_target=2.2),
     Case("CLIPAdapter", "CLIPAdapter", "CLIPAdapter/vit_b16.yaml", CACHED),
     Case("RAda", "RAda", "RAda/vit_b16_base2new.yaml", CACHED, train_target=0.05, official_eval="1.05"),

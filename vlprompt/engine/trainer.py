@@ -189,7 +189,7 @@ class SimpleTrainer(EvaluationMixin, TrainerBase):
         use_cuda = torch.cuda.is_available() and cfg.USE_CUDA
         self.device = torch.device("cuda") if use_cuda else torch.device("cpu")
         self.start_epoch = self.epoch = 0
-        self.max_epoch = cfg.OPTIM.MAX_EPOCH
+        self.max_epoch = self.training_epochs(cfg)
         self.output_dir = cfg.OUTPUT_DIR
         self.cfg = cfg
         self.save_frozen_weights = cfg.TRAIN.SAVE_FROZEN_WEIGHTS
@@ -207,6 +207,13 @@ class SimpleTrainer(EvaluationMixin, TrainerBase):
 
     def check_cfg(self, cfg):
         """Hook to validate trainer-specific config keys (e.g. PREC); called before ``self.cfg`` is set."""
+
+    @classmethod
+    def training_epochs(cls, cfg):
+        """Number of epochs a training run with ``cfg`` trains (``max_epoch``; the number of its last
+        checkpoint): OPTIM.MAX_EPOCH, unless a trainer derives it from the config (e.g. per dataset).
+        The protocol runner loads that checkpoint for evaluation."""
+        return cfg.OPTIM.MAX_EPOCH
 
     def build_data_loader(self):
         """Build the DataManager, check the labels, and expose its loaders, ``num_classes``, ``lab2cname`` and ``dm``."""

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file, merge_from_list
+from vlprompt.engine import TRAINER_REGISTRY
 
 from .benchmark import PROTOCOLS, ProtocolDatasets
 from .layout import TEST_NEW, TRAIN_BASE, base2new_run_dir, evaluation_run_dir, fewshot_run_dir
@@ -203,7 +204,8 @@ def check_opts(opts: Sequence[str], flag: str) -> None:
 
 
 def merged_max_epoch(method: Method, dataset_config: str, opts: Sequence[str]) -> int:
-    """OPTIM.MAX_EPOCH after merging the dataset YAML, the method YAML and ``opts``.
+    """The epochs the method's trainer trains (``training_epochs``: OPTIM.MAX_EPOCH unless the
+    trainer derives it, e.g. per dataset) after merging the dataset YAML, the method YAML and ``opts``.
 
     Trainer config nodes must be registered (import the ``trainers`` package first).
     Raises ConfigError for a bad file or override, as train.py would.
@@ -213,7 +215,10 @@ def merged_max_epoch(method: Method, dataset_config: str, opts: Sequence[str]) -
     merge_from_file(cfg, dataset_config)
     merge_from_file(cfg, method.config_file)
     merge_from_list(cfg, list(opts))
-    return int(cfg.OPTIM.MAX_EPOCH)
+    cfg.TRAINER.NAME = method.trainer
+    if method.trainer not in TRAINER_REGISTRY.registered_names():
+        return int(cfg.OPTIM.MAX_EPOCH)  # train.py names the unknown trainer
+    return int(TRAINER_REGISTRY.get(method.trainer).training_epochs(cfg))
 
 
 class _Builder:

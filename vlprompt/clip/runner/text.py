@@ -10,7 +10,9 @@ the last end-of-text token can reach a pooled token (77 positions hold sentences
 typically 10-25 tokens). Edits still address positions of the full sequence
 (``ReplaceTokens(at=-n)``, ``keep_length``), masks may be given for the full length, and
 ``MapTokens`` functions see the computed part. Blocks below the first one the plan touches
-are frozen for a fixed class list: their output is cached per token ids (``prefix``).
+are frozen for a fixed class list: their output is cached per token ids (``prefix``); a
+method may continue from rows of such a prefix (``forward(token_ids, hidden=..., start=...)``,
+e.g. for a subset of the classes).
 """
 import torch
 from torch import nn
@@ -94,7 +96,8 @@ class TextTower(Tower):
             return self.text_projection(x)
         return x @ self.text_projection
 
-    def forward(self, token_ids=None, plan=EMPTY_PLAN, embeddings=None, eot=None, all_tokens=False):
+    def forward(self, token_ids=None, plan=EMPTY_PLAN, embeddings=None, eot=None, all_tokens=False, hidden=None,
+                start=0):
         """Encode sentences.
 
         Args:
@@ -106,6 +109,10 @@ class TextTower(Tower):
             eot: [N] pooled positions of ``embeddings`` (required with embeddings).
             all_tokens: compute every position in the last block; by default it computes
                 only the pooled token of each sentence (exact for the features).
+            hidden: [N, L', D] hidden states at the input of block ``start`` of the
+                sentences ``token_ids`` (e.g. rows of ``prefix(token_ids, start)``), at
+                least up to their last pooled position; the tower continues from there.
+            start: first block to run when ``hidden`` is given.
 
         Returns:
             TowerOutput with features [N, E], the pooled positions (moved by tokens
@@ -114,9 +121,19 @@ class TextTower(Tower):
         """
         if embeddings is None and token_ids is None:
             raise ValueError("TextTower needs token_ids or embeddings.")
+        if hidden is not None and (embeddings is not None or token_ids is None):
+            raise ValueError(
+                "TextTower continues from hidden states with the token_ids they belong to, not embeddings."
+            )
         state = self._state(token_ids if embeddings is None else embeddings, eot, token_ids)
         first = plan.first_layer(self.num_layers)
-        if embeddings is not None or first < 0:
+        if hidden is not None:
+            if not 0 <= start < self.num_layers:
+                raise ValueError(
+                    f"start must be a block index 0..{self.num_layers - 1} with hidden states, got {start}."
+                )
+            x = hidden[:, : state.last + 1]
+        elif embeddings is not None or first < 0:
             x = self.embed(token_ids) if embeddings is None else embeddings
             for edit in plan.embed:
                 x = edit(x, state)
