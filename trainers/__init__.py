@@ -7,4 +7,5 @@ from . import tcp  # noqa: F401
 from . import mma  # noqa: F401
 from . import dept  # noqa: F401
 from . import mmrl  # noqa: F401
+from . import tac  # noqa: F401
 from . import clip_adapter, rada, rada_adapter, rada_fft, rada_prompt, rada_ttt  # noqa: F401
