@@ -11,7 +11,7 @@ import io
 import os.path as osp
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -39,6 +39,8 @@ class Case:
         opts: KEY VALUE config overrides of this case.
         train_target, eval_target: issue 10's targets of the cost ratios (None: none).
         official_train, official_eval: the official implementations' ratios quoted by issue 10.
+        prepare: ``prepare(trainer)`` after building, for what a trainer sets up when training
+            starts (e.g. TAC's description embeddings and cluster centres); None: nothing.
     """
 
     name: str
@@ -51,6 +53,13 @@ class Case:
     eval_target: Optional[float] = 1.15
     official_train: Optional[float] = None
     official_eval: Optional[str] = None
+    prepare: Optional[Callable] = None
+
+
+def _fit_tac_descriptions(trainer):
+    """TAC's before_train step with one description per stand-in class ("a photo of a class number i.")."""
+    descriptions = [[f"a photo of a {name}."] for name in trainer.classnames]
+    trainer.model.fit_descriptions(descriptions, torch.Generator().manual_seed(0))
 
 
 # Every registered trainer needs at least one case: a new trainer makes the benchmark fail
@@ -78,6 +87,8 @@ CASES = (
     Case("VPT", "VPT", "VPT/vit_b16_c2_ep5_batch4_4.yaml", TRAIN),
     Case("DePT", "DePT", "DePT/vit_b16_maple.yaml", TRAIN),
     Case("DePT+CoOp", "DePT", "DePT/vit_b16_coop.yaml", TRAIN),
+    # TAC's step encodes its 4 augmented views of each image and the un-augmented image.
+    Case("TAC", "TAC", "TAC/basetonovel.yaml", TRAIN, prepare=_fit_tac_descriptions),
     Case("DeAR", "DeAR", "DeAR/vit_b16_base2new.yaml", TRAIN, train_target=2.2),
     Case("CLIPAdapter", "CLIPAdapter", "CLIPAdapter/vit_b16.yaml", CACHED),
     Case("RAda", "RAda", "RAda/vit_b16_base2new.yaml", CACHED, train_target=0.05, official_eval="1.05"),
@@ -195,7 +206,10 @@ def build_trainer(case, settings, output_dir):
     cfg = build_cfg(case, settings, output_dir)
     torch.manual_seed(0)
     with contextlib.redirect_stdout(io.StringIO()):
-        return benchmark_class(cfg)
+        trainer = benchmark_class(cfg)
+        if case.prepare is not None:
+            case.prepare(trainer)
+        return trainer
 
 
 def case_batch(case, settings):
