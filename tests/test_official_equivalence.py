@@ -5,11 +5,14 @@ the official repository (commit in the fixture) on a seeded random CLIP ViT-B/16
 learnable values (10x the official init std) and a seeded batch of 2 images and 3 classes.
 Here our side is rebuilt from the same seeds and must give the same outputs within the
 contract's relative max difference (3e-3): CoOp's logits and cross-entropy; ProGrad's student
-and zero-shot logits, CE, KL and the projected ctx gradient (one official update step). A
-context with its tokens in the wrong order must fail the comparison.
+and zero-shot logits, CE, KL and the projected ctx gradient (one official update step); TCP's
+logits and its loss CE + 8·(1 − mean cos); MMA's logits and CE. Learnable values with their
+rows in the wrong order, TCP's class-aware tokens injected one text block off and MMA's
+adapters one block early must fail the comparison.
 """
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -17,7 +20,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
 import official_equivalence as oe  # noqa: E402  (tools/official_equivalence.py)
 
-METHODS = ("CoOp", "ProGrad")
+METHODS = ("CoOp", "ProGrad", "TCP", "MMA")
 
 
 def _fixture(method):
@@ -41,9 +44,9 @@ def _case(method, weights):
     return fixture, path, learnables, images, labels
 
 
-def _ours(fixture, path, learnables, images, labels):
+def _ours(fixture, path, learnables, images, labels, node_changes=None):
     return oe.our_outputs(fixture["method"], fixture["backbone"], path, fixture["classnames"], learnables, images,
-                          labels)
+                          labels, node_changes)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +60,8 @@ def test_fixture_records_the_official_run(method):
     fixture = _fixture(method)
     assert fixture["official_repository"] == oe.METHODS[method]["repository"]
     assert len(fixture["official_commit"]) == 40
-    assert fixture["parameter_mapping"] == {"prompt_learner.ctx": "prompt_learner.ctx"}
+    assert fixture["parameter_mapping"] == {name: entry["official"]
+                                            for name, entry in oe.METHODS[method]["learnables"].items()}
     assert set(fixture["official_outputs"]) == set(oe.METHODS[method]["outputs"])
     assert all(value <= oe.TOLERANCE for value in fixture["relative_max_difference"].values())
 
@@ -71,10 +75,28 @@ def test_matches_official_outputs(method, outputs):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_misplaced_context_token_fails_the_comparison(method, weights):
+def test_learnable_rows_in_wrong_order_fail_the_comparison(method, weights):
     fixture, path, learnables, images, labels = _case(method, weights)
-    swapped = {name: value.flip(0) for name, value in learnables.items()}  # ctx tokens in reverse order
+    swapped = {name: value.flip(0) for name, value in learnables.items()}  # e.g. ctx tokens in reverse order
     ours = _ours(fixture, path, swapped, images, labels)
+    assert oe.relative_max_difference(ours["logits"], fixture["official_outputs"]["logits"]) > oe.TOLERANCE
+
+
+@pytest.mark.parametrize("layer", [7, 9])
+def test_tcp_injection_one_block_off_fails_the_comparison(layer, weights):
+    fixture, path, learnables, images, labels = _case("TCP", weights)
+    assert fixture["our_node"]["INJECT_LAYER"] == 8
+    ours = _ours(fixture, path, learnables, images, labels, {"INJECT_LAYER": layer})
+    assert oe.relative_max_difference(ours["logits"], fixture["official_outputs"]["logits"]) > oe.TOLERANCE
+
+
+def test_mma_adapters_one_block_early_fail_the_comparison(weights):
+    """The same adapter values at blocks 4..11 instead of 5..12 (both towers) move the logits."""
+    fixture, path, learnables, images, labels = _case("MMA", weights)
+    assert (fixture["our_node"]["ADAPTER_START"], fixture["our_node"]["ADAPTER_END"]) == (5, 12)
+    moved = {re.sub(r"\.(\d+)\.", lambda m: f".{int(m.group(1)) - 1}.", name, count=1): value
+             for name, value in learnables.items()}
+    ours = _ours(fixture, path, moved, images, labels, {"ADAPTER_START": 4, "ADAPTER_END": 11})
     assert oe.relative_max_difference(ours["logits"], fixture["official_outputs"]["logits"]) > oe.TOLERANCE
 
 

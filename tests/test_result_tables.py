@@ -156,6 +156,50 @@ def test_published_columns_and_delta(b2n_root, tmp_path, capsys):
     assert "published DeAR: a paper, Table 2" in out
 
 
+def test_published_alone_prints_the_papers_base2new_table(tmp_path, capsys):
+    """No run at all: --published prints the picked methods' published columns over the
+    benchmark's datasets, in the order of --trainers (MMRL's values: DeAR paper, Table 2)."""
+    out, err = cli(capsys, tmp_path, "--protocol", "base2new", "--published", "--trainers", "MMRL,CoOp")
+    assert "no completed base2new run" in err and "the published numbers alone follow" in err
+    rows = pipe_rows(out)
+    assert rows["Dataset"] == ["MMRL Base pub.", "MMRL Novel pub.", "MMRL HM pub.",
+                               "CoOp Base pub.", "CoOp Novel pub.", "CoOp HM pub."]
+    assert list(rows)[1:] == ["imagenet", "caltech101", "oxford_pets", "stanford_cars", "oxford_flowers",
+                              "food101", "fgvc_aircraft", "sun397", "dtd", "eurosat", "ucf101", "Average"]
+    assert rows["Average"] == ["85.68", "77.16", "81.20", "82.69", "63.22", "71.66"]
+    assert rows["imagenet"][:3] == ["77.90", "71.30", "74.45"]
+    assert "published MMRL: MMRL (CVPR2025) row of DeAR (CVPR 2026) Table 2" in out
+
+
+def test_published_methods_without_runs_follow_the_measured_ones(b2n_root, tmp_path, capsys):
+    published = tmp_path / "pub.yaml"
+    published.write_text("protocol: base2new\nmethods:\n  DeAR:\n    source: a\n    values:\n"
+                         "      dtd: [85.0, 70.5, 76.8]\n"
+                         "  MMRL:\n    source: b\n    values:\n      dtd: [85.67, 65.0, 73.82]\n"
+                         "      imagenet: [77.9, 71.3, 74.45]\n      average: [85.68, 77.16, 81.2]\n"
+                         "  TCP:\n    source: c\n    values:\n      dtd: [82.77, 58.07, 68.25]\n")
+    out, _ = cli(capsys, b2n_root, "--protocol", "base2new", "--published", published, "--seeds", "1", "2", "3",
+                 "--trainers", "CoOp,DeAR,MMRL")
+    rows = pipe_rows(out)
+    assert rows["Dataset"][-3:] == ["MMRL Base pub.", "MMRL Novel pub.", "MMRL HM pub."]
+    assert not any(title.startswith("TCP") for title in rows["Dataset"])  # not picked by --trainers
+    # the published imagenet row joins the table's datasets (a benchmark dataset), ours there are -
+    assert list(rows)[1:] == ["imagenet", "dtd", "eurosat", "Average"]
+    assert rows["imagenet"][:3] == ["-", "-", "-"] and rows["imagenet"][-3:] == ["77.90", "71.30", "74.45"]
+    assert rows["dtd"][:3] == EXPECTED_B2N["dtd"][:3] and rows["dtd"][-3:] == ["85.67", "65.00", "73.82"]
+    assert rows["eurosat"][-3:] == ["-", "-", "-"]
+    assert rows["Average"][-3:] == ["85.68", "77.16", "81.20"]
+
+
+def test_published_rows_of_methods_without_runs_in_transfer_tables(tmp_path, capsys):
+    out, _ = cli(capsys, tmp_path, "--protocol", "cross_dataset", "dg", "--published", "--trainers", "MMRL")
+    xd, dg = out.split("Domain generalization")
+    # MMRL (DeAR paper Tables 3-4): ImageNet source 72.03, target Average 67.25; DG V2 64.47 ... avg 60.59
+    assert pipe_rows(xd)["MMRL (published)"][0] == "72.03" and pipe_rows(xd)["MMRL (published)"][-1] == "67.25"
+    assert pipe_rows(dg)["MMRL (published)"][1:] == ["64.47", "49.17", "51.20", "77.53", "60.59"]
+    assert "DeAR (published)" not in pipe_rows(xd)
+
+
 # ----------------------------------------------------------------- other protocols
 
 

@@ -9,26 +9,21 @@ Both sides get the same inputs, all generated from seeds in this process:
   official init std, so that a token in the wrong place moves the logits;
 * a batch of images [B, 3, R, R] and labels [B], and a fixed list of class names.
 
-Ours is built with ``load_clip`` (the file as ``MODEL.BACKBONE.WEIGHTS``) and the trainer's
-model class; the official code runs in a subprocess of this file (``--official-side``) with
+Ours is built with ``load_clip`` (the file as ``MODEL.BACKBONE.WEIGHTS``) and the method's
+``build_ours``; the official code runs in a subprocess of this file (``--official-side``) with
 ``PYTHONPATH`` set to trees exported (``git archive HEAD``) from the official repository and
 its Dassl fork into a temporary folder. In that subprocess ``clip._download`` returns the
-weights file (for DePT also ``clip_maple.clip._download``, and ``plotnine`` is an empty
-stand-in), and the four modules Dassl imports only for logging and for datasets it does
-not use here (``torch.utils.tensorboard``, ``gdown``, ``wilds``, ``pandas``) are empty
-stand-ins, so nothing is installed. The official model classes are built directly from a
-Dassl config (no data loader; the images are fed as tensors), in fp32 (the official ``PREC``
-fp32 branch).
+weights file (a method's ``prepare_official`` does the same for the method's own clip copy),
+and what Dassl imports only for logging and for datasets it does not use here
+(``torch.utils.tensorboard``, ``gdown``, ``wilds``, ``pandas``), and ``pkg_resources``
+(holding only ``packaging``), are stand-ins, so nothing is installed. The official model
+classes are built directly from a Dassl config (no data loader; the images are fed as
+tensors), in fp32 (the official ``PREC`` fp32 branch), and their learnable parameters must
+be exactly the ones the method's spec maps.
 
-Compared (``METHODS[method]["outputs"]``), each by the relative max difference
-max|ours - official| / max|official|: CoOp's logits [B, C] and the batch's cross-entropy;
-ProGrad's student and zero-shot logits, CE, KL and the ctx update of one official
-``prograd_backward_and_update`` step under SGD at lr 1 (the projected gradient); MaPLe's logits
-and CE (Koorye/DePT's trainers/maple.py, the MaPLe code DePT builds on); DePT on MaPLe's
-(Koorye/DePT's trainers/elp_maple.py, run with ``DATASET.SUBSAMPLE_CLASSES`` base so the head
-exists) similarity logits, head logits, fused base-role logits and training loss. For both,
-every learnable value (MaPLe's prompts and couplings, FiLM γ/β, the head) is drawn away from its
-init and mapped by name (``MAPLE["learnables"]``, ``DEPT_MAPLE["learnables"]``). The result
+What each method compares, and how its two sides are built, is in its module under
+``tools/official_methods/`` (the spec's contract is in that package's docstring). Each output
+is compared by the relative max difference max|ours - official| / max|official|. The result
 goes to ``tests/fixtures/official/<method>.json`` (seeds, class names, labels, settings,
 parameter-name mapping, official outputs, official repository and commits), which
 ``tests/test_official_equivalence*.py`` rebuild our side against.
@@ -39,6 +34,9 @@ Usage (clones, or bare git directories, of the official repositories; HEAD is co
     python tools/official_equivalence.py ProGrad --official-git Prompt-align
     python tools/official_equivalence.py MaPLe --official-git DePT --dassl-git Dassl.pytorch
     python tools/official_equivalence.py DePT-MaPLe --official-git DePT --dassl-git Dassl.pytorch
+    python tools/official_equivalence.py TCP --official-git Textual-based_Class-aware_prompt_tuning \
+        --dassl-git Dassl.pytorch
+    python tools/official_equivalence.py MMA --official-git Multi-Modal-Adapter --dassl-git Dassl.pytorch
 """
 import argparse
 import json
@@ -50,9 +48,10 @@ import tempfile
 import types
 
 import torch
-import torch.nn.functional as F
 
 from vlprompt.fileio import atomic_write
+
+import official_methods  # tools/official_methods/, next to this file: one module per method
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE_DIR = os.path.join(ROOT, "tests", "fixtures", "official")
@@ -64,109 +63,7 @@ DEFAULT_SEEDS = {"weights": 1, "learnable": 2, "images": 3}
 DEFAULT_CLASSNAMES = ["golden retriever", "sunflower", "fire truck"]
 DEFAULT_BATCH = 2
 
-MAPLE_DEPTH = 9  # MaPLe's PROMPT_DEPTH: T_1 plus 8 deep text prompts and 8 couplings
-_MAPLE_LINEAR = {"init_std": 512 ** -0.5, "shape": {"weight": ("vision_width", "width"), "bias": ("vision_width",)}}
-
-
-def _maple_learnables(prefix):
-    """MaPLe's learnable values: our parameter name (under ``prefix``) -> official name, shape
-    (symbolic dims), init std: T_1, the couplings F_1..F_J and the deep text prompts T_2..T_J."""
-    learnables = {f"{prefix}prompt_learner.ctx": {"official": "prompt_learner.ctx", "shape": ("n_ctx", "width"),
-                                                  "init_std": 0.02}}
-    couplings = [("proj", "proj")] + [(f"compound_prompt_projections.{i}",) * 2 for i in range(MAPLE_DEPTH - 1)]
-    for ours, official in couplings:
-        for kind, shape in _MAPLE_LINEAR["shape"].items():
-            learnables[f"{prefix}prompt_learner.{ours}.{kind}"] = {
-                "official": f"prompt_learner.{official}.{kind}", "shape": shape, "init_std": _MAPLE_LINEAR["init_std"]}
-    for i in range(MAPLE_DEPTH - 1):
-        learnables[f"{prefix}prompt_learner.compound_prompts_text.{i}"] = {
-            "official": f"prompt_learner.compound_prompts_text.{i}", "shape": ("n_ctx", "width"), "init_std": 0.02}
-    return learnables
-
-
-def _dept_maple_learnables():
-    """DePT on MaPLe: our parameter name -> official name, shape (symbolic dims), init mean and std.
-
-    Ours is DePTCLIP(MaPLeCLIP) (the base under ``base.``); the official model is
-    Koorye/DePT's trainers/elp_maple.CustomCLIP (MaPLe's prompt learner plus film_lp_img,
-    film_lp_text and linear_probe_proj). Every value is drawn away from its init.
-    """
-    learnables = _maple_learnables("base.")
-    for ours, official in (("film_image", "film_lp_img"), ("film_text", "film_lp_text")):
-        learnables[f"{ours}.scale"] = {"official": f"{official}.scale", "shape": ("embed",), "init_mean": 1.0,
-                                       "init_std": 0.02}
-        learnables[f"{ours}.shift"] = {"official": f"{official}.bias", "shape": ("embed",), "init_std": 0.02}
-    learnables["head.weight"] = {"official": "linear_probe_proj.weight", "shape": ("classes", "embed"),
-                                 "init_std": 512 ** -0.5}
-    learnables["head.bias"] = {"official": "linear_probe_proj.bias", "shape": ("classes",), "init_std": 0.02}
-    return learnables
-
-
-DEPT_MAPLE = {
-    "repository": "Koorye/DePT",
-    "code_dir": "",
-    "official_module": "trainers.elp_maple",
-    "dataset": "OxfordPets",
-    "official_cfg": {
-        "TRAINER.MAPLE": {"N_CTX": 2, "CTX_INIT": "a photo of a", "PREC": "fp32", "PROMPT_DEPTH": MAPLE_DEPTH},
-        "TRAINER.LINEAR_PROBE": {"TYPE": "linear", "WEIGHT": 0.7, "TEST_TIME_FUSION": True},
-        "TRAINER.FILM": {"LINEAR_PROBE": True},
-    },
-    "our_node": {"N_CTX": 2, "CTX_INIT": "a photo of a", "PREC": "fp32", "PROMPT_DEPTH": MAPLE_DEPTH},
-    "our_dept_node": {"BASE": "MaPLe", "PREC": "fp32", "HEAD_WEIGHT": 0.7, "HEAD_LR_MULT": 6.5, "INFERENCE": "fused"},
-    "learnables": _dept_maple_learnables(),
-    # similarity logits [B, C], head logits h(FiLM_I(f)) [B, C], fused base-role logits [B, C],
-    # one batch's loss 0.3·CE + 0.7·CE_head over [text; image]
-    "outputs": ("logits", "head_logits", "fused_logits", "loss"),
-}
-
-MAPLE = {
-    "repository": "Koorye/DePT",  # its trainers/maple.py: MaPLe's code, on which DePT's elp_maple builds
-    "code_dir": "",
-    "official_module": "trainers.maple",
-    "official_cfg": {"TRAINER.MAPLE": DEPT_MAPLE["official_cfg"]["TRAINER.MAPLE"]},
-    "our_node": DEPT_MAPLE["our_node"],
-    "learnables": _maple_learnables(""),
-    "outputs": ("logits", "loss"),
-}
-
-# Per method: official repository (and the folder of its code and of its Dassl fork inside it,
-# "" = the root), the official module, its config nodes, our config node, the learnable values
-# (our parameter name -> official name, official init std), the outputs compared and, where
-# the default (0, 1, ...) does not serve, the batch's labels.
-METHODS = {
-    "CoOp": {
-        "repository": "KaiyangZhou/CoOp",
-        "code_dir": "",
-        "official_module": "trainers.coop",
-        "official_cfg": {"TRAINER.COOP": {"N_CTX": 16, "CSC": False, "CTX_INIT": "", "CLASS_TOKEN_POSITION": "end",
-                                          "PREC": "fp32"}},
-        "our_node": {"N_CTX": 16, "CSC": False, "CTX_INIT": "", "CLASS_TOKEN_POSITION": "end", "PREC": "fp32"},
-        "learnables": {"prompt_learner.ctx": {"official": "prompt_learner.ctx", "init_std": 0.02}},
-        "outputs": ("logits", "loss"),
-    },
-    "ProGrad": {
-        "repository": "BeierZhu/Prompt-align",
-        "code_dir": "ProGrad.public",
-        "dassl_dir": "Dassl.ProGrad.pytorch",
-        "official_module": "trainers.prograd",
-        "dataset": "OxfordPets",
-        "official_cfg": {
-            "TRAINER.COOP": {"N_CTX": 16, "CSC": False, "CTX_INIT": True, "CLASS_TOKEN_POSITION": "end",
-                             "PREC": "fp32", "ALPHA": 1.0},
-            "LOSS": {"NAME": "prograd", "T": 1.0, "LAMBDA": 1.0},
-        },
-        "our_node": {"N_CTX": 16, "CSC": False, "CTX_INIT": True, "CLASS_TOKEN_POSITION": "end", "PREC": "fp32",
-                     "LAMBDA": 1.0, "T": 1.0},
-        # labels against the zero-shot teacher's preference, so that the CE and KL gradients
-        # conflict and the projection acts (tests/test_official_equivalence.py checks it does)
-        "labels": [0, 0],
-        "learnables": {"prompt_learner.ctx": {"official": "prompt_learner.ctx", "init_std": 0.02}},
-        "outputs": ("logits", "loss", "zs_logits", "kl_loss", "ctx_update"),
-    },
-    "MaPLe": MAPLE,
-    "DePT-MaPLe": DEPT_MAPLE,
-}
+METHODS = official_methods.METHODS
 
 
 def relative_max_difference(ours, official):
@@ -215,10 +112,10 @@ def make_inputs(method, backbone_resolution, width, seeds, batch, n_classes):
     spec = METHODS[method]
     generator = torch.Generator().manual_seed(seeds["learnable"])
     learnables = {}
-    dims = {"n_ctx": spec["our_node"]["N_CTX"], "width": width, "vision_width": 768, "embed": 512,
+    dims = {"n_ctx": spec["our_node"].get("N_CTX"), "width": width, "vision_width": 768, "embed": 512,
             "classes": n_classes}
     for name, entry in spec["learnables"].items():
-        shape = tuple(dims[dim] for dim in entry.get("shape", ("n_ctx", "width")))
+        shape = tuple(dim if isinstance(dim, int) else dims[dim] for dim in entry.get("shape", ("n_ctx", "width")))
         learnables[name] = entry.get("init_mean", 0.0) + _normal(generator, shape, LEARNABLE_SCALE * entry["init_std"])
     generator = torch.Generator().manual_seed(seeds["images"])
     images = torch.randn((batch, 3, backbone_resolution, backbone_resolution), generator=generator)
@@ -246,125 +143,37 @@ def fixture_inputs(fixture, workdir):
     return weights_path, learnables, images, labels
 
 
-def our_outputs(method, backbone, weights_path, classnames, learnables, images, labels):
-    """Our model's outputs {name in METHODS[method]["outputs"]: tensor}: logits [B, C] and the
-    batch's cross-entropy "loss"; for ProGrad also the zero-shot teacher's logits [B, C], the KL
-    term, "ctx_update", the projected gradient of ctx [n, D] (its update under SGD, lr 1), and
-    "ctx_grad_ce", the CE gradient before the projection (not compared: it shows the projection acts)."""
+def our_outputs(method, backbone, weights_path, classnames, learnables, images, labels, node_changes=None):
+    """Our model's outputs {name: tensor} (at least those in ``METHODS[method]["outputs"]``), built
+    by the method's ``build_ours`` on ``weights_path`` with the given learnable values and run by
+    its ``run_ours``. ``node_changes`` overrides keys of our config node (the tests misplace a
+    component with it)."""
     from yacs.config import CfgNode as CN
 
     from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
     from vlprompt.project import import_project_package
 
     import_project_package("trainers")  # our trainers/ (the official side has its own of that name)
-    if method == "DePT-MaPLe":
-        return our_dept_maple_outputs(backbone, weights_path, classnames, learnables, images, labels)
-    if method == "MaPLe":
-        return our_maple_outputs(backbone, weights_path, classnames, learnables, images, labels)
     spec = METHODS[method]
     model_clip, _ = load_clip(backbone, weights_path)
-    clip, tokenizer, node = CLIPRunner(model_clip), Tokenizer(backbone), CN(spec["our_node"])
-    if method == "CoOp":
-        from trainers.coop import CoOpCLIP
-
-        model = CoOpCLIP(clip, tokenizer, classnames, node).eval()
-    else:
-        from trainers.prograd import ProGradCLIP, project_conflicting, template_for
-
-        model = ProGradCLIP(clip, tokenizer, classnames, node, template_for(spec["dataset"], "")).eval()
+    node = CN(dict(spec["our_node"], **(node_changes or {})))
+    model = spec["build_ours"](CLIPRunner(model_clip), Tokenizer(backbone), classnames, node, spec).eval()
     parameters = dict(model.named_parameters())
     with torch.no_grad():
         for name, value in learnables.items():
             parameters[name].copy_(value)
-    if method == "CoOp":
-        with torch.no_grad():
-            logits = model(images)
-        return {"logits": logits, "loss": F.cross_entropy(logits, labels)}
-    loss_ce, loss_kl, logits = model.losses(images, labels)
-    with torch.no_grad():
-        image_features = F.normalize(model.clip.encode_image(images), dim=-1)
-        zs_logits = model.cosine_logits(image_features, model.zs_text_features)
-    ctx = parameters["prompt_learner.ctx"]
-    grad_kl, = torch.autograd.grad(loss_kl, ctx, retain_graph=True)
-    grad_ce, = torch.autograd.grad(loss_ce, ctx)
-    update = project_conflicting(grad_ce, grad_kl, node.LAMBDA)
-    return {"logits": logits.detach(), "loss": loss_ce.detach(), "zs_logits": zs_logits,
-            "kl_loss": loss_kl.detach(), "ctx_update": update, "ctx_grad_ce": grad_ce}
-
-
-def our_dept_maple_outputs(backbone, weights_path, classnames, learnables, images, labels):
-    """Our DePTCLIP on MaPLeCLIP (fused inference, head over the C classes): the similarity
-    logits s·f̂·t̂ᵀ, the head logits h(γ_I ⊙ f + β_I), the fused logits 0.3·sim + 0.7·head
-    (all [B, C]) and the training loss 0.3·CE + 0.7·CE_head over [text_y; image] of the batch."""
-    from yacs.config import CfgNode as CN
-
-    from trainers.dept import DePTCLIP
-    from trainers.maple import MaPLeCLIP
-    from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
-
-    spec = METHODS["DePT-MaPLe"]
-    model_clip, _ = load_clip(backbone, weights_path)
-    base = MaPLeCLIP(CLIPRunner(model_clip), Tokenizer(backbone), classnames, CN(spec["our_node"]))
-    node = CN(spec["our_dept_node"])
-    model = DePTCLIP(base, node, node.INFERENCE, len(classnames)).eval()
-    parameters = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, value in learnables.items():
-            parameters[name].copy_(value)
-        features = base.unnormalised_image_features(images)
-        logits = model.similarity_logits(features, F.normalize(base.compute_text_features(), dim=-1))
-        head_logits = model.head_logits(features)
-        fused_logits = model(images)
-        loss, _, _ = model.loss(images, labels)
-    return {"logits": logits, "head_logits": head_logits, "fused_logits": fused_logits, "loss": loss}
-
-
-def our_maple_outputs(backbone, weights_path, classnames, learnables, images, labels):
-    """Our MaPLeCLIP's logits [B, C] and the batch's cross-entropy "loss"."""
-    from yacs.config import CfgNode as CN
-
-    from trainers.maple import MaPLeCLIP
-    from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
-
-    model_clip, _ = load_clip(backbone, weights_path)
-    model = MaPLeCLIP(CLIPRunner(model_clip), Tokenizer(backbone), classnames, CN(MAPLE["our_node"])).eval()
-    parameters = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, value in learnables.items():
-            parameters[name].copy_(value)
-        logits = model(images)
-    return {"logits": logits, "loss": F.cross_entropy(logits, labels)}
-
-
-def _prepare_official_maple(cfg, weights_path):
-    """Koorye/DePT's MaPLe loads CLIP through its own ``clip_maple`` package; DePT's head needs the base split."""
-    from clip_maple import clip as official_clip_maple
-
-    official_clip_maple._download = lambda url, root=None: weights_path
-    cfg.DATASET.SUBSAMPLE_CLASSES = "base"  # the head exists (and the forward fuses) for base classes
-    sys.modules["plotnine"] = types.ModuleType("plotnine")  # imported (*) by elp_*.py, unused here
-
-
-def _official_dept_maple_outputs(model, images, labels):
-    """The official elp_maple CustomCLIP's similarity, head and fused logits (eval) and its
-    training loss (train mode: ``forward(img, labels)`` returns the loss)."""
-    with torch.no_grad():
-        text_feats, img_feats = model._forward_feats(images)
-        logits = model._forward_logits_similarity(text_feats, img_feats)
-        head_logits, _ = model._forward_logits_linear_probe(text_feats, img_feats, None)
-        fused_logits = model(images)
-        model.train()
-        loss = model(images, labels)
-        model.eval()
-    return {"logits": logits, "head_logits": head_logits, "fused_logits": fused_logits, "loss": loss}
+    return spec["run_ours"](model, node, images, labels)
 
 
 def _install_stand_ins():
-    """Empty modules for what Dassl imports only for logging and for datasets not used here."""
+    """Empty modules for what Dassl imports only for logging and for datasets not used here, and
+    ``pkg_resources`` (setuptools) holding only ``packaging``, the one name some clip copies import from it."""
+    import packaging.version
     import torchvision.ops  # noqa: F401  (imported before the stand-ins: torch._dynamo looks modules up)
 
     for name, attributes in (("torch.utils.tensorboard", {"SummaryWriter": None}), ("gdown", {}),
-                             ("wilds", {"get_dataset": None}), ("pandas", {})):
+                             ("wilds", {"get_dataset": None}), ("pandas", {}),
+                             ("pkg_resources", {"packaging": packaging})):
         stand_in = types.ModuleType(name)
         stand_in.__dict__.update(attributes)
         sys.modules[name] = stand_in
@@ -396,47 +205,25 @@ def _official_side(workdir):
     cfg.MODEL.BACKBONE.NAME = request["backbone"]
     cfg.INPUT.SIZE = (images.shape[-1], images.shape[-1])
     cfg.DATASET.NAME = spec.get("dataset", "")
-    if request["method"] in ("MaPLe", "DePT-MaPLe"):
-        _prepare_official_maple(cfg, weights_path)
+    if "prepare_official" in spec:
+        spec["prepare_official"](cfg, weights_path)
     module = importlib.import_module(spec["official_module"])
     clip_model = module.load_clip_to_cpu(cfg).float()  # the official PREC fp32 branch
     # .float(): MaPLe's prompt learner casts its coupling F_1 to fp16 after the model's cast
     model = module.CustomCLIP(cfg, request["classnames"], clip_model).float().eval()
     parameters = dict(model.named_parameters())
+    prefixes = spec.get("official_learnable_prefixes", ("prompt_learner.", "adapter_learner."))
+    learned = {name for name in parameters if name.startswith(prefixes)}
+    mapped = {entry["official"] for entry in spec["learnables"].values()}
+    if learned != mapped:
+        raise SystemExit(f"The official learnable parameters and the {request['method']} spec differ: official only "
+                         f"{sorted(learned - mapped)}, mapped only {sorted(mapped - learned)}.")
     with torch.no_grad():
         for ours, entry in spec["learnables"].items():
             parameters[entry["official"]].copy_(inputs["learnables"][ours])
-    if request["method"] in ("CoOp", "MaPLe"):
-        with torch.no_grad():
-            logits = model(images)
-        outputs = {"logits": logits, "loss": F.cross_entropy(logits, labels)}
-    elif request["method"] == "DePT-MaPLe":
-        outputs = _official_dept_maple_outputs(model, images, labels)
-    else:
-        outputs = _official_prograd_step(module, cfg, request, model, images, labels)
+    outputs = spec["run_official"](module, cfg, request, model, images, labels)
     with atomic_write(os.path.join(workdir, "official.pt")) as f:
         torch.save(outputs, f)
-
-
-def _official_prograd_step(module, cfg, request, model, images, labels):
-    """ProGrad's forward_backward (fp32 branch) on one batch, with its Dassl TrainerBase's
-    prograd_backward_and_update and SGD at lr 1, so the ctx update is the projected gradient."""
-    from dassl.engine.trainer import TrainerBase
-
-    zs_clip = module.CLIP(cfg, request["classnames"])
-    logits = model(images)
-    with torch.no_grad():
-        zs_logits = zs_clip(images)
-    loss_ce, loss_kl = module.ProGradLoss(T=cfg.LOSS.T)(logits, zs_logits.detach(), labels)
-    for name, param in model.named_parameters():
-        param.requires_grad_("prompt_learner" in name)
-    trainer = TrainerBase()  # holds prograd_backward_and_update and the model registry
-    trainer.register_model("prompt_learner", model.prompt_learner,
-                           torch.optim.SGD(model.prompt_learner.parameters(), lr=1.0), None)
-    before = model.prompt_learner.ctx.detach().clone()
-    trainer.prograd_backward_and_update(loss_ce, loss_kl, cfg.LOSS.LAMBDA)
-    return {"logits": logits.detach(), "loss": loss_ce.detach(), "zs_logits": zs_logits, "kl_loss": loss_kl.detach(),
-            "ctx_update": before - model.prompt_learner.ctx.detach()}
 
 
 def _rounded(tensor):

@@ -888,9 +888,6 @@ def _run_protocols(args) -> int:
                                        args.full_precision)
         _print_notes(results.runs)
         incomplete += results.incomplete
-        if not results.measurements.values:
-            print(f"warning: no completed {protocol} run under {results.directory}", file=sys.stderr)
-            continue
         published = None
         if args.published is not None and protocol in PUBLISHED_PROTOCOLS:
             path = args.published or published_path(protocol, REPO / "configs")
@@ -898,8 +895,15 @@ def _run_protocols(args) -> int:
         elif args.published is not None:
             print(f"note: there are no published numbers for {protocol} "
                   f"(only {', '.join(PUBLISHED_PROTOCOLS)})", file=sys.stderr)
+        if not results.measurements.values:
+            print(f"warning: no completed {protocol} run under {results.directory}"
+                  + ("; the published numbers alone follow" if published else ""), file=sys.stderr)
+            if not published:
+                continue
         seeds = list(args.seeds) if args.seeds else results.measurements.seeds()
-        tables.append(protocol_table(results, seeds, scope, select, published))
+        table = protocol_table(results, seeds, scope, select, published)
+        if table.columns and table.rows:
+            tables.append(table)
     if incomplete:
         print(format_incomplete(incomplete), file=sys.stderr)
     if not tables:

@@ -39,9 +39,12 @@ ADAPTER_DIM), down = Linear + ReLU, up = Linear without activation, kaiming_norm
 relu) and zero bias on every Linear, the branch g_{1/s}(up(shared(down(ln_1(g_s(x))))) · s)
 added after the MLP residual, the index-0 (embedding-level) adapters unused with START 5, the
 prompt TEXT_CTX_INIT + " " + name + ".", CE loss, only the adapters trained, and the cached
-text features at inference. Not done yet: running the official code side by side on the same
-weights (it needs a Dassl harness that this project does not have yet); tests/test_mma.py
-checks the equations above independently.
+text features at inference. Run side by side with the official code (@ 547ee345, Dassl.pytorch
+@ c61a1b57) by tools/official_equivalence.py on a seeded random ViT-B/16, 3 classes, every
+adapter weight and bias drawn non-zero (weights at 10x their init std): relative max
+difference of the logits 2.19e-06 and of the CE 2.95e-06; the same adapters one block early
+(4..11) give 0.75 on the logits (tests/test_official_equivalence.py). tests/test_mma.py checks
+the equations above independently.
 """
 import torch
 import torch.nn.functional as F

@@ -35,9 +35,13 @@ config key TRAINER.COOP.W, set to 1.0 by the scripts, is passed down but overrid
 hard-coded 1.0: it is ignored upstream, so there is no W key here), the hard-coded 8.0 of
 the consistency term (TRAINER.TCP.W_TEXT here, default 8.0), logits on detached image
 features and the per-dataset templates (e.g. StanfordCars' "X X X X {}, a type of car"
-without the final period). Not done yet: running the official code side by side on the
-same weights (it needs a Dassl harness that this project does not have yet); the tests
-check the equations above independently (tests/test_tcp.py).
+without the final period). Run side by side with the official code (@ bd97bec6, Dassl.pytorch
+@ c61a1b57) by tools/official_equivalence.py on a seeded random ViT-B/16, 3 classes, OxfordPets
+templates, ctx and meta-net at 10x their init std: relative max difference of the logits
+5.51e-05 and of the loss CE + 8·(1 − mean cos) 1.06e-04 (upstream computes the knowledge
+features with an fp16 CLIP, we in fp32); injecting one block off (7 or 9) gives 4.9e-02 /
+2.1e-02 on the logits (tests/test_official_equivalence.py). tests/test_tcp.py checks the
+equations above independently.
 """
 from collections import OrderedDict
 

@@ -21,7 +21,12 @@ Conventions (baselines spec §2.5):
 * a value computed from incomplete inputs (a partial cell, or a missing dataset) is
   marked ``†``;
 * published numbers (:mod:`vlprompt.protocols.published`) add "pub." and "Δ" (ours −
-  published) columns (base-to-novel) or rows (cross-dataset, DG).
+  published) columns (base-to-novel) or rows (cross-dataset, DG). A published method without
+  runs here (no trainer of that name measured, and picked by ``select`` when given) gets
+  its published columns or row alone, after the measured methods (in ``select``'s order, else
+  the file's: the papers' tables), when one of its rows is a row of the table; the table's
+  datasets then also include the published ones among the benchmark's (``order``), so that
+  ``--published`` without any run prints the papers' tables.
 
 A *method* is a trainer; when one trainer was run with several configs on the same
 dataset, each config is a method of its own ("CoOp (vit_b16_ep50)"); configs on disjoint
@@ -74,7 +79,9 @@ def _delta(ours: Cell, published: Optional[float]) -> Cell:
 
 
 def _seed_notes(table: Table, seeds: Sequence[str]) -> None:
-    """Legend and one note per cell with missing seeds."""
+    """Legend and one note per cell with missing seeds (no legend for a table of published numbers only)."""
+    if not seeds:
+        return
     table.notes.insert(0, f"mean ± std (population) over seeds {', '.join(seeds)}; "
                           f"[k/n]: only k of the n seeds; {DERIVED_MARK}: computed from incomplete "
                           "values; -: no completed run.")
@@ -100,7 +107,11 @@ def base2new_table(measurements: Measurements, seeds: Sequence[str], order: Sequ
     a method and dataset without ``train_base`` runs.
     """
     groups = method_groups(measurements, select)
-    datasets = _dataset_order({d for g in groups for d, _ in g.cells}, order)
+    published_only = _published_only(published, groups, select)
+    measured = {d for g in groups for d, _ in g.cells}
+    listed = {row for entry in published_only.values() for row in entry.values} & set(order)
+    datasets = _dataset_order(measured | listed, order)
+    published_only = _published_rows(published_only, datasets)
     columns: List[Column] = []
     per_method: List[List[List[Cell]]] = []  # method -> row -> cells
     notes, used = [], {}
@@ -138,6 +149,11 @@ def base2new_table(measurements: Measurements, seeds: Sequence[str], order: Sequ
             if not _same_datasets(entry, datasets):
                 notes.append(f"{group.label}: the published Average is over other datasets than "
                              "this table's, so its Δ is marked †")
+    for key, entry in published_only.items():
+        columns += [Column(f"{metric} pub.", key) for metric in (BASE, NOVEL, HM)]
+        per_method.append([[Cell(entry.get(row, metric)) for metric in (BASE, NOVEL, HM)]
+                           for row in datasets + ["average"]])
+        used[key] = entry
     labels = datasets + [AVERAGE]
     rows = [Row(label, [c for method in per_method for c in method[i]], summary=label == AVERAGE)
             for i, label in enumerate(labels)]
@@ -166,6 +182,24 @@ def _with_published(cells: List[Cell], entry: Optional[Published], row: str,
             delta = Cell(delta.mean, flagged=True, signed=True)
         out += [cell, Cell(value), delta]
     return out
+
+
+def _published_only(published: Optional[Dict[str, Published]], groups: Sequence[MethodGroup],
+                    select: Optional[Sequence[str]]) -> Dict[str, Published]:
+    """Published entries (key ``TRAINER`` or ``TRAINER:CFG``) of trainers that have no group here
+    and that ``select`` picks (every one when None), in ``select``'s order, else the file's."""
+    measured = {group.trainer for group in groups}
+    keys = [key for key in published or {} if key.split(":")[0] not in measured
+            and (select is None or key in select or key.split(":")[0] in select)]
+    if select is not None:
+        order = list(select)
+        keys.sort(key=lambda key: order.index(key) if key in order else order.index(key.split(":")[0]))
+    return {key: published[key] for key in keys}
+
+
+def _published_rows(entries: Dict[str, Published], rows: Sequence[str]) -> Dict[str, Published]:
+    """The entries with a value in at least one of ``rows``."""
+    return {key: entry for key, entry in entries.items() if any(row in entry.values for row in rows)}
 
 
 def fewshot_table(measurements: Measurements, seeds: Sequence[str], order: Sequence[str] = (),
@@ -212,6 +246,9 @@ def transfer_table(measurements: Measurements, seeds: Sequence[str], source: str
             used[group.label] = entry
         if group.config_note():
             notes.append(group.config_note())
+    for key, entry in _published_rows(_published_only(published, groups, select), [source, *targets]).items():
+        rows.append(Row(f"{key} (published)", [Cell(entry.get(d)) for d in [source, *targets, "average"]]))
+        used[key] = entry
     table = Table(title, "Method", columns, rows, notes)
     _seed_notes(table, seeds)
     _published_notes(table, used)

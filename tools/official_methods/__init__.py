@@ -1,0 +1,28 @@
+"""The methods tools/official_equivalence.py runs side by side with their official code, one module each.
+
+A method module defines ``SPECS``, {method name: spec}; a spec is a dict with
+
+* ``repository``: the official GitHub repository (owner/name); ``code_dir``: the folder of its code
+  inside it ("" = the root); ``dassl_dir`` (optional): the folder of its own Dassl fork, for
+  repositories that hold one (else ``--dassl-git`` names a Dassl clone);
+* ``official_module``: the module defining ``load_clip_to_cpu`` and ``CustomCLIP``;
+  ``official_cfg``: {dotted Dassl config node: its values}; ``dataset`` (optional): the
+  ``DATASET.NAME`` the official code reads templates by; ``labels`` (optional): the batch's labels
+  (default 0, 1, ... modulo the classes);
+* ``our_node``: our trainer's config node; ``learnables``: {our parameter name: {"official": the
+  official parameter name, "shape": dims (ints, or the symbols ``n_ctx``, ``width``,
+  ``vision_width``, ``embed``, ``classes``; default (n_ctx, width)), "init_std", optional
+  "init_mean"}}: every value is drawn at ``LEARNABLE_SCALE`` times init_std around init_mean;
+  ``official_learnable_prefixes`` (optional, default prompt_learner./adapter_learner.): the
+  official parameters under these prefixes must be exactly the mapped ones;
+* ``outputs``: the names compared;
+* ``build_ours(clip, tokenizer, classnames, node, spec)`` -> our model (CLIPRunner, Tokenizer,
+  class names [C], our config node with any test changes); ``run_ours(model, node, images [B, 3,
+  R, R], labels [B])`` -> {output name: tensor};
+* on the official side (run in the subprocess, the official tree on ``PYTHONPATH``):
+  ``prepare_official(cfg, weights_path)`` (optional; before the official module is imported) and
+  ``run_official(module, cfg, request, model, images, labels)`` -> {output name: tensor}.
+"""
+from . import coop, dept, maple, mma, prograd, tcp
+
+METHODS = {name: spec for module in (coop, prograd, tcp, mma, maple, dept) for name, spec in module.SPECS.items()}

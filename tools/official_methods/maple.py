@@ -1,0 +1,60 @@
+"""MaPLe against Koorye/DePT's trainers/maple.py (the MaPLe code DePT builds on; it loads CLIP
+through its own ``clip_maple`` package): logits [B, C] and CE, with the prompts T_1..T_J and the
+couplings F_1..F_J drawn away from their init."""
+import sys
+import types
+
+from .common import run_official_logits_and_ce, run_ours_logits_and_ce
+
+DEPTH = 9  # MaPLe's PROMPT_DEPTH: T_1 plus 8 deep text prompts and 8 couplings
+NODE = {"N_CTX": 2, "CTX_INIT": "a photo of a", "PREC": "fp32", "PROMPT_DEPTH": DEPTH}
+_COUPLING_STD = 512 ** -0.5
+_COUPLING_SHAPES = {"weight": ("vision_width", "width"), "bias": ("vision_width",)}
+
+
+def learnables(prefix):
+    """MaPLe's learnable values: our parameter name (under ``prefix``) -> official name, shape
+    (symbolic dims), init std: T_1, the couplings F_1..F_J and the deep text prompts T_2..T_J."""
+    entries = {f"{prefix}prompt_learner.ctx": {"official": "prompt_learner.ctx", "shape": ("n_ctx", "width"),
+                                               "init_std": 0.02}}
+    couplings = [("proj", "proj")] + [(f"compound_prompt_projections.{i}",) * 2 for i in range(DEPTH - 1)]
+    for ours, official in couplings:
+        for kind, shape in _COUPLING_SHAPES.items():
+            entries[f"{prefix}prompt_learner.{ours}.{kind}"] = {
+                "official": f"prompt_learner.{official}.{kind}", "shape": shape, "init_std": _COUPLING_STD}
+    for i in range(DEPTH - 1):
+        entries[f"{prefix}prompt_learner.compound_prompts_text.{i}"] = {
+            "official": f"prompt_learner.compound_prompts_text.{i}", "shape": ("n_ctx", "width"), "init_std": 0.02}
+    return entries
+
+
+def build_ours(clip, tokenizer, classnames, node, spec):
+    from trainers.maple import MaPLeCLIP
+
+    return MaPLeCLIP(clip, tokenizer, classnames, node)
+
+
+def prepare_official(cfg, weights_path):
+    """Koorye/DePT's MaPLe loads CLIP through ``clip_maple``; DePT's head needs the base split."""
+    from clip_maple import clip as official_clip_maple
+
+    official_clip_maple._download = lambda url, root=None: weights_path
+    cfg.DATASET.SUBSAMPLE_CLASSES = "base"  # the head exists (and the forward fuses) for base classes
+    sys.modules["plotnine"] = types.ModuleType("plotnine")  # imported (*) by elp_*.py, unused here
+
+
+SPECS = {
+    "MaPLe": {
+        "repository": "Koorye/DePT",
+        "code_dir": "",
+        "official_module": "trainers.maple",
+        "official_cfg": {"TRAINER.MAPLE": dict(NODE)},
+        "our_node": dict(NODE),
+        "learnables": learnables(""),
+        "outputs": ("logits", "loss"),
+        "build_ours": build_ours,
+        "run_ours": run_ours_logits_and_ce,
+        "prepare_official": prepare_official,
+        "run_official": run_official_logits_and_ce,
+    },
+}
