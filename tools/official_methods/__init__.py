@@ -4,7 +4,8 @@ A method module defines ``SPECS``, {method name: spec}; a spec is a dict with
 
 * ``repository``: the official GitHub repository (owner/name); ``code_dir``: the folder of its code
   inside it ("" = the root); ``dassl_dir`` (optional): the folder of its own Dassl fork, for
-  repositories that hold one (else ``--dassl-git`` names a Dassl clone);
+  repositories that hold one (else ``--dassl-git`` names a Dassl clone); ``archive_exclude``
+  (optional): paths left out of the exported tree (e.g. large data files a clone may lack);
 * ``official_module``: the module defining ``load_clip_to_cpu`` and ``CustomCLIP``;
   ``official_cfg``: {dotted Dassl config node: its values}; ``dataset`` (optional): the
   ``DATASET.NAME`` the official code reads templates by; ``labels`` (optional): the batch's labels
@@ -23,6 +24,6 @@ A method module defines ``SPECS``, {method name: spec}; a spec is a dict with
   ``prepare_official(cfg, weights_path)`` (optional; before the official module is imported) and
   ``run_official(module, cfg, request, model, images, labels)`` -> {output name: tensor}.
 """
-from . import coop, dept, maple, mma, prograd, tcp
+from . import coop, dept, maple, mma, prograd, tac, tcp
 
-METHODS = {name: spec for module in (coop, prograd, tcp, mma, maple, dept) for name, spec in module.SPECS.items()}
+METHODS = {name: spec for module in (coop, prograd, tcp, mma, maple, dept, tac) for name, spec in module.SPECS.items()}
