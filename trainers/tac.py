@@ -243,9 +243,8 @@ class TACCLIP(PromptedCLIP):
         g_t = self.text_map(self.centres)
         prefix, suffix = self.token_prefix, self.token_suffix
         classes = prefix.shape[0]
-        embeddings = torch.cat([
-            prefix, g_t.to(prefix.dtype).expand(classes, -1, -1), self.ctx.to(prefix.dtype).expand(classes, -1, -1), suffix,
-        ], dim=1)
+        middle = torch.cat([g_t.to(prefix.dtype), self.ctx.to(prefix.dtype)]).expand(classes, -1, -1)
+        embeddings = torch.cat([prefix, middle, suffix], dim=1)
         plan = Plan(layers={index: ReplaceTokens(torch.cat([g_t, prompts.to(g_t.dtype)]), at=1)
                             for index, prompts in enumerate(self.text_prompts, start=1)})
         return self.clip.text(embeddings=embeddings, eot=self.eot, plan=plan).features
@@ -256,7 +255,8 @@ class TACCLIP(PromptedCLIP):
         g_v = self.vision_map(self.centres)
         tokens = [torch.cat([g_v, prompts.to(g_v.dtype)]) for prompts in self.vision_prompts]
         count = self.n_clusters + self.n_vision
-        layers = {index: ReplaceTokens(layer_tokens, at=-count) for index, layer_tokens in enumerate(tokens[1:], start=1)}
+        layers = {index: ReplaceTokens(layer_tokens, at=-count)
+                  for index, layer_tokens in enumerate(tokens[1:], start=1)}
         masks = {index: self.patch_mask for index in range(self.clip.visual.num_layers)}
         return Plan(embed=[InsertTokens(tokens[0])], layers=layers, masks=masks)
 

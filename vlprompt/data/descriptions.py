@@ -76,6 +76,10 @@ def _write_synthetic(path, dataset_name):
         json.dump(class_descriptions(_synthetic_sets()[dataset_name]), f, indent=1)
 
 
+def _malformed(path, what):
+    raise DescriptionsError(f'{path} {what}; expected {{"<class name>": ["<sentence>", ...], ...}} (upstream TAC format).')
+
+
 def read_class_descriptions(folder, dataset_name, classnames):
     """The descriptions of ``classnames`` from ``folder``'s file of ``dataset_name``.
 
@@ -107,12 +111,12 @@ def read_class_descriptions(folder, dataset_name, classnames):
             table = json.load(f)
     except (OSError, ValueError) as error:
         raise DescriptionsError(f"Cannot read the descriptions file {path}: {error}") from None
-    bad = [key for key, value in table.items() if not isinstance(value, list) or not value
-           or not all(isinstance(s, str) and s.strip() for s in value)] if isinstance(table, dict) else None
-    if bad is None or bad:
-        what = "is not a JSON object" if bad is None else f"has entries that are not non-empty lists of sentences: {bad[:5]}"
-        raise DescriptionsError(
-            f'{path} {what}; expected {{"<class name>": ["<sentence>", ...], ...}} (upstream TAC format).')
+    if not isinstance(table, dict):
+        _malformed(path, "is not a JSON object")
+    bad = [key for key, value in table.items()
+           if not isinstance(value, list) or not value or not all(isinstance(s, str) and s.strip() for s in value)]
+    if bad:
+        _malformed(path, f"has entries that are not non-empty lists of sentences: {bad[:5]}")
     names = [name.replace("_", " ") for name in classnames]
     missing = [name for name in names if name not in table]
     if missing:
