@@ -246,15 +246,16 @@ def _rounded(tensor):
     return rounded.view(tensor.shape).tolist()
 
 
-def _export(git_dir, target):
-    """``git archive HEAD`` of ``git_dir`` into ``target``; return the commit."""
+def _export(git_dir, target, exclude=()):
+    """``git archive HEAD`` of ``git_dir`` into ``target`` without the paths in ``exclude``; return the commit."""
     found = subprocess.run(["git", "-C", git_dir, "rev-parse", "HEAD"], capture_output=True, text=True)
     if found.returncode != 0:
         raise SystemExit(f"'{git_dir}' is not a git repository with a commit ({found.stderr.strip()}); "
                          "give a clone (or the git directory) of the official repository.")
     commit = found.stdout.strip()
     os.makedirs(target)
-    archive = subprocess.run(["git", "-C", git_dir, "archive", "HEAD"], capture_output=True)
+    pathspecs = ["--", "."] + [f":(exclude){path}" for path in exclude] if exclude else []
+    archive = subprocess.run(["git", "-C", git_dir, "archive", "HEAD", *pathspecs], capture_output=True)
     if archive.returncode == 0:
         subprocess.run(["tar", "-x", "-C", target], input=archive.stdout, check=True)
     else:
@@ -291,7 +292,7 @@ def compare(method, official_git, dassl_git, backbone, seeds, classnames, batch)
                              "give a clone (or the git directory) of the repository.")
     spec = METHODS[method]
     with tempfile.TemporaryDirectory(prefix="official_equivalence_") as workdir:
-        official_commit = _export(official_git, os.path.join(workdir, "official"))
+        official_commit = _export(official_git, os.path.join(workdir, "official"), spec.get("archive_exclude", ()))
         code_path = os.path.join(workdir, "official", spec["code_dir"])
         if "dassl_dir" in spec:
             dassl_commit, dassl_path = official_commit, os.path.join(workdir, "official", spec["dassl_dir"])

@@ -4,7 +4,8 @@ A method module defines ``SPECS``, {method name: spec}; a spec is a dict with
 
 * ``repository``: the official GitHub repository (owner/name); ``code_dir``: the folder of its code
   inside it ("" = the root); ``dassl_dir`` (optional): the folder of its own Dassl fork, for
-  repositories that hold one (else ``--dassl-git`` names a Dassl clone);
+  repositories that hold one (else ``--dassl-git`` names a Dassl clone); ``archive_exclude``
+  (optional): paths left out of the exported tree (e.g. large data files a clone may lack);
 * ``official_module``: the module defining ``load_clip_to_cpu`` and ``CustomCLIP``;
   ``official_cfg``: {dotted Dassl config node: its values}; ``dataset`` (optional): the
   ``DATASET.NAME`` the official code reads templates by; ``labels`` (optional): the batch's labels
@@ -30,8 +31,8 @@ A method module defines ``SPECS``, {method name: spec}; a spec is a dict with
   clip_model)`` (optional; -> the official model, default ``module.CustomCLIP`` in fp32 and eval) and
   ``run_official(module, cfg, request, model, images, labels)`` -> {output name: tensor}.
 """
-from . import atprompt, coop, dept, maple, mma, mmrl, prograd, promptkd, provp, skip_tuning, tcp
+from . import atprompt, coop, dept, maple, mma, mmrl, prograd, promptkd, provp, skip_tuning, tac, tcp
 
 METHODS = {name: spec
-           for module in (coop, prograd, tcp, mma, mmrl, maple, dept, provp, promptkd, atprompt, skip_tuning)
+           for module in (coop, prograd, tcp, mma, mmrl, maple, dept, provp, promptkd, atprompt, skip_tuning, tac)
            for name, spec in module.SPECS.items()}

@@ -129,8 +129,11 @@ def case_calls(case, trainer, settings):
         if case.kind == CACHED:
             with torch.no_grad(), trainer.autocast():
                 train_batch = {"features": model.encode_image_features(images), "label": labels}
-        else:
-            train_batch = {"img": images, "label": labels}
+        else:  # as the loader gives them: K_TRANSFORMS views, and the un-augmented image with RETURN_IMG0
+            views = trainer.cfg.DATALOADER.K_TRANSFORMS
+            train_batch = {"img": images if views == 1 else [images] * views, "label": labels}
+            if trainer.cfg.DATALOADER.RETURN_IMG0:
+                train_batch["img0"] = images
         trainer.batch_idx, trainer.num_batches = 0, len(trainer.train_loader_x)
 
         def train():

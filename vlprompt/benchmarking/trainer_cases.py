@@ -41,6 +41,8 @@ class Case:
         official_train, official_eval: the official implementations' ratios quoted by issue 10.
         prepare: None, or callable(settings, output_dir) -> more KEY VALUE overrides, for a case
             that needs files before its trainer is built (PromptKD's teacher folder).
+        after_build: None, or ``after_build(trainer)``, for what a trainer sets up when training
+            starts (e.g. TAC's description embeddings and cluster centres).
     """
 
     name: str
@@ -54,6 +56,7 @@ class Case:
     official_train: Optional[float] = None
     official_eval: Optional[str] = None
     prepare: Optional[Callable] = None
+    after_build: Optional[Callable] = None
 
 
 def promptkd_teacher(settings, output_dir):
@@ -65,6 +68,12 @@ def promptkd_teacher(settings, output_dir):
     folder = write_stand_in_teacher(osp.join(output_dir, "promptkd_teacher"), settings["backbone"],
                                     settings["weights"], size, "OxfordPets")
     return ("TRAINER.PROMPTKD.TEACHER_DIR", folder)
+
+
+def _fit_tac_descriptions(trainer):
+    """TAC's before_train step with one description per stand-in class ("a photo of a class number i.")."""
+    descriptions = [[f"a photo of a {name}."] for name in trainer.classnames]
+    trainer.model.fit_descriptions(descriptions, torch.Generator().manual_seed(0))
 
 
 # Every registered trainer needs at least one case: a new trainer makes the benchmark fail
@@ -105,6 +114,8 @@ CASES = (
     # Its step starts from images: the frozen lower blocks (what the per-epoch cache costs per image), then
     # the tuned upper blocks with the class-wise skip.
     Case("SkipTuning", "SkipTuning", "SkipTuning/vit_b16_bs4.yaml", TRAIN),
+    # TAC's step encodes its 4 augmented views of each image and the un-augmented image.
+    Case("TAC", "TAC", "TAC/basetonovel.yaml", TRAIN, after_build=_fit_tac_descriptions),
     Case("DeAR", "DeAR", "DeAR/vit_b16_base2new.yaml", TRAIN, train_target=2.2),
     Case("CLIPAdapter", "CLIPAdapter", "CLIPAdapter/vit_b16.yaml", CACHED),
     Case("RAda", "RAda", "RAda/vit_b16_base2new.yaml", CACHED, train_target=0.05, official_eval="1.05"),
@@ -224,7 +235,10 @@ def build_trainer(case, settings, output_dir):
     cfg = build_cfg(case, settings, output_dir)
     torch.manual_seed(0)
     with contextlib.redirect_stdout(io.StringIO()):
-        return benchmark_class(cfg)
+        trainer = benchmark_class(cfg)
+        if case.after_build is not None:
+            case.after_build(trainer)
+        return trainer
 
 
 def case_batch(case, settings):

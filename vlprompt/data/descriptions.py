@@ -1,0 +1,128 @@
+"""Per-class text descriptions in the upstream per-dataset JSON format (TAC's ``descriptions/``).
+
+A dataset's descriptions are one file ``<stem>_prompt.json`` holding
+``{"<class name>": ["<sentence>", ...], ...}``, keyed by the class names with "_" written as
+spaces (upstream FushengHao/TAC ships them for the 15 datasets of the benchmark as
+``descriptions/<stem>_prompt.json``). The stem of a dataset is upstream's (``DESCRIPTION_STEMS``,
+e.g. FGVCAircraft -> "fgvc"); the synthetic sets use their folder names and their files are
+written on first use from the world's attributes (:mod:`vlprompt.synthetic.descriptions`).
+
+:func:`read_class_descriptions` returns the sentences of the classes asked for, in their
+order, and raises :class:`DescriptionsError` naming the file and what is wrong with it.
+"""
+import json
+import os
+
+from vlprompt.fileio import atomic_write
+
+__all__ = ["DESCRIPTION_STEMS", "DescriptionsError", "descriptions_file", "read_class_descriptions"]
+
+# DATASET.NAME -> file stem of upstream's descriptions/<stem>_prompt.json.
+DESCRIPTION_STEMS = {
+    "Caltech101": "caltech",
+    "DescribableTextures": "dtd",
+    "EuroSAT": "eurosat",
+    "FGVCAircraft": "fgvc",
+    "Food101": "food101",
+    "ImageNet": "imagenet",
+    "ImageNetA": "imagenet_a",
+    "ImageNetR": "imagenet_r",
+    "ImageNetSketch": "imagenet_sketch",
+    "ImageNetV2": "imagenetv2",
+    "OxfordFlowers": "oxford_flowers",
+    "OxfordPets": "oxford_pets",
+    "StanfordCars": "stanford_cars",
+    "SUN397": "sun397",
+    "UCF101": "ucf101",
+}
+UPSTREAM = "https://github.com/FushengHao/TAC (folder descriptions/)"
+
+
+class DescriptionsError(FileNotFoundError):
+    """A descriptions file is missing, unreadable, malformed or lacks some classes."""
+
+
+def _synthetic_sets():
+    from vlprompt.synthetic.downstream import SETS
+
+    return SETS
+
+
+def descriptions_file(folder, dataset_name):
+    """Path of the descriptions of ``dataset_name`` (DATASET.NAME) in ``folder``.
+
+    Raises:
+        DescriptionsError: the dataset has no known file stem.
+    """
+    sets = _synthetic_sets()
+    if dataset_name in sets:
+        stem = sets[dataset_name].folder
+    elif dataset_name in DESCRIPTION_STEMS:
+        stem = DESCRIPTION_STEMS[dataset_name]
+    else:
+        raise DescriptionsError(
+            f"No descriptions file name is known for the dataset {dataset_name!r} (known: "
+            f"{', '.join(list(DESCRIPTION_STEMS) + list(sets))}); add its stem to "
+            "vlprompt.data.descriptions.DESCRIPTION_STEMS and write <stem>_prompt.json in the upstream format."
+        )
+    return os.path.join(folder, f"{stem}_prompt.json")
+
+
+def _write_synthetic(path, dataset_name):
+    from vlprompt.synthetic.descriptions import class_descriptions
+
+    print(f"Writing the descriptions of the synthetic set {dataset_name} to {path} (first use)")
+    with atomic_write(path, "w") as f:
+        json.dump(class_descriptions(_synthetic_sets()[dataset_name]), f, indent=1)
+
+
+def _malformed(path, what):
+    raise DescriptionsError(f'{path} {what}; expected {{"<class name>": ["<sentence>", ...], ...}} (upstream TAC format).')
+
+
+def read_class_descriptions(folder, dataset_name, classnames):
+    """The descriptions of ``classnames`` from ``folder``'s file of ``dataset_name``.
+
+    A synthetic set's file is written first when it is missing.
+
+    Args:
+        folder: the folder holding ``<stem>_prompt.json`` files.
+        dataset_name: DATASET.NAME.
+        classnames: C class names ("_" is read as a space, as upstream does).
+
+    Returns:
+        list of C lists of sentences (each non-empty), in the order of ``classnames``.
+
+    Raises:
+        DescriptionsError: the file is missing (with how to get it), is not a JSON object of
+            lists of sentences, or lacks some of the classes (named).
+    """
+    path = descriptions_file(folder, dataset_name)
+    if not os.path.isfile(path):
+        if dataset_name not in _synthetic_sets():
+            raise DescriptionsError(
+                f"The class descriptions of {dataset_name} are missing: {path} does not exist. Copy upstream's "
+                f"{os.path.basename(path)} from {UPSTREAM} into {folder}, or point TRAINER.TAC.DESCRIPTIONS at "
+                "the folder that holds it."
+            )
+        _write_synthetic(path, dataset_name)
+    try:
+        with open(path, encoding="utf-8") as f:
+            table = json.load(f)
+    except (OSError, ValueError) as error:
+        raise DescriptionsError(f"Cannot read the descriptions file {path}: {error}") from None
+    if not isinstance(table, dict):
+        _malformed(path, "is not a JSON object")
+    bad = [key for key, value in table.items()
+           if not isinstance(value, list) or not value or not all(isinstance(s, str) and s.strip() for s in value)]
+    if bad:
+        _malformed(path, f"has entries that are not non-empty lists of sentences: {bad[:5]}")
+    names = [name.replace("_", " ") for name in classnames]
+    missing = [name for name in names if name not in table]
+    if missing:
+        raise DescriptionsError(
+            f"{path} has no descriptions for {len(missing)} of the {len(names)} classes: {missing[:10]}"
+            f"{' ...' if len(missing) > 10 else ''} (keys are class names with '_' written as spaces; "
+            f"the file has e.g. {list(table)[:5]})."
+        )
+    return [list(table[name]) for name in names]
