@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 from baseline_setup import (  # noqa: F401
-    ROOT, build_seeded, tiny_node, tiny_runner, toy_pets_cfg, toy_world,
+    ROOT, build_seeded, tiny_node, tiny_runner, toy_world, toy_world_cfg,
 )
 from trainer_checks import one_step_changes_only_the_learnable, saved_keys
 
@@ -109,14 +109,12 @@ def test_a_word_of_several_tokens_is_refused_by_the_module(tiny_runner):  # noqa
 
 def pets_cfg(toy_world, tmp_path, *opts, words=("playful", "energy")):  # noqa: F811
     """The ViT-B/16 recipe on the toy OxfordPets; its attribute file holds ``words`` for OxfordPets."""
-    data, config, weights = toy_world
     attributes = tmp_path / "attributes.yaml"
     tmp_path.mkdir(parents=True, exist_ok=True)
     attributes.write_text(yaml.safe_dump({"OxfordPets": list(words)}))
-    return toy_pets_cfg("ATPrompt", "ATPrompt/vit_b16.yaml", data, tmp_path, (config, weights),
-                        "INPUT.SIZE", "(32, 32)", "DATALOADER.NUM_WORKERS", "0", "DATALOADER.TRAIN_X.BATCH_SIZE", "4",
-                        "TRAINER.ATPROMPT.PREC", "fp32", "TRAINER.ATPROMPT.ATTRIBUTES_FILE", str(attributes),
-                        "TRAINER.MAPLE.PROMPT_DEPTH", "2", "OPTIM.WARMUP_EPOCH", "0", *opts)
+    return toy_world_cfg(toy_world, "ATPrompt", "ATPrompt/vit_b16.yaml", tmp_path, "DATALOADER.TRAIN_X.BATCH_SIZE", "4",
+                         "TRAINER.ATPROMPT.PREC", "fp32", "TRAINER.ATPROMPT.ATTRIBUTES_FILE", str(attributes),
+                         "TRAINER.MAPLE.PROMPT_DEPTH", "2", "OPTIM.WARMUP_EPOCH", "0", *opts)
 
 
 @pytest.mark.parametrize("base", ["CoOp", "MaPLe"])

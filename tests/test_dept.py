@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from baseline_setup import (  # noqa: F401
-    build_seeded, tiny_node, tiny_runner, toy_pets_cfg, toy_world, trainer_node,
+    build_seeded, tiny_node, tiny_runner, toy_world, toy_world_cfg, trainer_node,
 )
 from trainer_checks import one_step_changes_only_the_learnable
 
@@ -108,10 +108,8 @@ def test_fused_inference_is_the_weighted_sum_of_logits_and_sim_leaves_out_the_he
 
 
 def pets_cfg(toy_world, tmp_path, *opts):  # noqa: F811
-    data, config, weights = toy_world
-    return toy_pets_cfg("DePT", "DePT/vit_b16_maple.yaml", data, tmp_path, (config, weights),
-                        "INPUT.SIZE", "(32, 32)", "DATALOADER.NUM_WORKERS", "0", "DATALOADER.TRAIN_X.BATCH_SIZE", "4",
-                        "TRAINER.DEPT.PREC", "fp32", "TRAINER.MAPLE.PROMPT_DEPTH", "2", *opts)
+    return toy_world_cfg(toy_world, "DePT", "DePT/vit_b16_maple.yaml", tmp_path, "DATALOADER.TRAIN_X.BATCH_SIZE", "4",
+                         "TRAINER.DEPT.PREC", "fp32", "TRAINER.MAPLE.PROMPT_DEPTH", "2", *opts)
 
 
 @pytest.mark.parametrize("role, subsample, inference, expected, has_head", [

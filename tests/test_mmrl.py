@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from baseline_setup import (  # noqa: F401
-    build_seeded, runner_and_tokenizer, toy_pets_cfg, toy_world, trainer_node,
+    build_seeded, runner_and_tokenizer, toy_world, toy_world_cfg, trainer_node,
 )
 from trainer_checks import one_step_changes_only_the_learnable
 
@@ -203,10 +203,8 @@ def test_original_tokens_are_frozen_clip_before_the_first_representation_layer(r
 
 def pets_cfg(toy_world, tmp_path, *opts):  # noqa: F811
     """The official recipe (vit_b16.yaml) on the toy OxfordPets and the tiny CLIP (3 image, 2 text blocks)."""
-    data, config, weights = toy_world
-    return toy_pets_cfg("MMRL", "MMRL/vit_b16.yaml", data, tmp_path, (config, weights),
-                        "INPUT.SIZE", "(32, 32)", "DATALOADER.NUM_WORKERS", "0", "TRAINER.MMRL.PREC", "fp32",
-                        "TRAINER.MMRL.REP_LAYERS", "[1, 2]", *opts)
+    return toy_world_cfg(toy_world, "MMRL", "MMRL/vit_b16.yaml", tmp_path, "TRAINER.MMRL.PREC", "fp32",
+                         "TRAINER.MMRL.REP_LAYERS", "[1, 2]", *opts)
 
 
 @pytest.mark.parametrize("role, subsample, inference, expected", [

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from baseline_setup import (  # noqa: F401
-    build_seeded, runner_and_tokenizer, toy_pets_cfg, toy_world, trainer_node,
+    build_seeded, runner_and_tokenizer, toy_world, toy_world_cfg, trainer_node,
 )
 from trainer_checks import one_step_changes_only_the_learnable
 
@@ -190,10 +190,8 @@ def test_per_dataset_tables_follow_the_role_and_explicit_values_win():
 
 def pets_cfg(toy_world, tmp_path, config, *opts):  # noqa: F811
     """An official recipe on the toy OxfordPets and the tiny CLIP (3 image, 2 text blocks)."""
-    data, clip_config, weights = toy_world
-    return toy_pets_cfg("MMRLpp", f"MMRLpp/{config}", data, tmp_path, (clip_config, weights),
-                        "INPUT.SIZE", "(32, 32)", "DATALOADER.NUM_WORKERS", "0", "TRAINER.MMRLPP.PREC", "fp32",
-                        "TRAINER.MMRLPP.REP_LAYERS", "[1, 2]", *opts)
+    return toy_world_cfg(toy_world, "MMRLpp", f"MMRLpp/{config}", tmp_path, "TRAINER.MMRLPP.PREC", "fp32",
+                         "TRAINER.MMRLPP.REP_LAYERS", "[1, 2]", *opts)
 
 
 @pytest.mark.parametrize("config, role, subsample, beta, reg_weight, inference", [

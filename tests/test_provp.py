@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from baseline_setup import (  # noqa: F401
-    build_seeded, tiny_runner, toy_pets_cfg, toy_world, trainer_node,
+    build_seeded, tiny_runner, toy_world, toy_world_cfg, trainer_node,
 )
 from trainer_checks import one_step_changes_only_the_learnable, saved_keys
 
@@ -157,10 +157,9 @@ def test_zero_weight_is_provp_without_re_formation(tiny_runner):  # noqa: F811
 
 def pets_cfg(toy_world, tmp_path, *opts):  # noqa: F811
     """The official recipe (vit_b16_b2n_ep100.yaml) on the toy OxfordPets and the tiny CLIP (3 image blocks)."""
-    data, config, weights = toy_world
-    return toy_pets_cfg("ProVP", "ProVP/vit_b16_b2n_ep100.yaml", data, tmp_path, (config, weights),
-                        "INPUT.SIZE", "(32, 32)", "DATALOADER.NUM_WORKERS", "0", "DATALOADER.TRAIN_X.BATCH_SIZE", "4",
-                        "TRAINER.PROVP.PREC", "fp32", "TRAINER.PROVP.PROMPT_DEPTH", "3", *opts)
+    return toy_world_cfg(toy_world, "ProVP", "ProVP/vit_b16_b2n_ep100.yaml", tmp_path,
+                         "DATALOADER.TRAIN_X.BATCH_SIZE", "4", "TRAINER.PROVP.PREC", "fp32",
+                         "TRAINER.PROVP.PROMPT_DEPTH", "3", *opts)
 
 
 def test_a_training_step_changes_only_the_prompts_with_the_official_optimiser(toy_world, tmp_path):  # noqa: F811

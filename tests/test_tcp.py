@@ -3,7 +3,7 @@ loss = CE + W_TEXT (1 - mean_c cos(t̂_c, ê_c)) (trainers/tcp.py)."""
 import pytest
 import torch
 import torch.nn.functional as F
-from baseline_setup import build_seeded, toy_pets_cfg, toy_world  # noqa: F401
+from baseline_setup import build_seeded, toy_world, toy_world_cfg  # noqa: F401
 from trainer_checks import one_step_changes_only_the_learnable
 
 from trainers.tcp import TCP_TEMPLATES, TCPCLIP
@@ -133,10 +133,9 @@ def test_novel_classes_get_their_own_class_tokens(runner):
 
 
 def pets_cfg(toy_world, tmp_path, *opts):  # noqa: F811
-    data, config, weights = toy_world
-    return toy_pets_cfg("TCP", "TCP/vit_b16_ep100_ctxv1.yaml", data, tmp_path, (config, weights),
-                        "INPUT.SIZE", "(32, 32)", "DATALOADER.NUM_WORKERS", "0", "DATALOADER.TRAIN_X.BATCH_SIZE", "4",
-                        "TRAINER.TCP.PREC", "fp32", "TRAINER.TCP.INJECT_LAYER", "1", *opts)
+    return toy_world_cfg(toy_world, "TCP", "TCP/vit_b16_ep100_ctxv1.yaml", tmp_path,
+                         "DATALOADER.TRAIN_X.BATCH_SIZE", "4", "TRAINER.TCP.PREC", "fp32",
+                         "TRAINER.TCP.INJECT_LAYER", "1", *opts)
 
 
 def test_a_training_step_changes_only_the_context_and_the_meta_net(toy_world, tmp_path):  # noqa: F811
