@@ -100,6 +100,14 @@ def toy_pets_cfg(trainer, trainer_config, data_root, output_dir, clip_files, *op
     return cfg
 
 
+def toy_world_cfg(toy_world, trainer, trainer_config, output_dir, *opts):
+    """``toy_pets_cfg`` on the ``toy_world`` fixture (data root, CLIP config, weights) with the tiny
+    CLIP's 32x32 images and no loader workers; ``opts``: KEY VALUE overrides, applied after those."""
+    data, clip_config, weights = toy_world
+    return toy_pets_cfg(trainer, trainer_config, data, output_dir, (clip_config, weights),
+                        "INPUT.SIZE", "(32, 32)", "DATALOADER.NUM_WORKERS", "0", *opts)
+
+
 def build_seeded(cfg):
     """What train.py does: seed everything, then build the trainer."""
     set_random_seed(cfg.SEED)

@@ -5,8 +5,9 @@ import torch
 import torch.nn.functional as F
 import yaml
 from baseline_setup import (  # noqa: F401
-    ROOT, build_seeded, frozen, learnable, tiny_node, tiny_runner, toy_pets_cfg, toy_world,
+    ROOT, build_seeded, tiny_node, tiny_runner, toy_world, toy_world_cfg,
 )
+from trainer_checks import one_step_changes_only_the_learnable, saved_keys
 
 from trainers.atprompt import ATPromptCLIP, AttributeTokens, load_attribute_words
 from trainers.coop import CoOpCLIP
@@ -108,14 +109,12 @@ def test_a_word_of_several_tokens_is_refused_by_the_module(tiny_runner):  # noqa
 
 def pets_cfg(toy_world, tmp_path, *opts, words=("playful", "energy")):  # noqa: F811
     """The ViT-B/16 recipe on the toy OxfordPets; its attribute file holds ``words`` for OxfordPets."""
-    data, config, weights = toy_world
     attributes = tmp_path / "attributes.yaml"
     tmp_path.mkdir(parents=True, exist_ok=True)
     attributes.write_text(yaml.safe_dump({"OxfordPets": list(words)}))
-    return toy_pets_cfg("ATPrompt", "ATPrompt/vit_b16.yaml", data, tmp_path, (config, weights),
-                        "INPUT.SIZE", "(32, 32)", "DATALOADER.NUM_WORKERS", "0", "DATALOADER.TRAIN_X.BATCH_SIZE", "4",
-                        "TRAINER.ATPROMPT.PREC", "fp32", "TRAINER.ATPROMPT.ATTRIBUTES_FILE", str(attributes),
-                        "TRAINER.MAPLE.PROMPT_DEPTH", "2", "OPTIM.WARMUP_EPOCH", "0", *opts)
+    return toy_world_cfg(toy_world, "ATPrompt", "ATPrompt/vit_b16.yaml", tmp_path, "DATALOADER.TRAIN_X.BATCH_SIZE", "4",
+                         "TRAINER.ATPROMPT.PREC", "fp32", "TRAINER.ATPROMPT.ATTRIBUTES_FILE", str(attributes),
+                         "TRAINER.MAPLE.PROMPT_DEPTH", "2", "OPTIM.WARMUP_EPOCH", "0", *opts)
 
 
 @pytest.mark.parametrize("base", ["CoOp", "MaPLe"])
@@ -123,23 +122,15 @@ def test_a_training_step_changes_only_the_prompts_and_saves_only_them(toy_world,
     trainer = build_seeded(pets_cfg(toy_world, tmp_path, "DATASET.SUBSAMPLE_CLASSES", "base",
                                     "TRAINER.ATPROMPT.BASE", base))
     model = trainer.model
-    before_learned, before_frozen = learnable(model), frozen(model)
     expected = {"attributes.soft.0", "attributes.soft.1"} | (
         {"base.prompt_learner.ctx"} if base == "CoOp" else
         {"base.prompt_learner.ctx", "base.prompt_learner.proj.weight", "base.prompt_learner.proj.bias",
          "base.prompt_learner.compound_prompts_text.0", "base.prompt_learner.compound_prompt_projections.0.weight",
          "base.prompt_learner.compound_prompt_projections.0.bias"})
-    assert set(before_learned) == expected
     assert model.base.prompt_learner.ctx.shape == (2, 32) and model.attributes.soft[0].shape == (2, 32)
-    trainer.batch_idx, trainer.num_batches = 0, len(trainer.train_loader_x)
-    trainer.forward_backward(next(iter(trainer.train_loader_x)))
-    for name, value in learnable(model).items():
-        assert not torch.equal(value, before_learned[name]), name
-    for name, value in frozen(model).items():
-        assert torch.equal(value, before_frozen[name]), name
-    trainer.save_model(0, str(tmp_path / "run"))
-    saved = torch.load(tmp_path / "run" / "ATPrompt" / "model.pth.tar-1", weights_only=True)["state_dict"]
-    assert set(saved) == expected
+    learned, _, _ = one_step_changes_only_the_learnable(trainer)
+    assert learned == expected
+    assert saved_keys(trainer, tmp_path / "run", "ATPrompt") == expected
 
 
 def test_new_classes_load_the_base_run_with_the_same_attributes(toy_world, tmp_path):  # noqa: F811

@@ -5,8 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from baseline_setup import (  # noqa: F401
-    build_seeded, frozen, learnable, tiny_node, tiny_runner, toy_pets_cfg, toy_world, trainer_node,
+    build_seeded, tiny_node, tiny_runner, toy_world, toy_world_cfg, trainer_node,
 )
+from trainer_checks import one_step_changes_only_the_learnable
 
 from trainers.coop import CoOpCLIP
 from trainers.dept import DePTCLIP
@@ -107,10 +108,8 @@ def test_fused_inference_is_the_weighted_sum_of_logits_and_sim_leaves_out_the_he
 
 
 def pets_cfg(toy_world, tmp_path, *opts):  # noqa: F811
-    data, config, weights = toy_world
-    return toy_pets_cfg("DePT", "DePT/vit_b16_maple.yaml", data, tmp_path, (config, weights),
-                        "INPUT.SIZE", "(32, 32)", "DATALOADER.NUM_WORKERS", "0", "DATALOADER.TRAIN_X.BATCH_SIZE", "4",
-                        "TRAINER.DEPT.PREC", "fp32", "TRAINER.MAPLE.PROMPT_DEPTH", "2", *opts)
+    return toy_world_cfg(toy_world, "DePT", "DePT/vit_b16_maple.yaml", tmp_path, "DATALOADER.TRAIN_X.BATCH_SIZE", "4",
+                         "TRAINER.DEPT.PREC", "fp32", "TRAINER.MAPLE.PROMPT_DEPTH", "2", *opts)
 
 
 @pytest.mark.parametrize("role, subsample, inference, expected, has_head", [
@@ -157,15 +156,9 @@ def test_a_training_step_changes_only_the_prompts_film_and_head(toy_world, tmp_p
     trainer = build_seeded(pets_cfg(toy_world, tmp_path, "DATASET.SUBSAMPLE_CLASSES", "base", "TRAINER.DEPT.BASE", base,
                                     "TRAINER.COOP.N_CTX", "4", "OPTIM.WARMUP_EPOCH", "0"))
     model = trainer.model
-    before_learned, before_frozen = learnable(model), frozen(model)
-    assert {"film_image.scale", "film_text.shift", "head.weight", "head.bias"} <= set(before_learned)
-    assert all(name.startswith(("base.prompt_learner.", "film_", "head.")) for name in before_learned)
-    trainer.batch_idx, trainer.num_batches = 0, len(trainer.train_loader_x)
-    trainer.forward_backward(next(iter(trainer.train_loader_x)))
-    for name, value in learnable(model).items():
-        assert not torch.equal(value, before_learned[name]), name
-    for name, value in frozen(model).items():
-        assert torch.equal(value, before_frozen[name]), name
+    learned, _, _ = one_step_changes_only_the_learnable(trainer)
+    assert {"film_image.scale", "film_text.shift", "head.weight", "head.bias"} <= learned
+    assert all(name.startswith(("base.prompt_learner.", "film_", "head.")) for name in learned)
     assert model.head.weight.shape == (3, 32)  # the toy world's 3 base classes (of 5)
 
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from baseline_setup import (  # noqa: F401
-    build_seeded, frozen, learnable, runner_and_tokenizer, toy_pets_cfg, toy_world, trainer_node,
+    build_seeded, runner_and_tokenizer, toy_world, toy_world_cfg, trainer_node,
 )
+from trainer_checks import one_step_changes_only_the_learnable
 
 from trainers.mmrl import DATASET_SETTINGS, INFERENCE_RULE, MMRLCLIP, check_mmrl_config, dataset_setting
 from vlprompt.clip import fill_template
@@ -202,10 +203,8 @@ def test_original_tokens_are_frozen_clip_before_the_first_representation_layer(r
 
 def pets_cfg(toy_world, tmp_path, *opts):  # noqa: F811
     """The official recipe (vit_b16.yaml) on the toy OxfordPets and the tiny CLIP (3 image, 2 text blocks)."""
-    data, config, weights = toy_world
-    return toy_pets_cfg("MMRL", "MMRL/vit_b16.yaml", data, tmp_path, (config, weights),
-                        "INPUT.SIZE", "(32, 32)", "DATALOADER.NUM_WORKERS", "0", "TRAINER.MMRL.PREC", "fp32",
-                        "TRAINER.MMRL.REP_LAYERS", "[1, 2]", *opts)
+    return toy_world_cfg(toy_world, "MMRL", "MMRL/vit_b16.yaml", tmp_path, "TRAINER.MMRL.PREC", "fp32",
+                         "TRAINER.MMRL.REP_LAYERS", "[1, 2]", *opts)
 
 
 @pytest.mark.parametrize("role, subsample, inference, expected", [
@@ -229,14 +228,8 @@ def test_trainer_reads_the_dataset_table_and_trains_only_the_representation(toy_
     assert model.reg_weight == 0.2 and model.representation.rep.shape == (5, 512)  # OxfordPets: λ 0.2, d_r 512
     optimizer = trainer._optims["representation"]
     assert type(optimizer).__name__ == "AdamW" and optimizer.param_groups[0]["weight_decay"] == 5e-4
-    before_learned, before_frozen = learnable(model), frozen(model)
-    assert set(before_learned) == {name for name, _ in model.named_parameters() if name.startswith("representation.")}
-    trainer.batch_idx, trainer.num_batches = 0, len(trainer.train_loader_x)
-    trainer.forward_backward(next(iter(trainer.train_loader_x)))
-    for name, value in learnable(model).items():
-        assert not torch.equal(value, before_learned[name]), name
-    for name, value in frozen(model).items():
-        assert torch.equal(value, before_frozen[name]), name
+    learned, _, _ = one_step_changes_only_the_learnable(trainer)
+    assert learned == {name for name, _ in model.named_parameters() if name.startswith("representation.")}
     override = build_seeded(pets_cfg(toy_world, tmp_path / "x", "TRAINER.MMRL.REG_WEIGHT", "3.0"))
     assert override.model.reg_weight == 3.0
 

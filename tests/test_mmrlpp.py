@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from baseline_setup import (  # noqa: F401
-    build_seeded, frozen, learnable, runner_and_tokenizer, toy_pets_cfg, toy_world, trainer_node,
+    build_seeded, runner_and_tokenizer, toy_world, toy_world_cfg, trainer_node,
 )
+from trainer_checks import one_step_changes_only_the_learnable
 
 from trainers.mmrlpp import (
     BASE2NEW_SETTINGS, INFERENCE_RULE, TARGET_BETA, MMRLppCLIP, check_mmrlpp_config, dataset_setting, resolved_node,
@@ -189,10 +190,8 @@ def test_per_dataset_tables_follow_the_role_and_explicit_values_win():
 
 def pets_cfg(toy_world, tmp_path, config, *opts):  # noqa: F811
     """An official recipe on the toy OxfordPets and the tiny CLIP (3 image, 2 text blocks)."""
-    data, clip_config, weights = toy_world
-    return toy_pets_cfg("MMRLpp", f"MMRLpp/{config}", data, tmp_path, (clip_config, weights),
-                        "INPUT.SIZE", "(32, 32)", "DATALOADER.NUM_WORKERS", "0", "TRAINER.MMRLPP.PREC", "fp32",
-                        "TRAINER.MMRLPP.REP_LAYERS", "[1, 2]", *opts)
+    return toy_world_cfg(toy_world, "MMRLpp", f"MMRLpp/{config}", tmp_path, "TRAINER.MMRLPP.PREC", "fp32",
+                         "TRAINER.MMRLPP.REP_LAYERS", "[1, 2]", *opts)
 
 
 @pytest.mark.parametrize("config, role, subsample, beta, reg_weight, inference", [
@@ -215,14 +214,8 @@ def test_a_training_step_changes_only_the_representation(toy_world, tmp_path):  
     model = trainer.model
     optimizer = trainer._optims["representation"]
     assert type(optimizer).__name__ == "AdamW" and optimizer.param_groups[0]["weight_decay"] == 5e-4
-    before_learned, before_frozen = learnable(model), frozen(model)
-    assert set(before_learned) == {name for name, _ in model.named_parameters() if name.startswith("representation.")}
-    assert "representation.proj_residual.b" in before_learned and "clip.visual.proj" in before_frozen
-    trainer.batch_idx, trainer.num_batches = 0, len(trainer.train_loader_x)
-    trainer.forward_backward(next(iter(trainer.train_loader_x)))
-    for name, value in learnable(model).items():
-        assert not torch.equal(value, before_learned[name]), name
-    for name, value in frozen(model).items():
-        assert torch.equal(value, before_frozen[name]), name
+    learned, kept, _ = one_step_changes_only_the_learnable(trainer)
+    assert learned == {name for name, _ in model.named_parameters() if name.startswith("representation.")}
+    assert "representation.proj_residual.b" in learned and "clip.visual.proj" in kept
     override = build_seeded(pets_cfg(toy_world, tmp_path / "x", "vit_b16.yaml", "TRAINER.MMRLPP.BETA", "0.25"))
     assert override.model.representation.beta == 0.25

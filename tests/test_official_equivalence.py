@@ -10,49 +10,29 @@ logits and its loss CE + 8·(1 − mean cos); MMA's logits and CE. Learnable val
 rows in the wrong order, TCP's class-aware tokens injected one text block off and MMA's
 adapters one block early must fail the comparison.
 """
-import json
-import os
 import re
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-import official_equivalence as oe  # noqa: E402  (tools/official_equivalence.py)
+from official_cases import build_case, load_fixture, oe, our_outputs
 
 METHODS = ("CoOp", "ProGrad", "TCP", "MMA")
 
 
 def _fixture(method):
-    with open(os.path.join(oe.FIXTURE_DIR, f"{method.lower()}.json")) as f:
-        return json.load(f)
+    return load_fixture(method.lower())
 
 
-@pytest.fixture(scope="module")
-def weights(official_weights):
-    """{(backbone, seed): (weights file, input resolution, text width)} of every fixture's weights."""
-    keys = {(_fixture(method)["backbone"], _fixture(method)["seeds"]["weights"]) for method in METHODS}
-    return {key: official_weights(*key) for key in keys}
-
-
-def _case(method, weights):
+def _case(method, official_weights):
+    """(fixture, case of ``build_case``) of a method."""
     fixture = _fixture(method)
-    path, resolution, width = weights[(fixture["backbone"], fixture["seeds"]["weights"])]
-    learnables, images, labels = oe.make_inputs(method, resolution, width, fixture["seeds"], fixture["batch"],
-                                                len(fixture["classnames"]))
-    assert labels.tolist() == fixture["labels"]
-    return fixture, path, learnables, images, labels
-
-
-def _ours(fixture, path, learnables, images, labels, node_changes=None):
-    return oe.our_outputs(fixture["method"], fixture["backbone"], path, fixture["classnames"], learnables, images,
-                          labels, node_changes)
+    return fixture, build_case(fixture, official_weights)
 
 
 @pytest.fixture(scope="module")
-def outputs(weights):
+def outputs(official_weights):
     """{method: our outputs on the fixture's inputs}."""
-    return {method: _ours(*_case(method, weights)) for method in METHODS}
+    return {method: our_outputs(*_case(method, official_weights)) for method in METHODS}
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -75,28 +55,28 @@ def test_matches_official_outputs(method, outputs):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_learnable_rows_in_wrong_order_fail_the_comparison(method, weights):
-    fixture, path, learnables, images, labels = _case(method, weights)
-    swapped = {name: value.flip(0) for name, value in learnables.items()}  # e.g. ctx tokens in reverse order
-    ours = _ours(fixture, path, swapped, images, labels)
+def test_learnable_rows_in_wrong_order_fail_the_comparison(method, official_weights):
+    fixture, case = _case(method, official_weights)
+    swapped = {name: value.flip(0) for name, value in case[1].items()}  # e.g. ctx tokens in reverse order
+    ours = our_outputs(fixture, case, swapped)
     assert oe.relative_max_difference(ours["logits"], fixture["official_outputs"]["logits"]) > oe.TOLERANCE
 
 
 @pytest.mark.parametrize("layer", [7, 9])
-def test_tcp_injection_one_block_off_fails_the_comparison(layer, weights):
-    fixture, path, learnables, images, labels = _case("TCP", weights)
+def test_tcp_injection_one_block_off_fails_the_comparison(layer, official_weights):
+    fixture, case = _case("TCP", official_weights)
     assert fixture["our_node"]["INJECT_LAYER"] == 8
-    ours = _ours(fixture, path, learnables, images, labels, {"INJECT_LAYER": layer})
+    ours = our_outputs(fixture, case, node_changes={"INJECT_LAYER": layer})
     assert oe.relative_max_difference(ours["logits"], fixture["official_outputs"]["logits"]) > oe.TOLERANCE
 
 
-def test_mma_adapters_one_block_early_fail_the_comparison(weights):
+def test_mma_adapters_one_block_early_fail_the_comparison(official_weights):
     """The same adapter values at blocks 4..11 instead of 5..12 (both towers) move the logits."""
-    fixture, path, learnables, images, labels = _case("MMA", weights)
+    fixture, case = _case("MMA", official_weights)
     assert (fixture["our_node"]["ADAPTER_START"], fixture["our_node"]["ADAPTER_END"]) == (5, 12)
     moved = {re.sub(r"\.(\d+)\.", lambda m: f".{int(m.group(1)) - 1}.", name, count=1): value
-             for name, value in learnables.items()}
-    ours = _ours(fixture, path, moved, images, labels, {"ADAPTER_START": 4, "ADAPTER_END": 11})
+             for name, value in case[1].items()}
+    ours = our_outputs(fixture, case, moved, {"ADAPTER_START": 4, "ADAPTER_END": 11})
     assert oe.relative_max_difference(ours["logits"], fixture["official_outputs"]["logits"]) > oe.TOLERANCE
 
 

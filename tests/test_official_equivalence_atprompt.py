@@ -9,17 +9,14 @@ set to NaN, and a seeded batch of 2 images and 3 classes. Our ATPromptCLIP, rebu
 seeds with the fixtures' parameter-name mapping, must give the same logits and cross-entropy within
 3e-3; attribute tokens or words put in the wrong place must fail.
 """
-import json
 import os
 import subprocess
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-import official_equivalence as oe  # noqa: E402  (tools/official_equivalence.py)
+from official_cases import build_case, load_fixture, oe, our_outputs
 
-FIXTURES = {"ATPrompt": "atprompt.json", "ATPrompt-MaPLe": "atprompt-maple.json"}
+FIXTURES = {"ATPrompt": "atprompt", "ATPrompt-MaPLe": "atprompt-maple"}
 
 
 @pytest.fixture(scope="module", params=sorted(FIXTURES))
@@ -29,24 +26,13 @@ def method(request):
 
 @pytest.fixture(scope="module")
 def fixture(method):
-    with open(os.path.join(oe.FIXTURE_DIR, FIXTURES[method])) as f:
-        return json.load(f)
+    return load_fixture(FIXTURES[method])
 
 
 @pytest.fixture(scope="module")
-def case(method, fixture, official_weights):
+def case(fixture, official_weights):
     """(weights file, learnable values {our name: tensor}, images [B, 3, R, R], labels [B])."""
-    path, resolution, width = official_weights(fixture["backbone"], fixture["seeds"]["weights"])
-    learnables, images, labels = oe.make_inputs(method, resolution, width, fixture["seeds"], fixture["batch"],
-                                                len(fixture["classnames"]))
-    assert labels.tolist() == fixture["labels"]
-    return path, learnables, images, labels
-
-
-def _ours(method, fixture, case, learnables=None, **node_changes):
-    path, default, images, labels = case
-    return oe.our_outputs(method, fixture["backbone"], path, fixture["classnames"], learnables or default, images,
-                          labels, node_changes)
+    return build_case(fixture, official_weights)
 
 
 def test_fixture_records_the_official_run(method, fixture):
@@ -64,7 +50,7 @@ def test_fixture_records_the_official_run(method, fixture):
 
 
 def test_matches_official_outputs(method, fixture, case):
-    ours = _ours(method, fixture, case)
+    ours = our_outputs(fixture, case)
     assert ours["logits"].shape == (fixture["batch"], len(fixture["classnames"]))
     for key, official in fixture["official_outputs"].items():
         assert oe.relative_max_difference(ours[key], official) <= oe.TOLERANCE, key
@@ -83,7 +69,7 @@ def test_misplaced_attributes_fail_the_comparison(method, fixture, case, misplac
         changes["N_ATT"] = 1
         first = case[1]["attributes.soft.0"]
         learnables["attributes.soft.0"], learnables["attributes.soft.1"] = first[:1], first[1:]
-    ours = _ours(method, fixture, case, learnables, **changes)
+    ours = our_outputs(fixture, case, learnables, changes)
     assert oe.relative_max_difference(ours["logits"], fixture["official_outputs"]["logits"]) > oe.TOLERANCE
 
 

@@ -9,43 +9,27 @@ logits, head logits, fused base-role logits and training loss (0.3·CE + 0.7·CE
 [text_y; image]) within the contract's relative max difference (3e-3); values put in the wrong
 place must fail.
 """
-import json
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-import official_equivalence as oe  # noqa: E402  (tools/official_equivalence.py)
+from official_cases import build_case, load_fixture, oe, our_outputs
 
 METHOD = "DePT-MaPLe"
 
 
 @pytest.fixture(scope="module")
 def fixture():
-    with open(os.path.join(oe.FIXTURE_DIR, "dept-maple.json")) as f:
-        return json.load(f)
+    return load_fixture("dept-maple")
 
 
 @pytest.fixture(scope="module")
 def case(fixture, official_weights):
     """(weights file, learnable values {our name: tensor}, images [B, 3, R, R], labels [B])."""
-    path, resolution, width = official_weights(fixture["backbone"], fixture["seeds"]["weights"])
-    learnables, images, labels = oe.make_inputs(METHOD, resolution, width, fixture["seeds"], fixture["batch"],
-                                                len(fixture["classnames"]))
-    assert labels.tolist() == fixture["labels"]
-    return path, learnables, images, labels
-
-
-def _ours(fixture, case, learnables=None):
-    path, default, images, labels = case
-    return oe.our_outputs(METHOD, fixture["backbone"], path, fixture["classnames"], learnables or default, images,
-                          labels)
+    return build_case(fixture, official_weights)
 
 
 @pytest.fixture(scope="module")
 def outputs(fixture, case):
-    return _ours(fixture, case)
+    return our_outputs(fixture, case)
 
 
 def test_fixture_records_the_official_run(fixture):
@@ -83,7 +67,7 @@ def test_fused_logits_are_the_weighted_sum_of_logits(outputs):
 
 def test_misplaced_prompt_token_fails_the_comparison(fixture, case):
     learnables = dict(case[1], **{"base.prompt_learner.ctx": case[1]["base.prompt_learner.ctx"].flip(0)})
-    ours = _ours(fixture, case, learnables)
+    ours = our_outputs(fixture, case, learnables)
     assert oe.relative_max_difference(ours["logits"], fixture["official_outputs"]["logits"]) > oe.TOLERANCE
 
 
@@ -93,6 +77,6 @@ def test_film_of_the_wrong_tower_fails_the_comparison(fixture, case):
     for kind in ("scale", "shift"):
         learnables[f"film_image.{kind}"], learnables[f"film_text.{kind}"] = \
             case[1][f"film_text.{kind}"], case[1][f"film_image.{kind}"]
-    ours = _ours(fixture, case, learnables)
+    ours = our_outputs(fixture, case, learnables)
     for key in ("head_logits", "loss"):
         assert oe.relative_max_difference(ours[key], fixture["official_outputs"][key]) > oe.TOLERANCE, key

@@ -7,38 +7,22 @@ of 2 images and 3 classes. Our MaPLeCLIP, rebuilt from the same seeds with the f
 parameter-name mapping, must give the same logits and cross-entropy within 3e-3; prompts or
 couplings put in the wrong place must fail.
 """
-import json
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-import official_equivalence as oe  # noqa: E402  (tools/official_equivalence.py)
+from official_cases import build_case, load_fixture, oe, our_outputs
 
 METHOD = "MaPLe"
 
 
 @pytest.fixture(scope="module")
 def fixture():
-    with open(os.path.join(oe.FIXTURE_DIR, "maple.json")) as f:
-        return json.load(f)
+    return load_fixture("maple")
 
 
 @pytest.fixture(scope="module")
 def case(fixture, official_weights):
     """(weights file, learnable values {our name: tensor}, images [B, 3, R, R], labels [B])."""
-    path, resolution, width = official_weights(fixture["backbone"], fixture["seeds"]["weights"])
-    learnables, images, labels = oe.make_inputs(METHOD, resolution, width, fixture["seeds"], fixture["batch"],
-                                                len(fixture["classnames"]))
-    assert labels.tolist() == fixture["labels"]
-    return path, learnables, images, labels
-
-
-def _ours(fixture, case, learnables=None):
-    path, default, images, labels = case
-    return oe.our_outputs(METHOD, fixture["backbone"], path, fixture["classnames"], learnables or default, images,
-                          labels)
+    return build_case(fixture, official_weights)
 
 
 def test_fixture_records_the_official_run(fixture):
@@ -53,7 +37,7 @@ def test_fixture_records_the_official_run(fixture):
 
 
 def test_matches_official_outputs(fixture, case):
-    ours = _ours(fixture, case)
+    ours = our_outputs(fixture, case)
     assert ours["logits"].shape == (fixture["batch"], len(fixture["classnames"]))
     for key, official in fixture["official_outputs"].items():
         assert oe.relative_max_difference(ours[key], official) <= oe.TOLERANCE, key
@@ -73,5 +57,5 @@ def test_misplaced_prompt_fails_the_comparison(fixture, case, misplacement):
             first = f"prompt_learner.compound_prompt_projections.0.{kind}"
             second = f"prompt_learner.compound_prompt_projections.1.{kind}"
             learnables[first], learnables[second] = case[1][second], case[1][first]
-    ours = _ours(fixture, case, learnables)
+    ours = our_outputs(fixture, case, learnables)
     assert oe.relative_max_difference(ours["logits"], fixture["official_outputs"]["logits"]) > oe.TOLERANCE

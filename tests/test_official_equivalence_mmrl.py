@@ -10,48 +10,32 @@ mapping, must give the same fused base-role logits, class-token logits, represen
 and training loss (with the λ regularisers against the frozen CLIP) within the contract's
 relative max difference (3e-3); tokens or values put in the wrong place must fail.
 """
-import json
-import os
-import sys
-
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-import official_equivalence as oe  # noqa: E402  (tools/official_equivalence.py)
+from official_cases import build_case, load_fixture, oe, our_outputs
 
 METHODS = ("MMRL", "MMRLpp")
 LAYERS = list(range(6, 13))
 
 
 def _fixture(method):
-    with open(os.path.join(oe.FIXTURE_DIR, f"{method.lower()}.json")) as f:
-        return json.load(f)
+    return load_fixture(method.lower())
 
 
 @pytest.fixture(scope="module")
 def cases(official_weights):
-    """{method: (fixture, weights file, learnable values {our name: tensor}, images, labels)}."""
-    cases = {}
-    for method in METHODS:
-        fixture = _fixture(method)
-        path, resolution, width = official_weights(fixture["backbone"], fixture["seeds"]["weights"])
-        learnables, images, labels = oe.make_inputs(method, resolution, width, fixture["seeds"], fixture["batch"],
-                                                    len(fixture["classnames"]))
-        assert labels.tolist() == fixture["labels"]
-        cases[method] = (fixture, path, learnables, images, labels)
-    return cases
+    """{method: (weights file, learnable values {our name: tensor}, images, labels)}."""
+    return {method: build_case(_fixture(method), official_weights) for method in METHODS}
 
 
-def _ours(case, learnables=None, node_changes=None):
-    fixture, path, default, images, labels = case
-    return oe.our_outputs(fixture["method"], fixture["backbone"], path, fixture["classnames"],
-                          default if learnables is None else learnables, images, labels, node_changes)
+def _ours(method, cases, learnables=None, node_changes=None):
+    return our_outputs(_fixture(method), cases[method], learnables, node_changes)
 
 
 @pytest.fixture(scope="module")
 def outputs(cases):
-    return {method: _ours(cases[method]) for method in METHODS}
+    return {method: _ours(method, cases) for method in METHODS}
 
 
 def _fails(ours, fixture, keys=("logits", "cls_logits", "rep_logits", "loss")):
@@ -82,11 +66,11 @@ def test_parameter_names_map_layer_by_layer():
 
 
 def test_every_learnable_value_is_drawn_on_its_own(cases):
-    learnables = cases["MMRL"][2]
+    learnables = cases["MMRL"][1]
     for tower in ("visual", "text"):
         weights = [learnables[f"representation.{tower}.{i}.weight"] for i in range(7)]
         assert all(not torch.equal(weights[0], other) for other in weights[1:])  # upstream's copies start equal
-    learnables = cases["MMRLpp"][2]
+    learnables = cases["MMRLpp"][1]
     for tower in ("visual", "text"):
         for i in range(7):
             assert learnables[f"representation.{tower}.residuals.{i}.b"].abs().max() > 0.05  # zero at init
@@ -95,7 +79,7 @@ def test_every_learnable_value_is_drawn_on_its_own(cases):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_matches_official_outputs(method, cases, outputs):
-    fixture, ours = cases[method][0], outputs[method]
+    fixture, ours = _fixture(method), outputs[method]
     assert ours["logits"].shape == (fixture["batch"], len(fixture["classnames"]))
     for key, official in fixture["official_outputs"].items():
         assert oe.relative_max_difference(ours[key], official) <= oe.TOLERANCE, key
@@ -110,30 +94,30 @@ def test_fused_logits_are_the_weighted_sum(method, outputs):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_representation_tokens_one_block_early_fail_the_comparison(method, cases):
-    ours = _ours(cases[method], node_changes={"REP_LAYERS": [layer - 1 for layer in LAYERS]})
-    assert all(_fails(ours, cases[method][0]).values())
+    ours = _ours(method, cases, node_changes={"REP_LAYERS": [layer - 1 for layer in LAYERS]})
+    assert all(_fails(ours, _fixture(method)).values())
 
 
 def test_mmrl_projector_copies_swapped_fail_the_comparison(cases):
     """P_v and P_t of layers 6 and 7 exchanged: every copy holds other values, so the order matters."""
-    learnables = dict(cases["MMRL"][2])
+    learnables = dict(cases["MMRL"][1])
     for tower in ("visual", "text"):
         for kind in ("weight", "bias"):
             first, second = f"representation.{tower}.0.{kind}", f"representation.{tower}.1.{kind}"
             learnables[first], learnables[second] = learnables[second], learnables[first]
-    assert all(_fails(_ours(cases["MMRL"], learnables), cases["MMRL"][0]).values())
+    assert all(_fails(_ours("MMRL", cases, learnables), _fixture("MMRL")).values())
 
 
 def test_mmrlpp_swapped_blend_weights_fail_the_comparison(cases):
     """β and 1 − β exchanged (0.3 instead of OxfordPets' 0.7) in both towers."""
-    ours = _ours(cases["MMRLpp"], node_changes={"BETA": 0.3})
-    assert all(_fails(ours, cases["MMRLpp"][0]).values())
+    ours = _ours("MMRLpp", cases, node_changes={"BETA": 0.3})
+    assert all(_fails(ours, _fixture("MMRLpp")).values())
 
 
 def test_mmrlpp_residuals_of_two_layers_swapped_fail_the_comparison(cases):
-    learnables = dict(cases["MMRLpp"][2])
+    learnables = dict(cases["MMRLpp"][1])
     for tower in ("visual", "text"):
         for kind in ("a", "b"):
             first, second = f"representation.{tower}.residuals.0.{kind}", f"representation.{tower}.residuals.1.{kind}"
             learnables[first], learnables[second] = learnables[second], learnables[first]
-    assert all(_fails(_ours(cases["MMRLpp"], learnables), cases["MMRLpp"][0]).values())
+    assert all(_fails(_ours("MMRLpp", cases, learnables), _fixture("MMRLpp")).values())

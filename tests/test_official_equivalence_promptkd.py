@@ -10,38 +10,22 @@ classes) and the new logits (the third), its teacher the teacher logits over the
 PromptKDCLIP with a PromptSRCTeacher, rebuilt from the same seeds with the fixture's mapping, must
 agree within 3e-3; prompts or projector layers put in the wrong place must fail.
 """
-import json
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-import official_equivalence as oe  # noqa: E402  (tools/official_equivalence.py)
+from official_cases import build_case, load_fixture, oe, our_outputs
 
 METHOD = "PromptKD"
 
 
 @pytest.fixture(scope="module")
 def fixture():
-    with open(os.path.join(oe.FIXTURE_DIR, "promptkd.json")) as f:
-        return json.load(f)
+    return load_fixture("promptkd")
 
 
 @pytest.fixture(scope="module")
 def case(fixture, official_weights):
     """(weights file, learnable values {our name: tensor}, images [B, 3, R, R], labels [B])."""
-    path, resolution, width = official_weights(fixture["backbone"], fixture["seeds"]["weights"])
-    learnables, images, labels = oe.make_inputs(METHOD, resolution, width, fixture["seeds"], fixture["batch"],
-                                                len(fixture["classnames"]))
-    assert labels.tolist() == fixture["labels"]
-    return path, learnables, images, labels
-
-
-def _ours(fixture, case, learnables=None):
-    path, default, images, labels = case
-    return oe.our_outputs(METHOD, fixture["backbone"], path, fixture["classnames"], learnables or default, images,
-                          labels)
+    return build_case(fixture, official_weights)
 
 
 def _differences(fixture, ours):
@@ -61,7 +45,7 @@ def test_fixture_records_the_official_run(fixture):
 
 
 def test_matches_official_outputs(fixture, case):
-    ours = _ours(fixture, case)
+    ours = our_outputs(fixture, case)
     assert ours["base_logits"].shape == (fixture["batch"], 2) and ours["new_logits"].shape == (fixture["batch"], 1)
     for key, difference in _differences(fixture, ours).items():
         assert difference <= oe.TOLERANCE, key
@@ -79,7 +63,7 @@ def _swapped(case, first, second):
     ("teacher.model.text_prompts.0", "teacher.model.text_prompts.1"),  # the teacher's text prompts, layers 2 and 3
 ])
 def test_misplaced_values_fail_the_comparison(fixture, case, first, second):
-    ours = _ours(fixture, case, _swapped(case, first, second))
+    ours = our_outputs(fixture, case, _swapped(case, first, second))
     assert max(_differences(fixture, ours).values()) > oe.TOLERANCE
 
 
@@ -88,5 +72,6 @@ def test_misplaced_teacher_vision_prompts_move_the_teacher_logits(fixture, case)
     vision prompts of layers 1 and 2 changes its logits by about 3e-4, below the contract's 3e-3
     but 100x above the agreement with the official code (about 6e-7)."""
     recorded = fixture["relative_max_difference"]["teacher_logits"]
-    ours = _ours(fixture, case, _swapped(case, "teacher.model.vision_prompts.0", "teacher.model.vision_prompts.1"))
+    swapped = _swapped(case, "teacher.model.vision_prompts.0", "teacher.model.vision_prompts.1")
+    ours = our_outputs(fixture, case, swapped)
     assert recorded < 1e-5 and _differences(fixture, ours)["teacher_logits"] > 1e-4

@@ -8,39 +8,22 @@ CE, re-formation term, total loss and per-token gradient norms of P within 3e-3;
 wrong layers, and the re-mix weights α and 1 − α swapped, must fail; without the
 re-formation term the loss must differ from the official one.
 """
-import json
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-import official_equivalence as oe  # noqa: E402  (tools/official_equivalence.py)
+from official_cases import build_case, load_fixture, oe, our_outputs
 
-METHOD = "ProVP"
 PROMPTS = "prompt_learner.prompt_embeddings"
 
 
 @pytest.fixture(scope="module")
 def fixture():
-    with open(os.path.join(oe.FIXTURE_DIR, "provp.json")) as f:
-        return json.load(f)
+    return load_fixture("provp")
 
 
 @pytest.fixture(scope="module")
 def case(fixture, official_weights):
     """(weights file, learnable values {our name: tensor}, images [B, 3, R, R], labels [B])."""
-    path, resolution, width = official_weights(fixture["backbone"], fixture["seeds"]["weights"])
-    learnables, images, labels = oe.make_inputs(METHOD, resolution, width, fixture["seeds"], fixture["batch"],
-                                                len(fixture["classnames"]))
-    assert labels.tolist() == fixture["labels"]
-    return path, learnables, images, labels
-
-
-def _ours(fixture, case, learnables=None, node_changes=None):
-    path, default, images, labels = case
-    return oe.our_outputs(METHOD, fixture["backbone"], path, fixture["classnames"], learnables or default, images,
-                          labels, node_changes)
+    return build_case(fixture, official_weights)
 
 
 def test_fixture_records_the_official_run(fixture):
@@ -54,7 +37,7 @@ def test_fixture_records_the_official_run(fixture):
 
 
 def test_matches_official_outputs(fixture, case):
-    ours = _ours(fixture, case)
+    ours = our_outputs(fixture, case)
     assert ours["logits"].shape == (fixture["batch"], len(fixture["classnames"]))
     assert ours["prompt_grad_norms"].shape == (12, 16)
     for key, official in fixture["official_outputs"].items():
@@ -69,17 +52,17 @@ def test_prompts_of_the_wrong_layers_fail_the_comparison(fixture, case, misplace
     else:
         moved = prompts.clone()
         moved[[1, 2]] = prompts[[2, 1]]
-    ours = _ours(fixture, case, {PROMPTS: moved})
+    ours = our_outputs(fixture, case, {PROMPTS: moved})
     assert oe.relative_max_difference(ours["logits"], fixture["official_outputs"]["logits"]) > oe.TOLERANCE
 
 
 def test_swapped_re_mix_weights_fail_the_comparison(fixture, case):
     """α = 0.99 (the weights of x_p and P_l swapped) keeps the previous outputs instead of P_l. (A plain
     replacement, α = 0, differs from α = 0.01 by less than the tolerance: 1 % of the prompt outputs.)"""
-    ours = _ours(fixture, case, node_changes={"ALPHA": 0.99})
+    ours = our_outputs(fixture, case, node_changes={"ALPHA": 0.99})
     assert oe.relative_max_difference(ours["logits"], fixture["official_outputs"]["logits"]) > oe.TOLERANCE
 
 
 def test_the_official_loss_includes_the_re_formation_term(fixture, case):
-    ours = _ours(fixture, case, node_changes={"REF_WEIGHT": 0.0})
+    ours = our_outputs(fixture, case, node_changes={"REF_WEIGHT": 0.0})
     assert oe.relative_max_difference(ours["loss"], fixture["official_outputs"]["loss"]) > oe.TOLERANCE

@@ -8,38 +8,22 @@ batch's class, then the class of higher prototype similarity). Our SkipTuningCLI
 the same seeds must give the same logits and loss within the contract's relative max difference
 (3e-3); another mask, or another template, must fail.
 """
-import json
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-import official_equivalence as oe  # noqa: E402  (tools/official_equivalence.py)
-
-METHOD = "SkipTuning"
+from official_cases import build_case, load_fixture, oe, our_outputs
 
 
 @pytest.fixture(scope="module")
 def fixture():
-    with open(os.path.join(oe.FIXTURE_DIR, "skiptuning.json")) as f:
-        return json.load(f)
+    return load_fixture("skiptuning")
 
 
 @pytest.fixture(scope="module")
 def case(fixture, official_weights):
     """(weights file, learnable values {} (none), images [B, 3, R, R], labels [B])."""
-    path, resolution, width = official_weights(fixture["backbone"], fixture["seeds"]["weights"])
-    learnables, images, labels = oe.make_inputs(METHOD, resolution, width, fixture["seeds"], fixture["batch"],
-                                                len(fixture["classnames"]))
-    assert labels.tolist() == fixture["labels"] == [0, 0] and learnables == {}
-    return path, images, labels
-
-
-def _ours(fixture, case, **node_changes):
-    path, images, labels = case
-    return oe.our_outputs(METHOD, fixture["backbone"], path, fixture["classnames"], {}, images, labels,
-                          node_changes=node_changes)
+    case = build_case(fixture, official_weights)
+    assert case[3].tolist() == [0, 0] and case[1] == {}
+    return case
 
 
 def test_fixture_records_the_official_run(fixture):
@@ -51,14 +35,15 @@ def test_fixture_records_the_official_run(fixture):
 
 
 def test_matches_official_outputs(fixture, case):
-    outputs = _ours(fixture, case)
+    outputs = our_outputs(fixture, case)
     assert outputs["logits"].shape == (fixture["batch"], len(fixture["classnames"]))
     for key, official in fixture["official_outputs"].items():
         assert oe.relative_max_difference(outputs[key], official) <= oe.TOLERANCE, key
 
 
 def test_another_keep_mask_fails_the_loss_comparison(fixture, case):
-    ours = _ours(fixture, case, KEEP_MASK=[True, False, True])  # the class of lower prototype similarity
+    # the class of lower prototype similarity
+    ours = our_outputs(fixture, case, node_changes={"KEEP_MASK": [True, False, True]})
     assert oe.relative_max_difference(ours["loss"], fixture["official_outputs"]["loss"]) > oe.TOLERANCE
     assert oe.relative_max_difference(ours["logits"], fixture["official_outputs"]["logits"]) <= oe.TOLERANCE
 
@@ -67,5 +52,5 @@ def test_the_datasets_own_template_fails_the_comparison(fixture, case, monkeypat
     from trainers import skip_tuning
 
     monkeypatch.setitem(skip_tuning.TEMPLATES, "OxfordPets", "a photo of a {}, a type of pet.")  # the CoOp one
-    ours = _ours(fixture, case)
+    ours = our_outputs(fixture, case)
     assert oe.relative_max_difference(ours["logits"], fixture["official_outputs"]["logits"]) > oe.TOLERANCE

@@ -2,14 +2,14 @@
 1..N at the later blocks, CE + λ·InfoNCE against frozen CLIP's image features, the fixed text
 classifier (trainers/provp.py), checked against a hand computation with open_clip's own blocks."""
 import math
-import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 from baseline_setup import (  # noqa: F401
-    build_seeded, frozen, learnable, tiny_runner, toy_pets_cfg, toy_world, trainer_node,
+    build_seeded, tiny_runner, toy_world, toy_world_cfg, trainer_node,
 )
+from trainer_checks import one_step_changes_only_the_learnable, saved_keys
 
 from trainers.prograd import PROGRAD_TEMPLATES
 from trainers.provp import ProVPCLIP, provp_template, uniform_bound
@@ -157,10 +157,9 @@ def test_zero_weight_is_provp_without_re_formation(tiny_runner):  # noqa: F811
 
 def pets_cfg(toy_world, tmp_path, *opts):  # noqa: F811
     """The official recipe (vit_b16_b2n_ep100.yaml) on the toy OxfordPets and the tiny CLIP (3 image blocks)."""
-    data, config, weights = toy_world
-    return toy_pets_cfg("ProVP", "ProVP/vit_b16_b2n_ep100.yaml", data, tmp_path, (config, weights),
-                        "INPUT.SIZE", "(32, 32)", "DATALOADER.NUM_WORKERS", "0", "DATALOADER.TRAIN_X.BATCH_SIZE", "4",
-                        "TRAINER.PROVP.PREC", "fp32", "TRAINER.PROVP.PROMPT_DEPTH", "3", *opts)
+    return toy_world_cfg(toy_world, "ProVP", "ProVP/vit_b16_b2n_ep100.yaml", tmp_path,
+                         "DATALOADER.TRAIN_X.BATCH_SIZE", "4", "TRAINER.PROVP.PREC", "fp32",
+                         "TRAINER.PROVP.PROMPT_DEPTH", "3", *opts)
 
 
 def test_a_training_step_changes_only_the_prompts_with_the_official_optimiser(toy_world, tmp_path):  # noqa: F811
@@ -170,15 +169,9 @@ def test_a_training_step_changes_only_the_prompts_with_the_official_optimiser(to
     assert type(optimizer).__name__ == "SGD"
     assert optimizer.param_groups[0]["initial_lr"] == 0.1 and optimizer.param_groups[0]["weight_decay"] == 1e-3
     assert model.prompt_learner.prompt_embeddings.shape == (3, 16, 64) and model.ref_weight == 1.0
-    before_learned, before_frozen = learnable(model), frozen(model)
-    assert set(before_learned) == {"prompt_learner.prompt_embeddings"}
-    trainer.batch_idx, trainer.num_batches = 0, len(trainer.train_loader_x)
-    summary = trainer.forward_backward(next(iter(trainer.train_loader_x)))
+    learned, _, summary = one_step_changes_only_the_learnable(trainer)
+    assert learned == {"prompt_learner.prompt_embeddings"}
     assert {"xe_loss", "ref_loss"} <= set(summary)
-    assert not torch.equal(learnable(model)["prompt_learner.prompt_embeddings"],
-                           before_learned["prompt_learner.prompt_embeddings"])
-    for name, value in frozen(model).items():
-        assert torch.equal(value, before_frozen[name]), name
 
 
 @pytest.mark.parametrize("role, subsample", [("new", "new"), ("target", "all")])
@@ -187,9 +180,8 @@ def test_new_classes_use_the_trained_prompts_and_their_own_classifier(toy_world,
     trained = build_seeded(pets_cfg(toy_world, tmp_path / "base", "DATASET.SUBSAMPLE_CLASSES", "base"))
     with torch.no_grad():
         trained.model.prompt_learner.prompt_embeddings.mul_(10.0)
-    trained.save_model(0, str(tmp_path / "run"))
-    saved = torch.load(os.path.join(tmp_path, "run", "prompt_learner", "model.pth.tar-1"), weights_only=True)
-    assert set(saved["state_dict"]) == {"prompt_embeddings"}  # upstream's name: its checkpoints load as they are
+    # upstream's name: its checkpoints load as they are
+    assert saved_keys(trained, tmp_path / "run", "prompt_learner") == {"prompt_embeddings"}
     other = build_seeded(pets_cfg(toy_world, tmp_path / role, "DATASET.SUBSAMPLE_CLASSES", subsample, "TEST.ROLE", role))
     other.load_model(str(tmp_path / "run"), epoch=1)
     model = other.model
