@@ -34,6 +34,7 @@ Usage (clones, or bare git directories, of the official repositories; HEAD is co
     python tools/official_equivalence.py ProGrad --official-git Prompt-align
     python tools/official_equivalence.py MaPLe --official-git DePT --dassl-git Dassl.pytorch
     python tools/official_equivalence.py DePT-MaPLe --official-git DePT --dassl-git Dassl.pytorch
+    python tools/official_equivalence.py DePT-CoOp --official-git DePT --dassl-git Dassl.pytorch
     python tools/official_equivalence.py TCP --official-git Textual-based_Class-aware_prompt_tuning \
         --dassl-git Dassl.pytorch
     python tools/official_equivalence.py MMA --official-git Multi-Modal-Adapter --dassl-git Dassl.pytorch
