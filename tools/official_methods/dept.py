@@ -66,10 +66,13 @@ def run_official(module, cfg, request, model, images, labels):
 def _spec(base, official_module, base_node_key, base_node, base_learnables):
     """The spec of DePT on ``base`` ("MaPLe" or "CoOp"): the official ``official_module`` built with
     the base's node under ``TRAINER.<base_node_key>`` and DePT's upstream defaults."""
+    dept_node = {"BASE": base, "PREC": "fp32", "HEAD_WEIGHT": 0.7, "HEAD_LR_MULT": 6.5}
     return {
         "repository": "Koorye/DePT",
         "code_dir": "",
         "official_module": official_module,
+        "official_trainer": f"ExtrasLinearProbe{base}",
+        "official_train_cfg": dict(maple.DEPT_TRAIN_CFG),
         "dataset": "OxfordPets",
         "official_cfg": {
             f"TRAINER.{base_node_key}": dict(base_node),
@@ -77,8 +80,9 @@ def _spec(base, official_module, base_node_key, base_node, base_learnables):
             "TRAINER.FILM": {"LINEAR_PROBE": True},
         },
         "our_node": dict(base_node),
-        "our_dept_node": {"BASE": base, "PREC": "fp32", "HEAD_WEIGHT": 0.7, "HEAD_LR_MULT": 6.5,
-                          "INFERENCE": "fused"},
+        "our_dept_node": dict(dept_node, INFERENCE="fused"),
+        "benchmark_case": {"MaPLe": "DePT", "CoOp": "DePT+CoOp"}[base],
+        "our_nodes": {f"TRAINER.{base_node_key}": dict(base_node), "TRAINER.DEPT": dept_node},
         "learnables": learnables(base_learnables),
         "official_learnable_prefixes": ("prompt_learner.", "film_lp_img.", "film_lp_text.", "linear_probe_proj."),
         "outputs": ("logits", "head_logits", "fused_logits", "loss"),
