@@ -7,13 +7,15 @@
     python tools/benchmark.py cocoop --classes 1000 --images 2 --chunks 0 1024 256
     python tools/benchmark.py feature-cache --trainer RAda
     python tools/benchmark.py loader --synthetic output/loader_bench --workers 0 2 4
+    python tools/benchmark.py official --clock cpu --official-git KaiyangZhou/CoOp=CoOp ... --dassl-git Dassl.pytorch
     python tools/benchmark.py show output/benchmarks/cpu.json [--compare output/benchmarks/before.json]
 
 Every family times with the same clocks (``--clock wall`` or ``cpu``: the process's CPU
 time, for a CPU shared with other jobs; images/s always use the wall clock) and prints one
 table: a header line (settings, commit, load average), one row per case, then the figures
 derived from the rows. ``--json PATH`` writes the same report as JSON; ``show`` prints a saved
-one. What each family measures: vlprompt/benchmarking/<family>.py and PERFORMANCE.md.
+one. What each family measures: vlprompt/benchmarking/<family>.py (``official``: our trainers
+against their official code, tools/official_benchmark.py, next to this file) and PERFORMANCE.md.
 """
 import argparse
 import sys
@@ -24,8 +26,10 @@ from vlprompt.benchmarking.trainer_cases import BenchmarkCoverageError
 from vlprompt.clip import CLIPLoadError
 from vlprompt.config import ConfigError
 
+import official_benchmark  # tools/official_benchmark.py, next to this file (it runs the official code)
+
 FAMILIES = {"trainers": per_trainer, "dear": dear, "cocoop": cocoop, "feature-cache": feature_cache,
-            "loader": loader}
+            "loader": loader, "official": official_benchmark}
 
 
 def build_parser():

@@ -34,6 +34,7 @@ Usage (clones, or bare git directories, of the official repositories; HEAD is co
     python tools/official_equivalence.py ProGrad --official-git Prompt-align
     python tools/official_equivalence.py MaPLe --official-git DePT --dassl-git Dassl.pytorch
     python tools/official_equivalence.py DePT-MaPLe --official-git DePT --dassl-git Dassl.pytorch
+    python tools/official_equivalence.py DePT-CoOp --official-git DePT --dassl-git Dassl.pytorch
     python tools/official_equivalence.py TCP --official-git Textual-based_Class-aware_prompt_tuning \
         --dassl-git Dassl.pytorch
     python tools/official_equivalence.py MMA --official-git Multi-Modal-Adapter --dassl-git Dassl.pytorch
@@ -187,8 +188,15 @@ def _install_stand_ins():
         sys.modules[name] = stand_in
 
 
-def _official_side(workdir):
-    """Run in the subprocess: build the official model from ``workdir``'s request, write its outputs."""
+def official_setup(request, resolution, weights_path):
+    """In a subprocess with the official trees on ``PYTHONPATH``: the stand-ins installed, the
+    official ``clip._download`` pointed at ``weights_path``, the Dassl config of ``request``'s
+    method (its spec's ``official_cfg``, ``request["backbone"]``, input size ``resolution``, the
+    spec's dataset name, then its ``prepare_official``) and the official module imported.
+
+    Returns:
+        (spec, cfg, module, official clip module).
+    """
     _install_stand_ins()
     import importlib
 
@@ -196,14 +204,8 @@ def _official_side(workdir):
     from dassl.config import get_cfg_default
     from yacs.config import CfgNode as CN
 
-    with open(os.path.join(workdir, "request.json")) as f:
-        request = json.load(f)
     spec = METHODS[request["method"]]
-    weights_path = os.path.join(workdir, "weights.pt")
     official_clip._download = lambda url, root=None: weights_path
-    inputs = torch.load(os.path.join(workdir, "inputs.pt"), weights_only=True)
-    images, labels = inputs["images"], inputs["labels"]
-
     cfg = get_cfg_default()
     for path, values in spec["official_cfg"].items():
         parent = cfg
@@ -211,11 +213,21 @@ def _official_side(workdir):
             parent = getattr(parent, part)
         setattr(parent, path.split(".")[-1], CN(values))
     cfg.MODEL.BACKBONE.NAME = request["backbone"]
-    cfg.INPUT.SIZE = (images.shape[-1], images.shape[-1])
+    cfg.INPUT.SIZE = (resolution, resolution)
     cfg.DATASET.NAME = spec.get("dataset", "")
     if "prepare_official" in spec:
         spec["prepare_official"](cfg, weights_path)
-    module = importlib.import_module(spec["official_module"])
+    return spec, cfg, importlib.import_module(spec["official_module"]), official_clip
+
+
+def _official_side(workdir):
+    """Run in the subprocess: build the official model from ``workdir``'s request, write its outputs."""
+    with open(os.path.join(workdir, "request.json")) as f:
+        request = json.load(f)
+    weights_path = os.path.join(workdir, "weights.pt")
+    inputs = torch.load(os.path.join(workdir, "inputs.pt"), weights_only=True)
+    images, labels = inputs["images"], inputs["labels"]
+    spec, cfg, module, _ = official_setup(request, images.shape[-1], weights_path)
     clip_model = module.load_clip_to_cpu(cfg).float()  # the official PREC fp32 branch
     if "build_official" in spec:
         model = spec["build_official"](module, cfg, request["classnames"], clip_model)
@@ -284,28 +296,38 @@ def _export_present_files(git_dir, target):
           f"({len(missing)}): {', '.join(missing)}")
 
 
-def compare(method, official_git, dassl_git, backbone, seeds, classnames, batch):
-    """Run both sides; return the fixture dict (with the measured differences)."""
+def export_trees(spec, official_git, dassl_git, folder):
+    """Export (``git archive HEAD``) the official repository of ``spec`` and, unless it holds its
+    own fork (``dassl_dir``), the Dassl clone into ``folder`` (``official``, ``dassl``).
+
+    Returns:
+        (official commit, Dassl commit, [the official code folder, the Dassl folder]): the
+        folders go first on the official side's ``PYTHONPATH``.
+    """
     for label, path in (("--official-git", official_git), ("--dassl-git", dassl_git)):
         if path is not None and not os.path.isdir(path):
             raise SystemExit(f"{label} '{path}' is not a folder; "
                              "give a clone (or the git directory) of the repository.")
+    official_commit = _export(official_git, os.path.join(folder, "official"), spec.get("archive_exclude", ()))
+    code_path = os.path.join(folder, "official", spec["code_dir"])
+    if "dassl_dir" in spec:
+        return official_commit, official_commit, [code_path, os.path.join(folder, "official", spec["dassl_dir"])]
+    dassl_path = os.path.join(folder, "dassl")
+    return official_commit, _export(dassl_git, dassl_path), [code_path, dassl_path]
+
+
+def compare(method, official_git, dassl_git, backbone, seeds, classnames, batch):
+    """Run both sides; return the fixture dict (with the measured differences)."""
     spec = METHODS[method]
     with tempfile.TemporaryDirectory(prefix="official_equivalence_") as workdir:
-        official_commit = _export(official_git, os.path.join(workdir, "official"), spec.get("archive_exclude", ()))
-        code_path = os.path.join(workdir, "official", spec["code_dir"])
-        if "dassl_dir" in spec:
-            dassl_commit, dassl_path = official_commit, os.path.join(workdir, "official", spec["dassl_dir"])
-        else:
-            dassl_path = os.path.join(workdir, "dassl")
-            dassl_commit = _export(dassl_git, dassl_path)
+        official_commit, dassl_commit, paths = export_trees(spec, official_git, dassl_git, workdir)
         request = {"method": method, "backbone": backbone, "classnames": classnames, "seeds": seeds, "batch": batch}
         weights_path, learnables, images, labels = fixture_inputs(request, workdir)
         with atomic_write(os.path.join(workdir, "inputs.pt")) as f:
             torch.save({"learnables": learnables, "images": images, "labels": labels}, f)
         with atomic_write(os.path.join(workdir, "request.json"), "w") as f:
             json.dump(request, f)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([code_path, dassl_path]))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
         command = [sys.executable, os.path.abspath(__file__), method, "--official-side", workdir]
         if subprocess.run(command, env=env, cwd=workdir).returncode != 0:
             raise SystemExit(f"The official side failed (its traceback is above): {' '.join(command)} "

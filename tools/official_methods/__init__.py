@@ -29,7 +29,20 @@ A method module defines ``SPECS``, {method name: spec}; a spec is a dict with
   ``prepare_official(cfg, weights_path)`` (optional; before the official module is imported; the
   working folder is the harness's temporary folder), ``build_official(module, cfg, classnames,
   clip_model)`` (optional; -> the official model, default ``module.CustomCLIP`` in fp32 and eval) and
-  ``run_official(module, cfg, request, model, images, labels)`` -> {output name: tensor}.
+  ``run_official(module, cfg, request, model, images, labels)`` -> {output name: tensor};
+  ``prepare_official_model(model)`` (optional): what the official model needs once built to run
+  on the CPU in fp32 (``run_official`` calls it itself).
+
+For ``tools/benchmark.py official`` (tools/official_benchmark.py), which times one training step
+of each side:
+
+* ``official_trainer``: the official trainer class in ``official_module``, whose own
+  ``build_model`` and ``forward_backward`` are run; ``official_train_cfg`` (optional): {dotted
+  Dassl config key: value} that the official train.py adds and that build_model reads;
+* ``benchmark_case`` (optional, default the method's name): our case in
+  vlprompt/benchmarking/trainer_cases.py (the trainer and its config file); ``our_nodes``
+  (optional, default {"TRAINER.<the case's trainer in capitals>": ``our_node``}): {our config
+  node: values} set over that config, so that both sides train the model the fixture compares.
 """
 from . import atprompt, coop, dept, maple, mma, mmrl, prograd, promptkd, provp, skip_tuning, tac, tcp
 

@@ -15,6 +15,7 @@ SPECS = {
         "repository": "KaiyangZhou/CoOp",
         "code_dir": "",
         "official_module": "trainers.coop",
+        "official_trainer": "CoOp",
         "official_cfg": {"TRAINER.COOP": dict(NODE)},
         "our_node": dict(NODE),
         "learnables": {"prompt_learner.ctx": {"official": "prompt_learner.ctx", "init_std": 0.02}},

@@ -10,6 +10,11 @@ DEPTH = 9  # MaPLe's PROMPT_DEPTH: T_1 plus 8 deep text prompts and 8 couplings
 NODE = {"N_CTX": 2, "CTX_INIT": "a photo of a", "PREC": "fp32", "PROMPT_DEPTH": DEPTH}
 _COUPLING_STD = 512 ** -0.5
 _COUPLING_SHAPES = {"weight": ("vision_width", "width"), "bias": ("vision_width",)}
+# What Koorye/DePT's train.py (extend_cfg) adds to the Dassl config and its trainers' build_model
+# reads: its build_optimizer's staged learning rates (the head and FiLM at LR x LR_EXP) and the
+# names of the parameters to train.
+DEPT_TRAIN_CFG = {"OPTIM.LR_EXP": 6.5, "OPTIM.STAGED_LR": True, "OPTIM.NEW_LAYERS": ["linear_probe", "film"],
+                  "OPTIM.BASE_LR_MULT": 1.0, "TRAINER.NAMES_TO_UPDATE": ["prompt_learner", "linear_probe", "film"]}
 
 
 def learnables(prefix):
@@ -48,6 +53,8 @@ SPECS = {
         "repository": "Koorye/DePT",
         "code_dir": "",
         "official_module": "trainers.maple",
+        "official_trainer": "MaPLe",
+        "official_train_cfg": dict(DEPT_TRAIN_CFG),
         "official_cfg": {"TRAINER.MAPLE": dict(NODE)},
         "our_node": dict(NODE),
         "learnables": learnables(""),

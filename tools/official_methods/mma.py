@@ -34,6 +34,7 @@ SPECS = {
         "repository": "ZjjConan/Multi-Modal-Adapter",
         "code_dir": "",
         "official_module": "trainers.mmadapter",
+        "official_trainer": "MultiModalAdapter",
         "official_cfg": {"TRAINER.MMADAPTER": dict(NODE)},
         "our_node": dict(NODE),
         "learnables": adapter_learnables(),

@@ -58,6 +58,7 @@ SPECS = {
         "code_dir": "ProGrad.public",
         "dassl_dir": "Dassl.ProGrad.pytorch",
         "official_module": "trainers.prograd",
+        "official_trainer": "ProGrad",
         "dataset": "OxfordPets",
         "official_cfg": {
             "TRAINER.COOP": {"N_CTX": 16, "CSC": False, "CTX_INIT": True, "CLASS_TOKEN_POSITION": "end",

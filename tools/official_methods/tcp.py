@@ -42,10 +42,15 @@ def prepare_official(cfg, weights_path):
     torch.Tensor.cuda = lambda self, device=None, non_blocking=False: self
 
 
-def run_official(module, cfg, request, model, images, labels):
-    """TCP's logits [B, C] and training loss, as its forward returns them in training mode."""
+def prepare_official_model(model):
+    """The knowledge features ê_c come from upstream's fp16 CLIP: cast to fp32 for the fp32 meta-net."""
     model.prompt_learner.text_features = model.prompt_learner.text_features.float()
     model.ori_embedding = model.prompt_learner.text_features
+
+
+def run_official(module, cfg, request, model, images, labels):
+    """TCP's logits [B, C] and training loss, as its forward returns them in training mode."""
+    prepare_official_model(model)
     model.prompt_learner.train()
     with torch.no_grad():
         logits, loss = model(images, labels)
@@ -57,6 +62,7 @@ SPECS = {
         "repository": "htyao89/Textual-based_Class-aware_prompt_tuning",
         "code_dir": "",
         "official_module": "trainers.tcp",
+        "official_trainer": "TCP",
         "dataset": "OxfordPets",
         "official_cfg": {"TRAINER.COOP": {"N_CTX": 4, "CSC": False, "CTX_INIT": False, "W": 1.0,
                                           "CLASS_TOKEN_POSITION": "end", "PREC": "fp32"},
@@ -69,5 +75,6 @@ SPECS = {
         "run_ours": run_ours,
         "prepare_official": prepare_official,
         "run_official": run_official,
+        "prepare_official_model": prepare_official_model,
     },
 }

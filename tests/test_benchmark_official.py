@@ -1,0 +1,103 @@
+"""tools/benchmark.py official: the report's structure, and its ratios computed from the two
+sides' measured figures (our side measured for real on a tiny CLIP, the official side a stand-in
+result); no timing is asserted."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import benchmark  # noqa: E402  (tools/benchmark.py, the command line)
+import official_benchmark  # noqa: E402  (tools/official_benchmark.py)
+
+# A stand-in official result: its step 3x its frozen forward on the CPU clock, 5x on the wall clock.
+OFFICIAL = {"train": {"wall": 0.5, "cpu": 0.6}, "frozen": {"wall": 0.1, "cpu": 0.2}, "learnable": 512}
+
+
+@pytest.fixture
+def official_git(tmp_path):
+    """A git repository with one commit, exported in place of the official code."""
+    repo = tmp_path / "official"
+    repo.mkdir()
+    (repo / "README").write_text("stand-in\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for command in (["init", "-q"], ["add", "README"], ["commit", "-q", "-m", "stand-in"]):
+        subprocess.run(git + command, check=True)
+    return str(repo)
+
+
+def test_report_on_the_tiny_clip(tiny_clip_files, official_git, tmp_path, monkeypatch, capsys):
+    config, _ = tiny_clip_files
+    real_run_side, sides = official_benchmark.run_side, []
+
+    def run_side(side, method, workdir, python_path, clock):
+        sides.append((side, method, python_path))
+        return OFFICIAL if side == "official" else real_run_side(side, method, workdir, python_path, clock)
+
+    monkeypatch.setattr(official_benchmark, "run_side", run_side)
+    path = tmp_path / "official.json"
+    argv = ["official", "--methods", "CoOp", "--backbone", config, "--batch", "2", "--classes", "3", "--rounds", "1",
+            "--warmup", "0", "--threads", "1", "--clock", "cpu", "--official-git", f"KaiyangZhou/CoOp={official_git}",
+            "--dassl-git", official_git, "--json", str(path)]
+    assert benchmark.main(argv) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(path.read_text())
+    assert report["benchmark"] == "official"
+    assert report["settings"]["methods"] == ["CoOp"] and report["settings"]["image_size"] == 32
+    assert [side for side, _, _ in sides] == ["ours", "official"]
+    assert sides[1][2][-1] == official_benchmark.ROOT  # the official tree first, our repository last
+    commit = subprocess.run(["git", "-C", official_git, "rev-parse", "HEAD"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    record, = report["results"]
+    assert record["case"] == "CoOp" and record["official_code"] == f"KaiyangZhou/CoOp@{commit[:8]}"
+    assert record["ours_learnable"] == 16 * 32  # CoOp's 16 context vectors of the tiny text width
+    assert record["ours_train_ms"] == record["ours_train_cpu_ms"] > 0
+    assert record["ours_ratio"] == record["ours_train_cpu_ms"] / record["ours_frozen_cpu_ms"]
+    assert record["official_ratio"] == pytest.approx(3.0)
+    assert record["ours_over_official"] == record["ours_ratio"] / record["official_ratio"]
+    assert record["ours_over_official_train_ms"] == record["ours_train_cpu_ms"] / 600.0
+    assert record["over_contract"] == (record["ours_over_official"] > 0.5)
+    assert "CoOp" in printed and official_benchmark.summary_lines(report)[0] in printed
+
+
+@pytest.mark.parametrize("clock, ratio, over", [("cpu", 1 / 3, False), ("wall", 0.6, True)])
+def test_record_compares_the_two_cost_ratios(clock, ratio, over):
+    """Ours: step 1x its frozen forward on the CPU clock, 3x on the wall clock; the official 3x and 5x."""
+    ours = {"train": {"wall": 0.3, "cpu": 0.25}, "frozen": {"wall": 0.1, "cpu": 0.25}, "learnable": 512}
+    record = official_benchmark.method_record("CoOp", "KaiyangZhou/CoOp@ff61507c", ours, OFFICIAL, clock)
+    assert record["ours_over_official"] == pytest.approx(ratio)
+    assert record["over_contract"] is over
+    assert record["official_train_ms"] == 1000 * OFFICIAL["train"][clock]
+    row, = official_benchmark.table_rows([record])
+    assert row[0] == "CoOp" and row[-2:] == [f"{record['ours_over_official_train_ms']:.2f}", "yes" if over else ""]
+
+
+def test_tool_names_what_is_missing(tmp_path, capsys):
+    with pytest.raises(SystemExit, match="unknown method"):
+        benchmark.main(["official", "--methods", "Foo"])
+    with pytest.raises(SystemExit, match="need --official-git for KaiyangZhou/CoOp"):
+        benchmark.main(["official", "--methods", "CoOp"])
+    with pytest.raises(SystemExit, match="OWNER/NAME=PATH"):
+        benchmark.main(["official", "--methods", "CoOp", "--official-git", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--dassl-git is needed"):
+        benchmark.main(["official", "--methods", "CoOp", "--official-git", f"KaiyangZhou/CoOp={tmp_path}"])
+
+
+def test_a_failed_side_is_a_row_and_the_exit_status(official_git, monkeypatch, capsys):
+    """A side that fails is reported in its method's row (the others are still measured) and main returns 1."""
+    def run_side(side, method, workdir, python_path, clock):
+        raise official_benchmark.SideFailed(f"the {side} side of {method} failed (exit status 1): ...\ntraceback")
+
+    monkeypatch.setattr(official_benchmark, "run_side", run_side)
+    monkeypatch.setattr(official_benchmark.oe, "write_weights", lambda backbone, seed, path: (32, 32))
+    argv = ["official", "--methods", "CoOp", "MMA", "--official-git", f"KaiyangZhou/CoOp={official_git}",
+            "--official-git", f"ZjjConan/Multi-Modal-Adapter={official_git}", "--dassl-git", official_git,
+            "--batch", "1", "--classes", "2"]
+    assert benchmark.main(argv) == 1
+    printed = capsys.readouterr().out
+    for method in ("CoOp", "MMA"):
+        assert f"the ours side of {method} failed (exit status 1): ..." in printed
+    assert "not measured (the row gives the error): CoOp, MMA" in printed
