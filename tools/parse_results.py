@@ -10,6 +10,7 @@ Usage::
     python tools/parse_results.py output --protocol base2new [--format markdown|latex|csv]
                                   [--trainers ZeroshotCLIP,CoOp,DeAR] [--published] [--seeds 1 2 3]
     python tools/parse_results.py output --protocol fewshot cross_dataset dg
+    python tools/parse_results.py output --protocol fft ttt --published   # RAda's Tables 1 and 3
 
 ``--protocol`` prints the paper tables of the protocol runner's output root
 (``tools/run_protocol.py``, layout in ``vlprompt/protocols/layout.py``): methods side by
