@@ -2,7 +2,7 @@
 
 * Each ``--trainers`` list of a command in README.md, DATASETS.md, PERFORMANCE.md, the
   docstrings and other texts of train.py and the Python sources, and configs/*.yaml resolves the way the command's tool resolves it:
-  run_protocol.py (also called through ``$RUN``) with ``vlprompt.protocols.grid.resolve_method``
+  run_protocol.py (also called through ``$RUN``) with ``vlprompt.protocols.grid.resolve_methods`` (every stage of a staged TRAINER:CFG1@E:CFG2)
   (``NAME:cfg`` -> configs/trainers/NAME/cfg.yaml, a bare NAME takes the command's
   ``--config``, a value ending in .yaml is a path); parse_results.py / plot_results.py need a
   registered trainer and, with ``:CFG``, an existing config; benchmark.py needs one of its
@@ -98,13 +98,13 @@ def test_documented_trainers_resolve(document, tool, specs, config, monkeypatch)
     import run_protocol
     import trainers  # noqa: F401  (registers the trainers, as run_protocol.py does)
 
-    from vlprompt.protocols.grid import resolve_method
+    from vlprompt.protocols.grid import resolve_methods
 
     assert specs, f"{document}: an empty --trainers list"
     for spec in specs:
         trainer, _, cfg = spec.partition(":")
         if tool == "run_protocol":
-            resolve_method(spec, config, ROOT / "configs", run_protocol._trainer_learns)
+            resolve_methods(spec, config, ROOT / "configs", run_protocol._trainer_learns)  # every stage
         elif tool == "results":
             run_protocol._trainer_learns(trainer)
             if cfg:

@@ -10,6 +10,7 @@ Usage::
     python tools/parse_results.py output --protocol base2new [--format markdown|latex|csv]
                                   [--trainers ZeroshotCLIP,CoOp,DeAR] [--published] [--seeds 1 2 3]
     python tools/parse_results.py output --protocol fewshot cross_dataset dg
+    python tools/parse_results.py output --protocol fft ttt --published   # RAda's Tables 1 and 3
 
 ``--protocol`` prints the paper tables of the protocol runner's output root
 (``tools/run_protocol.py``, layout in ``vlprompt/protocols/layout.py``): methods side by
@@ -54,7 +55,7 @@ from tabulate import tabulate
 REPO = Path(__file__).resolve().parents[1]
 
 from vlprompt.protocols.benchmark import PROTOCOLS, BenchmarkError, load_benchmark  # noqa: E402
-from vlprompt.protocols.layout import BASE2NEW_DIR, parse_run_path  # noqa: E402
+from vlprompt.protocols.layout import BASE2NEW_DIR, TTT_DIR, parse_run_path  # noqa: E402
 from vlprompt.protocols.published import (  # noqa: E402
     PUBLISHED_PROTOCOLS, PublishedError, load_published, published_path,
 )
@@ -540,10 +541,12 @@ def _sorted_values(values: Dict[str, float]) -> Dict[str, float]:
 
 # ------------------------------------------------------------------------ protocols
 
-_EVALUATION_KINDS = ("test_base", "test_new", "evaluation")
+_EVALUATION_KINDS = ("test_base", "test_new", "evaluation", TTT_DIR)
 _B2N_COLUMNS = {"train_base": BASE, "test_base": BASE_RELEASED, "test_new": NOVEL}
 TRANSFER_TITLES = {"cross_dataset": "Cross-dataset transfer (train on the source, test on the targets)",
-                   "dg": "Domain generalization (train on the source, test on its variants)"}
+                   "dg": "Domain generalization (train on the source, test on its variants)",
+                   "fft": "Full fine-tuning (RAda Table 1: train on the whole source set, test ID and OOD)",
+                   "ttt": "Test-time adaptation (RAda Table 3: each test image adapted on its own)"}
 
 
 @dataclass
@@ -551,7 +554,7 @@ class ProtocolResults:
     """The per-seed values of one protocol under a directory.
 
     Attributes:
-        protocol: base2new, fewshot, cross_dataset or dg.
+        protocol: base2new, fewshot, cross_dataset, dg, fft or ttt.
         directory: the parsed folder.
         measurements: (trainer, cfg, dataset, column) -> seed -> value of completed runs.
         runs: RunResult of every run folder of the protocol (complete or not).
@@ -572,10 +575,10 @@ class ProtocolScope:
     """Which runs of a protocol to read.
 
     Attributes:
-        datasets: base2new/fewshot: only these datasets (None: all); cross_dataset/dg: the
-            target datasets (required).
-        shots: only these shot counts (None: all).
-        source: the training dataset of cross_dataset/dg.
+        datasets: base2new/fewshot: only these datasets (None: all); cross_dataset/dg/fft/ttt:
+            the target datasets (required).
+        shots: only these shot counts (None: all; ttt: of the source model, 0 = none).
+        source: the training dataset of cross_dataset/dg/fft (ttt: of the source model).
         order: preferred row order of base2new/fewshot datasets.
     """
 
@@ -587,6 +590,9 @@ class ProtocolScope:
 
 def _protocol_cell(protocol: str, key, scope: ProtocolScope) -> Optional[Tuple[str, str]]:
     """(dataset, column) under which the run ``key`` counts for ``protocol``, or None."""
+    if protocol == "ttt":
+        shots_ok = scope.shots is None or key.shots in (0, *scope.shots)
+        return (key.dataset, "") if key.kind == TTT_DIR and shots_ok and key.dataset in scope.datasets else None
     if scope.shots is not None and key.shots not in scope.shots:
         return None
     if protocol in TRANSFER_TITLES:
@@ -641,15 +647,24 @@ def protocol_table(results: ProtocolResults, seeds: Sequence[str], scope: Protoc
         seeds: the expected seeds (cells with fewer are flagged).
         scope: row order (base2new/fewshot), source and targets (cross_dataset/dg).
         select: TRAINER or TRAINER:CFG entries picking and ordering the methods.
-        published: method -> Published (base2new, cross_dataset, dg).
+        published: method -> Published (base2new, cross_dataset, dg, fft, ttt).
+
+    fft: RAda's Table 1 (ID = the source's test set, each OOD target, OOD average); ttt:
+    RAda's Table 3 (each target, average).
     """
     meas = results.measurements
+    title = TRANSFER_TITLES.get(results.protocol)
     if results.protocol == "base2new":
         return base2new_table(meas, seeds, scope.order, select, published)
     if results.protocol == "fewshot":
         return fewshot_table(meas, seeds, scope.order, select)
-    return transfer_table(meas, seeds, scope.source, scope.datasets,
-                          TRANSFER_TITLES[results.protocol], select, published)
+    if results.protocol == "fft":
+        return transfer_table(meas, seeds, scope.source, scope.datasets, title, select, published,
+                              source_title="ID ({})", average_title="OOD average")
+    if results.protocol == "ttt":
+        return transfer_table(meas, seeds, scope.source, scope.datasets, title, select, published,
+                              source_title=None)
+    return transfer_table(meas, seeds, scope.source, scope.datasets, title, select, published)
 
 
 # ------------------------------------------------------------------------ rendering

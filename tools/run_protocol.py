@@ -9,7 +9,9 @@
         --backend slurm --slurm-partition gpu
 
 Protocols (``--protocol``, several allowed): ``base2new``, ``fewshot``, ``cross_dataset``,
-``dg``; their datasets, shots and seeds come from ``--benchmark`` (configs/benchmarks/*.yaml,
+``dg``, ``fft`` (RAda's full fine-tuning: train on the whole source set, test ID and OOD; a
+staged method TRAINER:CFG1@E:CFG2 runs both stages), ``ttt`` (test-time methods on each
+target; ``--source-model`` trains the model they start from); their datasets, shots and seeds come from ``--benchmark`` (configs/benchmarks/*.yaml,
 default ``paper``) unless given. Runs write to the reference repositories' folders under
 ``--output`` (vlprompt/protocols/layout.py). Each run is given its evaluation role
 (``--eval-role`` base, new, source or target; vlprompt/engine/roles.py), so methods whose
@@ -36,7 +38,8 @@ from vlprompt.protocols.execute import (  # noqa: E402
     Launcher, Progress, SlurmOptions, pending_runs, run_queue, run_sequential, submit_slurm,
     summarize, wait_for_jobs,
 )
-from vlprompt.protocols.grid import resolve_method  # noqa: E402
+from vlprompt.protocols.benchmark import TRANSFER  # noqa: E402
+from vlprompt.protocols.grid import resolve_method, resolve_methods  # noqa: E402
 from vlprompt.project import import_project_package  # noqa: E402
 
 CONFIGS = REPO / "configs"
@@ -50,14 +53,19 @@ def _split_commas(values: Optional[Sequence[str]]) -> List[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description="Run base-to-novel, few-shot, cross-dataset or domain-generalisation "
-                    "grids with train.py (skips completed runs, lists failures at the end).")
+        description="Run base-to-novel, few-shot, cross-dataset, domain-generalisation, full "
+                    "fine-tuning (fft) or test-time (ttt) grids with train.py (skips completed runs, lists failures at the end).")
     grid = parser.add_argument_group("grid")
     grid.add_argument("--protocol", nargs="+", required=True, choices=PROTOCOLS, metavar="NAME",
                       help=f"one or more of {', '.join(PROTOCOLS)}")
     grid.add_argument("--trainers", nargs="+", required=True, metavar="TRAINER[:CONFIG]",
                       help="trainers, comma- or space-separated, each with an optional config "
-                           "(a name under configs/trainers/TRAINER/ or a .yaml path)")
+                           "(a name under configs/trainers/TRAINER/ or a .yaml path); "
+                           "TRAINER:CFG1@E:CFG2 chains stages (stage 2 starts from stage 1's epoch E; "
+                           "cross_dataset, dg, fft)")
+    grid.add_argument("--source-model", metavar="TRAINER[:CONFIG]",
+                      help="ttt: the method trained on the source dataset (--shots shots) that every "
+                           "test-time run starts from (default: none, the test-time method starts from CLIP)")
     grid.add_argument("--config", help="config name for trainers given without one "
                                        "(e.g. synthetic -> configs/trainers/TRAINER/synthetic.yaml)")
     grid.add_argument("--benchmark", default="paper",
@@ -140,9 +148,6 @@ def _check_process_count(methods, nproc_per_node: int) -> None:
             check_world_size(method.trainer, TRAINER_REGISTRY, nproc_per_node)
 
 
-TRANSFER = ("cross_dataset", "dg")
-
-
 def protocol_datasets(args, benchmark) -> dict:
     """Protocol name -> ProtocolDatasets: the benchmark's, with the command line's overrides.
 
@@ -167,6 +172,15 @@ def protocol_datasets(args, benchmark) -> dict:
             raise BenchmarkError(f"Protocol {name} takes one shot count, got --shots {list(shots)}.")
         chosen[name] = ProtocolDatasets(names, shots, source)
     return chosen
+
+
+def _source_model(args):
+    """The --source-model Method (ttt only), or None."""
+    if args.source_model is None:
+        return None
+    if "ttt" not in args.protocol:
+        raise ConfigError("--source-model is for the ttt protocol (the model test-time runs start from).")
+    return resolve_method(args.source_model, args.config, CONFIGS, _trainer_learns)
 
 
 def _devices(spec: str, runs_per_gpu: int, nproc_per_node: int = 1) -> List[str]:
@@ -274,12 +288,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         import_project_package("trainers")  # registers the trainers and their config nodes
         benchmark = load_benchmark(args.benchmark, CONFIGS)
         protocols = protocol_datasets(args, benchmark)
-        methods = [resolve_method(spec, args.config, CONFIGS, _trainer_learns)
-                   for spec in _split_commas(args.trainers)]
-        _check_process_count(methods, args.nproc_per_node)
+        methods = [method for spec in _split_commas(args.trainers)
+                   for method in resolve_methods(spec, args.config, CONFIGS, _trainer_learns)]
+        source_model = _source_model(args)
+        _check_process_count(methods + ([source_model] if source_model else []), args.nproc_per_node)
         spec = GridSpec(data_root=args.root, output_root=args.output, methods=methods,
                         seeds=args.seeds or benchmark.seeds, configs_dir=str(CONFIGS),
-                        opts=args.opts, train_opts=args.train_opts, test_opts=args.test_opts)
+                        opts=args.opts, train_opts=args.train_opts, test_opts=args.test_opts,
+                        source_model=source_model)
         chains = build_grid(spec, protocols)
     except (ConfigError, BenchmarkError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -8,11 +8,13 @@ A benchmark file names datasets by their YAML stem under ``configs/datasets/``::
     cross_dataset: {source: imagenet, targets: [caltech101, ...], shots: 16}
     dg:            {source: imagenet, targets: [imagenetv2, ...], shots: 16}
     fft:           {source: imagenet, targets: [imagenetv2, ..., objectnet], shots: 0}
+    ttt:           {source: imagenet, targets: [imagenetv2, ...], shots: 16}
 
 Every protocol section is optional; a protocol a benchmark lacks cannot be run with it.
-``fft`` (RAda's full fine-tuning: the whole source dataset, shots 0, then its OOD targets) is
-a listed section only: it is validated like ``dg`` and read with ``Benchmark.protocol("fft")``,
-but it is not in ``PROTOCOLS``, so tools/run_protocol.py does not run it.
+``fft`` is RAda's full fine-tuning (Table 1): train on the whole source dataset (shots 0 =
+every training image), evaluate in distribution (the source test set) and on the OOD targets.
+``ttt`` is RAda's test-time setting (Table 3): a method adapted per test image on each
+target; ``source`` and ``shots`` say where an optional source model is trained.
 """
 from __future__ import annotations
 
@@ -22,17 +24,15 @@ from typing import Dict, Optional, Tuple
 
 import yaml
 
-__all__ = ["PROTOCOLS", "BenchmarkError", "ProtocolDatasets", "Benchmark", "load_benchmark",
+__all__ = ["PROTOCOLS", "TRANSFER", "BenchmarkError", "ProtocolDatasets", "Benchmark", "load_benchmark",
            "benchmark_path"]
 
-PROTOCOLS = ("base2new", "fewshot", "cross_dataset", "dg")
-"""Protocol names (baselines spec §2.6)."""
+PROTOCOLS = ("base2new", "fewshot", "cross_dataset", "dg", "fft", "ttt")
+"""Protocol names (baselines spec §2.6; fft and ttt: RAda's Tables 1 and 3)."""
 
-LISTED_ONLY = ("fft",)
-"""Sections that are validated and readable but not run by tools/run_protocol.py."""
+TRANSFER = ("cross_dataset", "dg", "fft", "ttt")
+"""Protocols with a source dataset and target datasets."""
 
-_SECTIONS = PROTOCOLS + LISTED_ONLY
-_TRANSFER = ("cross_dataset", "dg", "fft")
 
 
 class BenchmarkError(ValueError):
@@ -44,9 +44,9 @@ class ProtocolDatasets:
     """Datasets of one protocol.
 
     Attributes:
-        datasets: base2new/fewshot: the datasets; cross_dataset/dg/fft: the target datasets.
-        shots: shot counts (one for base2new, cross_dataset, dg and fft; 0 = every training image).
-        source: the training dataset of cross_dataset/dg/fft, else None.
+        datasets: base2new/fewshot: the datasets; cross_dataset/dg/fft/ttt: the target datasets.
+        shots: shot counts (one except for fewshot; 0 = every training image).
+        source: the training dataset of cross_dataset/dg/fft (ttt: of the source model), else None.
     """
 
     datasets: Tuple[str, ...]
@@ -101,7 +101,7 @@ def _ints(path: Path, where: str, value, single: bool) -> Tuple[int, ...]:
 
 
 def _protocol(path: Path, name: str, section) -> ProtocolDatasets:
-    transfer = name in _TRANSFER
+    transfer = name in TRANSFER
     expected = {"source", "targets", "shots"} if transfer else {"datasets", "shots"}
     if not isinstance(section, dict) or set(section) != expected:
         raise _fail(path, f"section '{name}' must have exactly the keys {sorted(expected)}, "
@@ -133,10 +133,10 @@ def load_benchmark(name_or_path: str, configs_dir) -> Benchmark:
         raise _fail(path, f"not valid YAML ({exc}).") from None
     if not isinstance(content, dict):
         raise _fail(path, "expected a mapping with 'seeds' and protocol sections.")
-    unknown = set(content) - {"seeds", *_SECTIONS}
+    unknown = set(content) - {"seeds", *PROTOCOLS}
     if unknown:
         raise _fail(path, f"unknown section(s) {sorted(unknown)}; allowed: seeds, "
-                          f"{', '.join(_SECTIONS)}.")
+                          f"{', '.join(PROTOCOLS)}.")
     seeds = _ints(path, "seeds", content.get("seeds"), single=False)
-    protocols = {name: _protocol(path, name, content[name]) for name in _SECTIONS if name in content}
+    protocols = {name: _protocol(path, name, content[name]) for name in PROTOCOLS if name in content}
     return Benchmark(path.stem, seeds, protocols)

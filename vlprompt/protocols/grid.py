@@ -5,8 +5,18 @@ Each protocol's phases (baselines spec §2.6, engine spec §9):
 * ``base2new``: train on the base classes (``train_base``, the final test there is the Base
   accuracy), then evaluate the same checkpoint on the new classes (``test_new``).
 * ``fewshot``: one training run per shot count on all classes.
-* ``cross_dataset`` / ``dg``: train once on the source dataset, then evaluate that checkpoint
-  on every target dataset with ``--eval-only``.
+* ``cross_dataset`` / ``dg`` / ``fft``: train once on the source dataset, then evaluate that
+  checkpoint on every target dataset with ``--eval-only`` (``fft``: shots 0, the whole
+  training set; the training run's final test is the in-distribution accuracy).
+* ``ttt``: evaluate the method (a test-time method: it adapts per test image inside
+  ``--eval-only``) on every target; with ``GridSpec.source_model`` it first trains that model
+  on the source dataset and every target run loads it (``--model-dir``).
+
+A *staged* method (``TRAINER:CFG1@E:CFG2``, :func:`resolve_methods`) is one Method per stage:
+stage 2 trains with ``MODEL.INIT_WEIGHTS`` = stage 1's checkpoint of epoch E (default: its
+last), ``RUN/TRAINER/model.pth.tar-E`` (the model registered under the trainer's name, as
+RAdaFFT does), in its own folder; both stages are evaluated on the targets, in one chain.
+Staged methods are supported by the transfer protocols (cross_dataset, dg, fft).
 
 A method that learns nothing (a trainer class with ``learns = False``, e.g. ZeroshotCLIP)
 is evaluated with ``--eval-only`` and no ``--model-dir`` in every phase; in the few-shot
@@ -33,10 +43,13 @@ from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from
 from vlprompt.engine import TRAINER_REGISTRY
 
 from .benchmark import PROTOCOLS, ProtocolDatasets
-from .layout import TEST_NEW, TRAIN_BASE, base2new_run_dir, evaluation_run_dir, fewshot_run_dir
+from .layout import (
+    TEST_NEW, TRAIN_BASE, base2new_run_dir, evaluation_run_dir, fewshot_run_dir, source_model_name, ttt_run_dir,
+)
 
 __all__ = [
-    "PROTOCOL_KEYS", "Method", "Run", "Chain", "GridSpec", "resolve_method", "dataset_config_file",
+    "PROTOCOL_KEYS", "Method", "StageInit", "Run", "Chain", "GridSpec", "resolve_method", "resolve_methods",
+    "dataset_config_file",
     "check_opts", "merged_max_epoch", "build_grid",
 ]
 
@@ -55,16 +68,26 @@ class Method:
         config_file: the method YAML, as passed to ``--config-file``.
         cfg: the YAML's stem, used in output paths.
         learns: False for methods that have nothing to train (evaluated with --eval-only).
+        init: for a later stage of a staged method, the stage whose checkpoint it starts from.
     """
 
     trainer: str
     config_file: str
     cfg: str
     learns: bool = True
+    init: Optional["StageInit"] = None
 
     @property
     def label(self) -> str:
         return f"{self.trainer}:{self.cfg}"
+
+
+@dataclass(frozen=True)
+class StageInit:
+    """Where a later stage starts: ``previous``'s checkpoint of ``epoch`` (None: its last)."""
+
+    previous: Method
+    epoch: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +132,8 @@ class GridSpec:
             runs / only for evaluation-only runs (e.g. ``TEST.SPLIT val``).
         max_epoch: callable(method, dataset_config_file, opts) -> OPTIM.MAX_EPOCH, used as
             ``--load-epoch`` (default :func:`merged_max_epoch`).
+        source_model: ttt only: the method trained on the source dataset that every
+            test-time run starts from (None: the test-time method starts from CLIP).
     """
 
     data_root: str
@@ -120,6 +145,7 @@ class GridSpec:
     train_opts: Sequence[str] = ()
     test_opts: Sequence[str] = ()
     max_epoch: Callable[[Method, str, Sequence[str]], int] = field(default=None)
+    source_model: Optional[Method] = None
 
     def __post_init__(self):
         for name in ("opts", "train_opts", "test_opts"):
@@ -180,6 +206,41 @@ def resolve_method(spec: str, default_config: Optional[str], configs_dir,
                f"There is no folder {folder}; give a .yaml path (e.g. a CoOp config for a "
                "zero-shot trainer: ZeroshotCLIP:configs/trainers/CoOp/vit_b16.yaml)."))
     return Method(trainer, display_path(path), path.stem, is_trainer_learning)
+
+
+def resolve_methods(spec: str, default_config: Optional[str], configs_dir,
+                    learns: Callable[[str], bool]) -> List[Method]:
+    """The Methods of ``TRAINER``, ``TRAINER:CONFIG`` or a staged ``TRAINER:CFG1[@E]:CFG2...``.
+
+    Each stage is resolved as by :func:`resolve_method`; stage k+1 gets
+    ``StageInit(stage k, E)`` (E: the epoch of stage k's checkpoint it starts from, default
+    stage k's last).
+
+    Raises:
+        ConfigError: an unknown config, a bad ``@E``, ``@E`` on the last stage, or stages of
+            a trainer that learns nothing.
+    """
+    trainer, _, configs = spec.partition(":")
+    stages = configs.split(":") if configs else [""]
+    methods: List[Method] = []
+    init = None
+    for position, stage in enumerate(stages):
+        config, at, epoch_text = stage.partition("@")
+        epoch = None
+        if at:
+            if position == len(stages) - 1:
+                raise ConfigError(f"'{spec}': @EPOCH names the checkpoint of a stage that the next stage "
+                                  f"starts from (TRAINER:CFG1@EPOCH:CFG2); the last stage has none.")
+            if not epoch_text.isdigit() or int(epoch_text) < 1:
+                raise ConfigError(f"'{spec}': @EPOCH must be a positive epoch number, got '@{epoch_text}'.")
+            epoch = int(epoch_text)
+        method = resolve_method(f"{trainer}:{config}" if config else trainer, default_config, configs_dir, learns)
+        if len(stages) > 1 and not method.learns:
+            raise ConfigError(f"'{spec}': trainer {method.trainer} learns nothing, so it cannot have stages.")
+        method = Method(method.trainer, method.config_file, method.cfg, method.learns, init)
+        methods.append(method)
+        init = StageInit(method, epoch)
+    return methods
 
 
 def dataset_config_file(dataset: str, configs_dir) -> str:
@@ -298,12 +359,27 @@ def _fewshot(builder: _Builder, method: Method, datasets: ProtocolDatasets) -> I
                 yield Chain((builder.train(method, dataset, seed, output_dir, keys, "source"),))
 
 
+def _no_stages(name: str, method: Method) -> None:
+    if method.init is not None:
+        raise ConfigError(f"Protocol {name} does not run staged methods ({method.label} starts from "
+                          f"{method.init.previous.label}); use cross_dataset, dg or fft.")
+
+
 def _transfer(builder: _Builder, method: Method, datasets: ProtocolDatasets) -> Iterable[Chain]:
     root, (shots,), source = builder.spec.output_root, datasets.shots, datasets.source
     for seed in builder.spec.seeds:
         source_dir = fewshot_run_dir(root, source, method.trainer, method.cfg, shots, seed)
-        trained = builder.train(method, source, seed, source_dir, ["DATASET.NUM_SHOTS", str(shots)],
-                                "source")
+        keys = ["DATASET.NUM_SHOTS", str(shots)]
+        previous_dir = None
+        if method.init is not None:
+            previous = method.init.previous
+            previous_dir = fewshot_run_dir(root, source, previous.trainer, previous.cfg, shots, seed)
+            epoch = method.init.epoch or builder.spec.max_epoch(
+                previous, builder.dataset_config(source), [*builder.spec.opts, *builder.spec.train_opts])
+            keys += ["MODEL.INIT_WEIGHTS", str(Path(previous_dir, previous.trainer, f"model.pth.tar-{epoch}"))]
+        trained = builder.train(method, source, seed, source_dir, keys, "source")
+        if previous_dir is not None:
+            trained = Run(trained.output_dir, trained.argv, str(previous_dir), trained.label)
         tests = [builder.evaluate(method, target, seed,
                                   evaluation_run_dir(root, method.trainer, method.cfg, shots,
                                                      target, seed),
@@ -312,8 +388,41 @@ def _transfer(builder: _Builder, method: Method, datasets: ProtocolDatasets) -> 
         yield Chain((trained, *tests))
 
 
-_EXPANDERS = {"base2new": _base2new, "fewshot": _fewshot, "cross_dataset": _transfer,
-              "dg": _transfer}
+def _ttt(builder: _Builder, method: Method, datasets: ProtocolDatasets) -> Iterable[Chain]:
+    """Per seed: the source model's training (with ``GridSpec.source_model``), then the
+    method's --eval-only run on every target (loading the source model's last epoch)."""
+    _no_stages("ttt", method)
+    spec = builder.spec
+    root, (shots,), source, model = spec.output_root, datasets.shots, datasets.source, spec.source_model
+    if model is not None and (not model.learns or model.init is not None):
+        raise ConfigError(f"The ttt source model {model.label} must be a one-stage method that trains.")
+    name = source_model_name(model.trainer, model.cfg, shots) if model else source_model_name()
+    for seed in spec.seeds:
+        runs: List[Run] = []
+        load: List[str] = []
+        if model is not None:
+            source_dir = fewshot_run_dir(root, source, model.trainer, model.cfg, shots, seed)
+            runs.append(builder.train(model, source, seed, source_dir, ["DATASET.NUM_SHOTS", str(shots)], "source"))
+            epoch = spec.max_epoch(model, builder.dataset_config(source), [*spec.opts, *spec.train_opts])
+            load = ["--model-dir", str(source_dir), "--load-epoch", str(epoch)]
+        for target in datasets.datasets:
+            output_dir = ttt_run_dir(root, method.trainer, method.cfg, name, target, seed)
+            argv = [*builder._argv(method, target, seed, output_dir, "target"), "--eval-only", *load,
+                    *spec.opts, *spec.test_opts]
+            runs.append(Run(str(output_dir), tuple(argv), runs[0].output_dir if model else None,
+                            builder.label(output_dir)))
+        yield Chain(tuple(runs))
+
+
+def _one_stage(name: str, expander):
+    def expand(builder: _Builder, method: Method, datasets: ProtocolDatasets) -> Iterable[Chain]:
+        _no_stages(name, method)
+        return expander(builder, method, datasets)
+    return expand
+
+
+_EXPANDERS = {"base2new": _one_stage("base2new", _base2new), "fewshot": _one_stage("fewshot", _fewshot),
+              "cross_dataset": _transfer, "dg": _transfer, "fft": _transfer, "ttt": _ttt}
 
 
 def build_grid(spec: GridSpec, protocols: Dict[str, ProtocolDatasets]) -> List[Chain]:
@@ -321,7 +430,8 @@ def build_grid(spec: GridSpec, protocols: Dict[str, ProtocolDatasets]) -> List[C
 
     Chains with the same first run (the cross-dataset and DG protocols share their source
     training, which is also the few-shot run with the same shots) are merged, so no run
-    appears twice.
+    appears twice; a chain whose first run needs a run of an earlier chain (a later stage
+    of a staged method) is appended to that chain.
 
     Raises:
         ConfigError: unknown protocol, missing dataset YAML, or a config that does not merge.
@@ -331,10 +441,16 @@ def build_grid(spec: GridSpec, protocols: Dict[str, ProtocolDatasets]) -> List[C
         raise ConfigError(f"Unknown protocol(s) {sorted(unknown)}; choose from {', '.join(PROTOCOLS)}.")
     builder = _Builder(spec)
     merged: Dict[str, List[Run]] = {}
+    home: Dict[str, str] = {}  # output folder -> head of the chain holding it
     for method in spec.methods:
         for name, datasets in protocols.items():
             for chain in _EXPANDERS[name](builder, method, datasets):
-                runs = merged.setdefault(chain.head, [])
+                first = chain.runs[0]
+                head = home.get(chain.head) or home.get(first.requires) or chain.head
+                runs = merged.setdefault(head, [])
                 known = {run.output_dir for run in runs}
-                runs.extend(run for run in chain.runs if run.output_dir not in known)
+                for run in chain.runs:
+                    if run.output_dir not in known:
+                        runs.append(run)
+                        home[run.output_dir] = head
     return [Chain(tuple(runs)) for runs in merged.values()]

@@ -2,7 +2,7 @@
 
 File format (one file per protocol)::
 
-    protocol: base2new            # or cross_dataset, dg
+    protocol: base2new            # or cross_dataset, dg, fft, ttt
     methods:
       CoOp:                       # a trainer name, or TRAINER:CFG for one config only
         source: "MaPLe paper, Table 1"
@@ -11,7 +11,7 @@ File format (one file per protocol)::
           average: [82.69, 63.22, 71.66]    # the paper's Average row
       DeAR:
         source: "DeAR paper, Table 3"
-        values: {imagenet: 71.50, caltech101: 95.00, average: 67.60}   # cross_dataset / dg
+        values: {imagenet: 71.50, caltech101: 95.00, average: 67.60}   # cross_dataset/dg/fft/ttt
 
 Rows are dataset YAML stems plus ``average``; a method may give only some of them.
 """
@@ -26,7 +26,7 @@ import yaml
 __all__ = ["PUBLISHED_PROTOCOLS", "PublishedError", "Published", "load_published", "published_path",
            "find_published"]
 
-PUBLISHED_PROTOCOLS = ("base2new", "cross_dataset", "dg")
+PUBLISHED_PROTOCOLS = ("base2new", "cross_dataset", "dg", "fft", "ttt")
 BASE2NEW_COLUMNS = ("Base", "Novel", "HM")
 
 
@@ -41,7 +41,7 @@ class Published:
     Attributes:
         source: where they come from.
         values: row (dataset stem or "average") -> column name -> value; base2new columns
-            are Base, Novel, HM, cross_dataset/dg rows have the single column "".
+            are Base, Novel, HM, cross_dataset/dg/fft/ttt rows have the single column "".
     """
 
     source: str

@@ -226,31 +226,40 @@ def fewshot_table(measurements: Measurements, seeds: Sequence[str], order: Seque
 
 def transfer_table(measurements: Measurements, seeds: Sequence[str], source: str,
                    targets: Sequence[str], title: str, select: Optional[Sequence[str]] = None,
-                   published: Optional[Dict[str, Published]] = None) -> Table:
+                   published: Optional[Dict[str, Published]] = None, source_title: Optional[str] = "{} (source)",
+                   average_title: str = AVERAGE) -> Table:
     """Rows: methods (+ "published" and "Δ" rows); columns: source, every target (missing
-    ones shown as -), Average of the targets (cross-dataset and domain generalization)."""
+    ones shown as -), Average of the targets (cross-dataset, domain generalization, and RAda's
+    Table 1 (fft) and Table 3 (ttt)).
+
+    Args:
+        source_title: header of the source column (``{}`` = the source's name), or None for
+            a table without it (ttt: the source only trains the model the runs start from).
+        average_title: header of the targets' average column.
+    """
     groups = method_groups(measurements, select)
     found = {d for g in groups for d, _ in g.cells} - {source}
     targets = list(targets) + sorted(found - set(targets))
-    columns = [Column(f"{source} (source)")] + [Column(t) for t in targets] + [Column(AVERAGE)]
+    shown = ([source] if source_title is not None else []) + targets
+    columns = ([Column(source_title.format(source))] if source_title is not None else []) \
+        + [Column(t) for t in targets] + [Column(average_title)]
     rows, notes, used = [], [], {}
     for group in groups:
-        cells = [Cell.measured(group.values(d, ""), seeds) for d in [source, *targets]]
-        ours = cells + [_average(cells[1:], len(targets))]
+        cells = [Cell.measured(group.values(d, ""), seeds) for d in shown]
+        ours = cells + [_average(cells[len(shown) - len(targets):], len(targets))]
         rows.append(Row(group.label, ours))
         entry = find_published(published or {}, group.trainer, tuple(group.configs))
         if entry:
-            values = [entry.get(d) for d in [source, *targets, "average"]]
+            values = [entry.get(d) for d in [*shown, "average"]]
             rows.append(Row(f"{group.label} (published)", [Cell(v) for v in values]))
             rows.append(Row(f"{group.label} Δ", [_delta(c, v) for c, v in zip(ours, values)]))
             used[group.label] = entry
         if group.config_note():
             notes.append(group.config_note())
-    for key, entry in _published_rows(_published_only(published, groups, select), [source, *targets]).items():
-        rows.append(Row(f"{key} (published)", [Cell(entry.get(d)) for d in [source, *targets, "average"]]))
+    for key, entry in _published_rows(_published_only(published, groups, select), shown).items():
+        rows.append(Row(f"{key} (published)", [Cell(entry.get(d)) for d in [*shown, "average"]]))
         used[key] = entry
     table = Table(title, "Method", columns, rows, notes)
     _seed_notes(table, seeds)
     _published_notes(table, used)
     return table
-
