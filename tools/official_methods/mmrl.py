@@ -10,9 +10,9 @@ equal) and proj_rep (MMRL); R, the shared weights, every layer's bias, A and B (
 and the projection residual A_p, B_p (MMRL++).
 
 Stand-ins on the official side (the official model classes are unchanged):
-* upstream's ``load_clip_to_cpu(cfg, model_name="CLIP")`` is called by the harness with the
-  config only; ``prepare_official`` makes its default the method's model ("MMRL" / "MMRLpp"), as
-  the trainer's ``build_model`` passes it;
+* the harness loads upstream's plain CLIP (``load_clip_to_cpu(cfg)``); ``build_official`` loads
+  the method's model (``load_clip_to_cpu(cfg, "MMRL")`` / ``"MMRLpp"``) for ``CustomCLIP``, as the
+  trainer's ``build_model`` does;
 * its frozen-CLIP text references (``_get_text_base_features_zero_shot``) move the text encoder
   and the token ids to CUDA: ``.cuda()`` of modules and tensors is a no-op there;
 * the frozen image references come from the zero-shot CLIP's ``visual`` as in the trainer's
@@ -88,16 +88,16 @@ def run_ours(model, node, images, labels):
     return {"logits": fused, "cls_logits": z_c, "rep_logits": z_r, "loss": loss}
 
 
-def _prepare(model_name):
-    def prepare_official(cfg, weights_path):
-        import importlib
+def prepare_official(cfg, weights_path):
+    torch.nn.Module.cuda = lambda self, device=None: self
+    torch.Tensor.cuda = lambda self, device=None, non_blocking=False: self
 
-        module = importlib.import_module(f"trainers.{model_name.lower()}")
-        load = module.load_clip_to_cpu
-        module.load_clip_to_cpu = lambda cfg, model_name=model_name: load(cfg, model_name)
-        torch.nn.Module.cuda = lambda self, device=None: self
-        torch.Tensor.cuda = lambda self, device=None, non_blocking=False: self
-    return prepare_official
+
+def _build_official(model_name):
+    def build_official(module, cfg, classnames, clip_model):
+        method_clip = module.load_clip_to_cpu(cfg, model_name).float()
+        return module.CustomCLIP(cfg, classnames, method_clip).float().eval()
+    return build_official
 
 
 def _run_official(node_name, loss_class):
@@ -132,7 +132,9 @@ def _spec(node_name, official_cfg, our_node, learnables, build_ours, loss_class)
         "outputs": OUTPUTS,
         "build_ours": build_ours,
         "run_ours": run_ours,
-        "prepare_official": _prepare(node_name),
+        "prepare_official": prepare_official,
+        "build_official": _build_official(node_name),
+        "official_trainer": node_name,
         "run_official": _run_official(node_name, loss_class),
     }
 
