@@ -35,6 +35,7 @@ The subprocesses are this file run with ``--side ours|official WORKDIR METHOD``.
 """
 import argparse
 import contextlib
+import inspect
 import io
 import json
 import os
@@ -237,6 +238,18 @@ def our_side(workdir, method):
         return _timed(frozen, train, settings, learnable)
 
 
+# The design of an unprompted CLIP for the vendored clip packages whose build_model takes one
+# (MaPLe-derived code, e.g. ATPrompt's): no vision or language prompts.
+PLAIN_DESIGN = {"trainer": "CoOp", "vision_depth": 0, "language_depth": 0, "vision_ctx": 0, "language_ctx": 0}
+
+
+def _plain_official_clip(official_clip, state_dict):
+    """The official clip package's plain CLIP (fp32, eval) of ``state_dict``: the frozen unit."""
+    parameters = inspect.signature(official_clip.build_model).parameters
+    args = (state_dict, PLAIN_DESIGN) if "design_details" in parameters else (state_dict,)
+    return official_clip.build_model(*args).float().eval()
+
+
 def official_side(workdir, method):
     """The official trainer's step and the official frozen CLIP forward (run in the subprocess,
     the official tree first on ``PYTHONPATH``)."""
@@ -261,7 +274,7 @@ def official_side(workdir, method):
     trainer.dm = SimpleNamespace(dataset=SimpleNamespace(classnames=settings["classnames"]))
     with contextlib.redirect_stdout(io.StringIO()):
         trainer.build_model()
-        clip_model = official_clip.build_model(torch.load(weights_path, weights_only=True)).float().eval()
+        clip_model = _plain_official_clip(official_clip, torch.load(weights_path, weights_only=True))
     trainer.model.float()
     if "prepare_official_model" in spec:
         spec["prepare_official_model"](trainer.model)

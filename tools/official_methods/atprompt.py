@@ -46,7 +46,7 @@ def run_official(module, cfg, request, model, images, labels):
     return logits_and_ce(model, images, labels)
 
 
-def _spec(base, module, base_key, node, learnables):
+def _spec(base, module, base_key, node, learnables, official_trainer, benchmark_case):
     return {
         "repository": "zhengli97/ATPrompt",
         "code_dir": "",
@@ -62,12 +62,16 @@ def _spec(base, module, base_key, node, learnables):
         "build_ours": build_ours,
         "run_ours": run_ours_logits_and_ce,
         "run_official": run_official,
+        "official_trainer": official_trainer,
+        "benchmark_case": benchmark_case,
+        "our_nodes": {f"TRAINER.{base_key}": dict(node), "TRAINER.ATPROMPT": {"N_ATT": N_ATT, "PREC": "fp32"}},
     }
 
 
 SPECS = {
     "ATPrompt": _spec("CoOp", "trainers.coop_atp", "COOP", COOP_NODE, {
         "base.prompt_learner.ctx": {"official": "prompt_learner.ctx", "shape": (COOP_NODE["N_CTX"], "width"),
-                                    "init_std": 0.02}}),
-    "ATPrompt-MaPLe": _spec("MaPLe", "trainers.maple_atp", "MAPLE", MAPLE_NODE, maple.learnables("base.")),
+                                    "init_std": 0.02}}, "CoOp_ATP", "ATPrompt"),
+    "ATPrompt-MaPLe": _spec("MaPLe", "trainers.maple_atp", "MAPLE", MAPLE_NODE, maple.learnables("base."),
+                            "MaPLe_ATP", "ATPrompt+MaPLe"),
 }
