@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from baseline_setup import (  # noqa: F401
     build_seeded, runner_and_tokenizer, toy_world, toy_world_cfg, trainer_node,
 )
-from trainer_checks import one_step_changes_only_the_learnable
+from trainer_checks import assert_fusion_and_class_token_inference, one_step_changes_only_the_learnable
 
 from trainers.mmrlpp import (
     BASE2NEW_SETTINGS, INFERENCE_RULE, TARGET_BETA, MMRLppCLIP, check_mmrlpp_config, dataset_setting, resolved_node,
@@ -157,13 +157,7 @@ def test_inference_follows_the_role(runner):
         "base": "fusion", "new": "cls", "source": "fusion", "target": "cls"}
     images = torch.randn(2, 3, 32, 32)
     fusion, cls = build_model(runner, "fusion"), build_model(runner, "cls")
-    with torch.no_grad():
-        f_cls, f_rep = hand_image(fusion, images)
-        t_hat = F.normalize(hand_text(fusion), dim=-1)
-        z_c = 100 * F.normalize(f_cls, dim=-1) @ t_hat.t()
-        z_r = 100 * F.normalize(f_rep, dim=-1) @ t_hat.t()
-        torch.testing.assert_close(fusion(images), 0.7 * z_c + 0.3 * z_r, **TOL)
-        torch.testing.assert_close(cls(images), z_c, **TOL)
+    assert_fusion_and_class_token_inference(fusion, cls, images, hand_image, hand_text, TOL)
 
 
 def test_per_dataset_tables_follow_the_role_and_explicit_values_win():

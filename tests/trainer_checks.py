@@ -1,8 +1,9 @@
 """Checks shared by the trainer tests: one training step changes exactly the learnable values,
-and a saved checkpoint holds exactly the expected ones."""
+a saved checkpoint holds exactly the expected ones, and MMRL-style role inference."""
 import os
 
 import torch
+import torch.nn.functional as F
 from baseline_setup import frozen, learnable
 
 
@@ -31,3 +32,17 @@ def saved_keys(trainer, directory, model_name):
     trainer.save_model(0, str(directory))
     checkpoint = torch.load(os.path.join(directory, model_name, "model.pth.tar-1"), weights_only=True)
     return set(checkpoint["state_dict"])
+
+
+def assert_fusion_and_class_token_inference(fusion, cls, images, hand_image, hand_text, tol, alpha=0.7):
+    """MMRL's and MMRL++'s inference against hand computations: ``fusion(images)`` [B, C] must be
+    α·z_c + (1 − α)·z_r and ``cls(images)`` z_c, with z = 100·f̂·t̂ᵀ of the class-token feature f_cls
+    and the representation feature f_rep that ``hand_image(model, images)`` returns and the class
+    text features [C, D] of ``hand_text(model)``."""
+    with torch.no_grad():
+        f_cls, f_rep = hand_image(fusion, images)
+        t_hat = F.normalize(hand_text(fusion), dim=-1)
+        z_c = 100 * F.normalize(f_cls, dim=-1) @ t_hat.t()
+        z_r = 100 * F.normalize(f_rep, dim=-1) @ t_hat.t()
+        torch.testing.assert_close(fusion(images), alpha * z_c + (1 - alpha) * z_r, **tol)
+        torch.testing.assert_close(cls(images), z_c, **tol)
