@@ -22,7 +22,9 @@ encoding those names. Every evaluation role is alike (no role-dependent part).
 Recipe (configs/trainers/FLYP/vit_b16.yaml): AdamW lr 1e-5, weight decay 0.1 on every parameter,
 global batch 512, 10 epochs, 500 linear warm-up iterations then a per-iteration cosine to 0
 (OPTIM.LR_SCHEDULER must be "cosine" and OPTIM.WARMUP_EPOCH <= 0), CLIP's training crop
-(RandomResizedCrop scale 0.9-1, bicubic), fp32 as upstream.
+(RandomResizedCrop scale 0.9-1, bicubic), fp32 as upstream. LR_SCHEDULE "epoch" uses OPTIM's
+per-epoch schedule and warm-up instead. The schedule, the head's templates and their keys are those of
+every full fine-tuning trainer (vlprompt/engine/fine_tuning.py).
 
 Verified by reading the official code (locuslab/FLYP @ 215d5bb6): src/models/flyp_loss.py (the
 training loop: AdamW over all parameters, cosine_lr stepped before each step, num_batches = the
@@ -62,25 +64,25 @@ from torch.utils.data import DataLoader, Sampler
 from torch.utils.data import Dataset as TorchDataset
 from yacs.config import CfgNode as CN
 
-from vlprompt.clip import IMAGENET_TEMPLATES, PromptedCLIP, fill_template
-from vlprompt.clip.templates import check_template, dataset_template
-from vlprompt.config import ConfigError, check_choice, check_range, register_cfg_extension
+from vlprompt.clip import PromptedCLIP, fill_template
+from vlprompt.clip.templates import check_template
+from vlprompt.config import check_choice, check_range, register_cfg_extension
 from vlprompt.data.data_manager import SeededItems, SeededSampler
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.amp import PRECISIONS
-from vlprompt.optim import build_optimizer
+from vlprompt.engine.fine_tuning import (
+    LR_SCHEDULES, add_fine_tuning_keys, check_iteration_schedule, head_templates, iteration_cosine_schedule,
+)
+from vlprompt.optim import build_lr_scheduler, build_optimizer
 from vlprompt.utils import count_num_param, load_pretrained_weights
-
-from .rada_fft import iteration_cosine_schedule
 
 
 @register_cfg_extension
 def add_flyp_config(cfg):
     node = cfg.TRAINER.FLYP = CN()
     node.PREC = "fp32"  # upstream trains CLIP in fp32
-    node.TEMPLATE_ENSEMBLE = True  # captions and head from CLIP's 80 ImageNet templates (False: TEMPLATE)
-    node.TEMPLATE = ""  # the one template when TEMPLATE_ENSEMBLE is False ("": the dataset's own)
-    node.WARMUP_ITERS = 500  # linear warm-up iterations before the per-iteration cosine
+    add_fine_tuning_keys(node)  # TEMPLATE_ENSEMBLE / TEMPLATE: the captions' and the head's templates;
+    # LR_SCHEDULE "iteration" (upstream's) with WARMUP_ITERS, or "epoch"
     node.HEAD_BATCH_SIZE = 1000  # sentences per text-tower pass when the zero-shot head is rebuilt
 
 
@@ -210,20 +212,16 @@ class FLYP(ClipTrainer):
         node = cfg.TRAINER.FLYP
         check_choice("TRAINER.FLYP.PREC", node.PREC, PRECISIONS)
         check_template(node.TEMPLATE, "TRAINER.FLYP.TEMPLATE")
+        check_choice("TRAINER.FLYP.LR_SCHEDULE", node.LR_SCHEDULE, LR_SCHEDULES)
         check_range("TRAINER.FLYP.WARMUP_ITERS", node.WARMUP_ITERS, minimum=0)
         check_range("TRAINER.FLYP.HEAD_BATCH_SIZE", node.HEAD_BATCH_SIZE, minimum=1)
-        if cfg.OPTIM.LR_SCHEDULER != "cosine" or cfg.OPTIM.WARMUP_EPOCH > 0:
-            raise ConfigError(
-                f'FLYP warms up for TRAINER.FLYP.WARMUP_ITERS iterations, then follows a per-iteration cosine: set '
-                f'OPTIM.LR_SCHEDULER "cosine" (got "{cfg.OPTIM.LR_SCHEDULER}") and OPTIM.WARMUP_EPOCH 0 '
-                f"(got {cfg.OPTIM.WARMUP_EPOCH})."
-            )
+        if node.LR_SCHEDULE == "iteration":
+            check_iteration_schedule(cfg.OPTIM, "TRAINER.FLYP")
 
     def build_data_loader(self):
         super().build_data_loader()
         node = self.cfg.TRAINER.FLYP
-        self.templates = list(IMAGENET_TEMPLATES) if node.TEMPLATE_ENSEMBLE else [
-            dataset_template(self.dm.dataset, node.TEMPLATE)]
+        self.templates = list(head_templates(node, self.dm.dataset))
         self.train_loader_x = caption_row_loader(self.dm.train_loader_x, len(self.templates))
 
     def build_model(self):
@@ -238,7 +236,10 @@ class FLYP(ClipTrainer):
         params = list(model.parameters())
         print(f"Learnable parameters of FLYP: {count_num_param(params=params):,}")
         optim = build_optimizer(params, cfg.OPTIM)
-        sched = iteration_cosine_schedule(optim, node.WARMUP_ITERS, cfg.OPTIM.MAX_EPOCH * len(self.train_loader_x))
+        if node.LR_SCHEDULE == "iteration":
+            sched = iteration_cosine_schedule(optim, node.WARMUP_ITERS, cfg.OPTIM.MAX_EPOCH * len(self.train_loader_x))
+        else:
+            sched = build_lr_scheduler(optim, cfg.OPTIM)
         self.register_model("FLYP", self.model, optim, sched)
 
     def parse_batch_train(self, batch):
@@ -251,7 +252,8 @@ class FLYP(ClipTrainer):
         with self.autocast():
             loss, logits, terms = self.model.loss(images, labels, templates)
         self.model_backward_and_update(loss, terms=terms)
-        self.update_lr()  # per iteration
+        if self.cfg.TRAINER.FLYP.LR_SCHEDULE == "iteration" or (self.batch_idx + 1) == self.num_batches:
+            self.update_lr()
         targets = torch.arange(logits.shape[0], device=logits.device)
         return {"loss": loss.item(), "scale": float(terms["scale"]),
                 "acc": (logits.argmax(dim=1) == targets).float().mean().item() * 100}
