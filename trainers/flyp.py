@@ -218,10 +218,13 @@ class FLYP(ClipTrainer):
         if node.LR_SCHEDULE == "iteration":
             check_iteration_schedule(cfg.OPTIM, "TRAINER.FLYP")
 
+    @property
+    def templates(self):
+        """The T caption and head templates (TRAINER.FLYP.TEMPLATE_ENSEMBLE / TEMPLATE)."""
+        return list(head_templates(self.cfg.TRAINER.FLYP, self.dm.dataset))
+
     def build_data_loader(self):
         super().build_data_loader()
-        node = self.cfg.TRAINER.FLYP
-        self.templates = list(head_templates(node, self.dm.dataset))
         self.train_loader_x = caption_row_loader(self.dm.train_loader_x, len(self.templates))
 
     def build_model(self):
