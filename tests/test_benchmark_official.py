@@ -5,8 +5,11 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
+import torch
+from yacs.config import CfgNode as CN
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
@@ -101,3 +104,58 @@ def test_a_failed_side_is_a_row_and_the_exit_status(official_git, monkeypatch, c
     for method in ("CoOp", "MMA"):
         assert f"the ours side of {method} failed (exit status 1): ..." in printed
     assert "not measured (the row gives the error): CoOp, MMA" in printed
+
+
+def test_batches_are_what_the_loader_gives():
+    """K_TRANSFORMS views (the same images) and "img0" with RETURN_IMG0, as a Dassl loader's batch."""
+    images, labels = torch.randn(2, 3, 4, 4), torch.tensor([0, 1])
+    plain = official_benchmark.loader_batch(images, labels, SimpleNamespace(K_TRANSFORMS=1, RETURN_IMG0=False))
+    assert set(plain) == {"img", "label"} and plain["img"] is images and plain["label"] is labels
+    views = official_benchmark.loader_batch(images, labels, SimpleNamespace(K_TRANSFORMS=4, RETURN_IMG0=True))
+    assert len(views["img"]) == 4 and all(view is images for view in views["img"]) and views["img0"] is images
+
+
+def test_official_train_cfg_sets_keys_and_new_nodes():
+    cfg = CN({"OPTIM": CN({"LR": 0.1}), "TRAINER": CN({"X": CN({"A": 1})})})
+    official_benchmark._set_official_train_cfg(cfg, {"OPTIM.LR": 0.5, "OPTIM.USE_REF": True, "LOSS": {"T": 2.0},
+                                                     "TRAINER.X.A": 3})
+    assert cfg.OPTIM.LR == 0.5 and cfg.OPTIM.USE_REF is True and cfg.TRAINER.X.A == 3
+    assert isinstance(cfg.LOSS, CN) and cfg.LOSS.T == 2.0
+
+
+def test_our_side_takes_the_spec_hooks_and_the_loader_batch(tiny_clip_files, tmp_path, monkeypatch):
+    """``our_nodes`` over the case's config, ``our_after_build`` on the built trainer, and a step fed
+    the batch a loader of that config gives (here 2 views and img0)."""
+    config, _ = tiny_clip_files
+    size, _ = official_benchmark.oe.write_weights(config, 0, str(tmp_path / "weights.pt"))
+    images, labels = torch.randn(3, 3, size, size), torch.tensor([0, 1, 0])
+    torch.save({"images": images, "labels": labels}, tmp_path / "inputs.pt")
+    (tmp_path / "settings.json").write_text(json.dumps({"backbone": config, "threads": 1, "classes": 2, "rounds": 1,
+                                                         "warmup": 0}))
+    seen = {}
+
+    def our_after_build(trainer):
+        seen["views"] = trainer.cfg.DATALOADER.K_TRANSFORMS
+        trainer.forward_backward = lambda batch: seen.setdefault("batch", batch)
+
+    spec = dict(official_benchmark.oe.METHODS["CoOp"], our_after_build=our_after_build,
+                our_nodes={"DATALOADER": {"K_TRANSFORMS": 2, "RETURN_IMG0": True}})
+    monkeypatch.setitem(official_benchmark.oe.METHODS, "CoOp", spec)
+    monkeypatch.setattr(official_benchmark, "_timed", lambda frozen, train, settings, learnable: train() or {})
+    official_benchmark.our_side(str(tmp_path), "CoOp")
+    assert seen["views"] == 2
+    batch = seen["batch"]
+    assert len(batch["img"]) == 2 and all(torch.equal(view, images) for view in batch["img"])
+    assert torch.equal(batch["img0"], images) and torch.equal(batch["label"], labels)
+
+
+def test_skip_tuning_benchmark_mask_keeps_the_expected_ranks():
+    """Both sides' keep mask: the n_top first ranks and the mean number of tail ranks the drawn mask keeps."""
+    from official_methods.skip_tuning import NODE, benchmark_keep_mask
+    from trainers.skip_tuning import keep_probabilities, num_top_classes
+
+    for classes in (3, 10, 50, 120):
+        top = num_top_classes(classes, NODE["TOP_RATIO"], NODE["MAX_TOP"])
+        kept = top + round(float(keep_probabilities(classes, top, NODE["LAMBDA"])[top:].sum()))
+        assert torch.equal(benchmark_keep_mask(classes), torch.arange(classes) < kept)
+    assert int(benchmark_keep_mask(50).sum()) == 27 and benchmark_keep_mask(3).tolist() == [True, True, False]

@@ -336,3 +336,42 @@ def test_a_batch_larger_than_every_class_is_a_clear_error(toy_world, tmp_path): 
     message = r"BATCH_SIZE 8 can be formed from the 12 training images \(same-class batches: no class has 8 images\)"
     with pytest.raises(ConfigError, match=message + ".*BATCHES random"):
         trainer.before_epoch()
+
+
+def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_weights_and_accuracy(toy_world, tmp_path):  # noqa: F811
+    """TRAIN.CHECKPOINT_ITERS 2 on cached epochs of 5 same-class batches: killed at global step 7 (epoch 2,
+    after the mid-epoch checkpoint of its first batch), the resumed run draws epoch 2's cache and plan
+    again, runs its 4 remaining batches and ends with the uninterrupted run's weights, momentum and accuracy."""
+    opts = ("OPTIM.MAX_EPOCH", "2", "OPTIM.LR", "0.05", "TRAINER.SKIPTUNING.IMAGE_LR", "0.02",
+            "TRAIN.CHECKPOINT_ITERS", "2", "TEST.NO_TEST", "True", "DATASET.NUM_SHOTS", "4",
+            "DATASET.SUBSAMPLE_CLASSES", "all", "TRAINER.SKIPTUNING.TOP_RATIO", "0.2",
+            "TRAINER.SKIPTUNING.LAMBDA", "5.0")
+    uninterrupted = build_seeded(pets_cfg(toy_world, tmp_path / "full", *opts))
+    uninterrupted.train()
+
+    killed = build_seeded(pets_cfg(toy_world, tmp_path / "killed", *opts))
+    forward_backward = killed.forward_backward
+
+    def die_at_step_seven(batch):
+        if killed.epoch * killed.num_batches + killed.batch_idx == 7:
+            raise KeyboardInterrupt("killed")
+        return forward_backward(batch)
+
+    killed.forward_backward = die_at_step_seven
+    with pytest.raises(KeyboardInterrupt):
+        killed.train()
+    assert killed.num_batches == 5
+    assert "model.pth.tar-1-batch1" in os.listdir(tmp_path / "killed" / "SkipTuning")
+    resumed = build_seeded(pets_cfg(toy_world, tmp_path / "killed", *opts))
+    steps = []
+    forward_backward_resumed = resumed.forward_backward
+    resumed.forward_backward = lambda batch: steps.append(batch["label"]) or forward_backward_resumed(batch)
+    resumed.train()
+    assert resumed.start_epoch == 1 and len(steps) == 4
+    for (name, param), (_, reference) in zip(resumed.model.named_parameters(), uninterrupted.model.named_parameters()):
+        assert torch.equal(param, reference), name
+    ours = resumed._optims["SkipTuning"].state_dict()["state"]
+    theirs = uninterrupted._optims["SkipTuning"].state_dict()["state"]
+    assert all(torch.equal(ours[key]["momentum_buffer"], theirs[key]["momentum_buffer"]) for key in theirs)
+    assert resumed.test() == uninterrupted.test()
+    assert not any("-batch" in name for name in os.listdir(tmp_path / "killed" / "SkipTuning"))

@@ -20,7 +20,16 @@ and its unit, a frozen CLIP image forward of the same batch without autograd:
   own ``forward_backward``. The official model is cast to fp32 after build_model (the official
   fp32 branch; MaPLe's coupling F_1 stays fp16 otherwise) and gets the spec's
   ``prepare_official_model``. The unit is the official clip package's CLIP (its ``build_model`` of
-  the weights file, fp32) ``encode_image``.
+  the weights file, fp32) ``encode_image``. A spec may add what the official recipe's step needs
+  beyond ``forward_backward``: ``official_before_build(module, cfg)`` (files or loaders
+  build_model reads), ``official_after_build(trainer)`` (what its ``before_train`` sets up) and
+  ``official_step(trainer, batch)`` (the step itself, e.g. a cache pass before
+  ``forward_backward``); ``our_prepare(workdir, image size)`` (files our trainer reads; returns
+  more KEY VALUE options) and ``our_after_build(trainer)`` do the same for our trainer.
+
+Both sides get the batch as their data loaders give it: ``--batch`` images, as a list of
+K_TRANSFORMS views when the side's config has DATALOADER.K_TRANSFORMS > 1 (the same images for
+every view), and the images again as "img0" with DATALOADER.RETURN_IMG0.
 
 Both sides read one weights file (tools/official_equivalence.py's seeded random CLIP), one batch
 of ``--batch`` seeded random images with labels 0, 1, ... modulo ``--classes``, and the class
@@ -129,6 +138,8 @@ def measure(args):
             torch.save({"images": images, "labels": labels}, f)
         with atomic_write(os.path.join(workdir, "settings.json"), "w") as f:
             json.dump(dict(settings, classnames=class_names(args.classes)), f)
+        with atomic_write(os.path.join(workdir, "request.json"), "w") as f:  # read by a spec's prepare_official
+            json.dump({"backbone": args.backbone, "classnames": class_names(args.classes)}, f)
         exports, records = {}, []
         for method in methods:
             spec = oe.METHODS[method]
@@ -205,6 +216,28 @@ def _timed(frozen, train, settings, learnable):
     return dict(medians(times), learnable=learnable)
 
 
+def loader_batch(images, labels, dataloader_cfg):
+    """The training batch as a Dassl loader gives it under ``dataloader_cfg`` (cfg.DATALOADER):
+    {"img": images [B, 3, R, R], or a list of K_TRANSFORMS such views when K_TRANSFORMS > 1,
+    "label": [B], and "img0": the images when RETURN_IMG0}."""
+    views = dataloader_cfg.K_TRANSFORMS
+    batch = {"img": images if views == 1 else [images] * views, "label": labels}
+    if dataloader_cfg.RETURN_IMG0:
+        batch["img0"] = images
+    return batch
+
+
+def _set_official_train_cfg(cfg, values):
+    """Set {dotted key: value} on the official Dassl config; a dict value becomes a new node."""
+    from yacs.config import CfgNode as CN
+
+    for key, value in values.items():
+        parent = cfg
+        for part in key.split(".")[:-1]:
+            parent = getattr(parent, part)
+        setattr(parent, key.split(".")[-1], CN(value) if isinstance(value, dict) else value)
+
+
 def our_side(workdir, method):
     """Our trainer's step and the frozen CLIP forward (run in the subprocess)."""
     from vlprompt.benchmarking.trainer_cases import CASES, build_trainer
@@ -219,13 +252,17 @@ def our_side(workdir, method):
             for item in (f"{node}.{key}", repr(value))]
     if "dataset" in spec:
         opts += ["DATASET.NAME", spec["dataset"]]
+    if "our_prepare" in spec:
+        opts += spec["our_prepare"](workdir, images.shape[-1])
     trainer_settings = {"backbone": settings["backbone"], "weights": os.path.join(workdir, "weights.pt"),
                         "image_size": images.shape[-1], "device": "cpu", "batch": len(images), "prec": "fp32",
                         "opts": opts, "classes": settings["classes"]}
     with tempfile.TemporaryDirectory(prefix="benchmark_official_ours_") as output_dir:
         trainer = build_trainer(case, trainer_settings, output_dir)
+        if "our_after_build" in spec:
+            spec["our_after_build"](trainer)
         trainer.batch_idx, trainer.num_batches = 0, len(trainer.train_loader_x)
-        batch = {"img": images, "label": labels}
+        batch = loader_batch(images, labels, trainer.cfg.DATALOADER)
 
         def frozen():
             with torch.no_grad():
@@ -240,14 +277,17 @@ def our_side(workdir, method):
 
 
 # The design of an unprompted CLIP for the vendored clip packages whose build_model takes one
-# (MaPLe-derived code, e.g. ATPrompt's): no vision or language prompts.
+# (MaPLe-derived code, e.g. ATPrompt's): no vision or language prompts. IVLP-derived packages
+# (PromptSRC's family) accept only their own trainer names: their specs give ``plain_design``.
 PLAIN_DESIGN = {"trainer": "CoOp", "vision_depth": 0, "language_depth": 0, "vision_ctx": 0, "language_ctx": 0}
 
 
-def _plain_official_clip(official_clip, state_dict):
-    """The official clip package's plain CLIP (fp32, eval) of ``state_dict``: the frozen unit."""
+def _plain_official_clip(official_clip, state_dict, spec):
+    """The official clip package's plain CLIP (fp32, eval) of ``state_dict``: the frozen unit (for
+    a clip package whose build_model takes a design: the spec's ``plain_design``, default PLAIN_DESIGN)."""
     parameters = inspect.signature(official_clip.build_model).parameters
-    args = (state_dict, PLAIN_DESIGN) if "design_details" in parameters else (state_dict,)
+    design = spec.get("plain_design", PLAIN_DESIGN)
+    args = (state_dict, design) if "design_details" in parameters else (state_dict,)
     return official_clip.build_model(*args).float().eval()
 
 
@@ -260,11 +300,7 @@ def official_side(workdir, method):
     spec, cfg, module, official_clip = oe.official_setup(request, images.shape[-1], weights_path)
     from dassl.engine.trainer import TrainerBase
 
-    for key, value in spec.get("official_train_cfg", {}).items():
-        parent = cfg
-        for part in key.split(".")[:-1]:
-            parent = getattr(parent, part)
-        setattr(parent, key.split(".")[-1], value)
+    _set_official_train_cfg(cfg, spec.get("official_train_cfg", {}))
     cfg.OPTIM.NAME = "sgd"
     torch.nn.Module.cuda = lambda self, device=None: self  # CPU only
     torch.Tensor.cuda = lambda self, device=None, non_blocking=False: self
@@ -273,14 +309,20 @@ def official_side(workdir, method):
     TrainerBase.__init__(trainer)  # the model / optimizer registry, without TrainerX's data loader
     trainer.cfg, trainer.device = cfg, torch.device("cpu")
     trainer.dm = SimpleNamespace(dataset=SimpleNamespace(classnames=settings["classnames"]))
+    if "official_before_build" in spec:
+        spec["official_before_build"](module, cfg)
     with contextlib.redirect_stdout(io.StringIO()):
         trainer.build_model()
-        clip_model = _plain_official_clip(official_clip, torch.load(weights_path, weights_only=True))
+        clip_model = _plain_official_clip(official_clip, torch.load(weights_path, weights_only=True), spec)
     trainer.model.float()
     if "prepare_official_model" in spec:
         spec["prepare_official_model"](trainer.model)
+    if "official_after_build" in spec:
+        with contextlib.redirect_stdout(io.StringIO()):
+            spec["official_after_build"](trainer)
     trainer.batch_idx, trainer.num_batches = 0, 1000  # not the epoch's last batch: no scheduler step
-    batch = {"img": images, "label": labels}
+    batch = loader_batch(images, labels, cfg.DATALOADER)
+    step = spec.get("official_step", lambda trainer, batch: trainer.forward_backward(batch))
 
     def frozen():
         with torch.no_grad():
@@ -288,7 +330,7 @@ def official_side(workdir, method):
 
     def train():
         trainer.set_model_mode("train")
-        trainer.forward_backward(batch)
+        step(trainer, batch)
 
     learnable = sum(p.numel() for group in trainer.optim.param_groups for p in group["params"] if p.requires_grad)
     return _timed(frozen, train, settings, learnable)

@@ -30,9 +30,12 @@ random cuts a shuffled list of all images into batches of B (the rest left out).
 Inference (every evaluation role alike: the method has no role-dependent part): the whole
 fine-tuned CLIP, s·f̂·t̂ᵀ over all classes of the evaluated dataset.
 
-Resuming continues after the last epoch checkpoint (weights, optimizer, scheduler, RNG states and
-the keep mask restored; the next epoch's cache is drawn as in an uninterrupted run). The epoch's
-cached batches are not a resumable sampler, so TRAIN.CHECKPOINT_ITERS writes no mid-epoch files.
+Resuming continues after the last checkpoint (weights, optimizer, scheduler, RNG states and the
+keep mask restored), also from a mid-epoch one (TRAIN.CHECKPOINT_ITERS): the epoch's cached batches
+are resumable, their position being the RNG states the epoch's cache and batch plan were drawn from;
+a resumed epoch restores those states, draws the same cache (the same augmented views) and plan
+again, skips the batches already run and continues with the checkpoint's RNG states, so it ends as
+the uninterrupted run.
 
 Recipe (configs/trainers/SkipTuning/vit_b16_bs4.yaml): SGD (momentum 0.9, weight decay 5e-4),
 text lr OPTIM.LR 2e-5, image lr IMAGE_LR 5e-6, one warm-up epoch at a constant 1e-6 (both groups),
@@ -83,7 +86,7 @@ from vlprompt.data.data_manager import build_data_loader
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.amp import PRECISIONS
 from vlprompt.optim import build_lr_scheduler, build_optimizer
-from vlprompt.utils import count_num_param, load_pretrained_weights
+from vlprompt.utils import count_num_param, get_rng_state, load_pretrained_weights, set_rng_state
 
 # DATASET.NAME -> the hand-written sentence upstream uses (trainers/baselines/ft_clip.py _CUSTOM_TEMPLATES).
 TEMPLATES = {
@@ -200,21 +203,49 @@ def _full_batches(items, batch_size):
     return list(items[: count * batch_size].split(batch_size)) if count else []
 
 
+class EpochDraw:
+    """The resumable position of an epoch's cached batches (the engine's sampler interface).
+
+    Args:
+        rng_state: the RNG states (``get_rng_state``) the epoch's cache and plan were drawn from.
+        batch_size: B.
+    """
+
+    def __init__(self, rng_state, batch_size):
+        self.rng_state, self.batch_size = rng_state, batch_size
+        self.skip = 0
+
+    def state_dict(self):
+        """{"rng_state": the states the epoch was drawn from} (for a mid-epoch checkpoint)."""
+        return {"rng_state": self.rng_state}
+
+    def resume_epoch(self, state, items_done):
+        """Make the next iteration skip the first ``items_done`` items (whole batches) of the epoch
+        drawn from ``state``, which the trainer has drawn again."""
+        self.skip = items_done // self.batch_size
+
+
 class CachedPrefixBatches:
     """Stand-in for the training loader over one epoch's cached block-S image states.
 
     ``len()`` is the number of batches; iterating yields dicts with "hidden" [B, 1 + P, D] and
-    "label" [B], in the order of ``plan``.
+    "label" [B], in the order of ``plan`` (after a mid-epoch resume, from the first batch not run).
+
+    Attributes:
+        sampler: EpochDraw of the epoch. batch_size: B.
     """
 
-    def __init__(self, hidden, labels, plan):
+    def __init__(self, hidden, labels, plan, rng_state):
         self.hidden, self.labels, self.plan = hidden, labels, plan
+        self.batch_size = plan[0].numel()
+        self.sampler = EpochDraw(rng_state, self.batch_size)
 
     def __len__(self):
         return len(self.plan)
 
     def __iter__(self):
-        for items in self.plan:
+        skip, self.sampler.skip = self.sampler.skip, 0
+        for items in self.plan[skip:]:
             yield {"hidden": self.hidden[items], "label": self.labels[items]}
 
 
@@ -384,6 +415,10 @@ class SkipTuning(ClipTrainer):
     def before_epoch(self):
         super().before_epoch()
         self.train_loader_x = self.dm.train_loader_x  # frees the previous epoch's cache first
+        resumed = self.pending_mid_epoch()
+        if resumed is not None:  # an interrupted epoch: draw its cache and plan again
+            set_rng_state(resumed["sampler"]["rng_state"])
+        rng_state = get_rng_state()
         hidden, labels = self.cache_image_prefix()
         node = self.cfg.TRAINER.SKIPTUNING
         same_class = node.BATCHES == "same_class" or (node.BATCHES == "auto" and self.cfg.DATASET.NUM_SHOTS >= 4)
@@ -396,7 +431,7 @@ class SkipTuning(ClipTrainer):
                 f"No training batch of DATALOADER.TRAIN_X.BATCH_SIZE {size} can be formed from the {labels.numel()} "
                 f"training images{advice}"
             )
-        self.train_loader_x = CachedPrefixBatches(hidden, labels, plan)
+        self.train_loader_x = CachedPrefixBatches(hidden, labels, plan, rng_state)
 
     def cache_image_prefix(self):
         """(h [N, 1 + P, D] on the CPU in the autocast dtype, labels [N]): every training image

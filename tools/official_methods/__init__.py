@@ -44,7 +44,19 @@ of each side:
 
 * ``official_trainer``: the official trainer class in ``official_module``, whose own
   ``build_model`` and ``forward_backward`` are run; ``official_train_cfg`` (optional): {dotted
-  Dassl config key: value} that the official train.py adds and that build_model reads;
+  Dassl config key: value (a dict: a new node)} that the official train.py adds and that
+  build_model or forward_backward reads;
+* (optional) what the official recipe's training step needs beyond ``forward_backward`` of a
+  loader's batch: ``official_before_build(module, cfg)`` (before build_model: files it reads,
+  loaders to cast), ``official_after_build(trainer)`` (what the official ``before_train`` sets
+  up), ``official_step(trainer, batch)`` (the step, when it is more than ``forward_backward``,
+  e.g. a per-epoch cache pass that costs one pass per image); ``our_prepare(workdir, image
+  size)`` (files our trainer reads, written into the benchmark's working folder, which is the
+  official side's working folder too; returns more KEY VALUE config options) and
+  ``our_after_build(trainer)`` (e.g. a value both sides must share): the same for our trainer;
+  ``plain_design`` (optional): the design dict under which the official clip package's
+  ``build_model`` gives the unprompted CLIP timed as the official frozen unit (for packages whose
+  build_model takes one and rejects the default trainer name "CoOp", e.g. IVLP-derived ones);
 * ``benchmark_case`` (optional, default the method's name): our case in
   vlprompt/benchmarking/trainer_cases.py (the trainer and its config file); ``our_nodes``
   (optional, default {"TRAINER.<the case's trainer in capitals>": ``our_node``}): {our config

@@ -21,6 +21,8 @@ import tempfile
 import torch
 from torch import nn
 
+from vlprompt.fileio import atomic_write
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEACHER_CONFIG = os.path.join(ROOT, "tests", "fixtures", "official", "promptkd_teacher_clip.json")
 TEACHER_SEED = 4  # seed of the teacher's random weights
@@ -192,6 +194,49 @@ def run_official(module, cfg, request, model, images, labels):
     return outputs
 
 
+# --------------------------------------------------------------------------- tools/benchmark.py official
+# The official step runs the teacher (its text features of every class, then its image tower) and
+# the student, whose projector upstream fixes at 512 -> 768: the teacher must have ViT-L/14's
+# embedding width, so both sides' teacher is a random ViT-L/14 (seed TEACHER_SEED, one file in the
+# working folder) with PromptSRC's 4+4 tokens in 9 layers, as upstream's recipe.
+BENCHMARK_TEACHER = "teacher-ViT-L-14.pt"  # in the benchmark's working folder
+
+
+def _benchmark_teacher_weights(workdir):
+    from official_equivalence import write_weights
+
+    path = os.path.join(workdir, BENCHMARK_TEACHER)
+    if not os.path.isfile(path):
+        write_weights("ViT-L/14", TEACHER_SEED, path)
+    return path
+
+
+def our_prepare(workdir, image_size):
+    """Our case's teacher: a PromptSRC run folder (untrained prompts) on the random ViT-L/14."""
+    from trainers.promptkd import write_stand_in_teacher
+
+    folder = write_stand_in_teacher(os.path.join(workdir, "promptkd_teacher_vit_l14"), "ViT-L/14",
+                                    _benchmark_teacher_weights(workdir), (image_size, image_size), "OxfordPets")
+    return ["TRAINER.PROMPTKD.TEACHER_DIR", folder]
+
+
+def official_before_build(module, cfg):
+    """For the official trainer's build_model: ./clip/ViT-L-14.pt is the random ViT-L/14; the
+    teacher checkpoint it reads (``teacher_model/<DATASET.NAME>/VLPromptLearner/model-best.pth.tar``)
+    holds no state, so the teacher keeps its initial prompts (their values do not change the step's
+    cost); its CLIP is cast to fp32 as the student's (upstream leaves the teacher fp16; cast before
+    its TextEncoder is built)."""
+    teacher = os.path.join("clip", "ViT-L-14.pt")
+    os.remove(teacher)  # prepare_official's small stand-in
+    os.symlink(os.path.abspath(_benchmark_teacher_weights(os.getcwd())), teacher)
+    path = os.path.join("teacher_model", str(cfg.DATASET.NAME), "VLPromptLearner", "model-best.pth.tar")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with atomic_write(path) as f:
+        torch.save({"state_dict": {}}, f)
+    load_teacher = module.load_clip_to_cpu_teacher
+    module.load_clip_to_cpu_teacher = lambda cfg: load_teacher(cfg).float()
+
+
 SPECS = {
     "PromptKD": {
         "repository": "zhengli97/PromptKD",
@@ -208,5 +253,10 @@ SPECS = {
         "prepare_official": prepare_official,
         "build_official": build_official,
         "run_official": run_official,
+        "official_trainer": "PromptKD",
+        # the unprompted CLIP of its IVLP clip package (the frozen unit): upstream's zero-shot design
+        "plain_design": {"trainer": "IVLP", "vision_depth": 0, "language_depth": 0, "vision_ctx": 0, "language_ctx": 0},
+        "official_before_build": official_before_build,
+        "our_prepare": our_prepare,
     },
 }

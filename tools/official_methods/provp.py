@@ -87,5 +87,8 @@ SPECS = {
         "run_ours": run_ours,
         "prepare_official": prepare_official,
         "run_official": run_official,
+        "official_trainer": "ProVP",
+        # upstream's train.py: LOSS.T (ReformatLoss's T, unused by it) and OPTIM.USE_REF (its configs: True)
+        "official_train_cfg": {"LOSS": {"T": 1.0}, "OPTIM.USE_REF": True},
     },
 }

@@ -14,6 +14,7 @@ Upstream's model class is ``SkipCustomCLIP`` and its CLIP loader lives in traine
 ``load_clip_to_cpu``), makes ``.cuda()`` a no-op (upstream moves the tokenized sentences to CUDA)
 and stands in for ``torchinfo`` (imported for a model summary only).
 """
+import math
 import sys
 import types
 
@@ -64,6 +65,55 @@ def run_official(module, cfg, request, model, images, labels):
     return {"logits": logits, "loss": loss}
 
 
+# --------------------------------------------------------------------------- tools/benchmark.py official
+# One step of the official recipe per batch of images: the per-epoch cache pass over these images
+# (upstream's extract_image_features: forward_image_features under no_grad, which runs blocks 0..S-1
+# and, for an output it discards, S..11 too) and forward_backward on their block-S states. Ours:
+# the frozen blocks 0..S-1 (its cache pass per image), then its step. Both sides keep the same
+# classes: KEPT ranks (the mask is random on both sides, drawn by different generators).
+
+def benchmark_keep_mask(num_classes, node=NODE):
+    """The keep mask over ranks [C] both sides time with: the n_top = min(⌈TOP_RATIO·C⌉, MAX_TOP)
+    first ranks and, after them, as many ranks as the mask keeps on average (the sum of the
+    min-max normalised exponential pdf over the remaining ranks, rounded)."""
+    top = min(math.ceil(node["TOP_RATIO"] * num_classes), node["MAX_TOP"])
+    rest = num_classes - top
+    pdf = torch.exp(-torch.linspace(0.0, 5.0, rest, dtype=torch.float64) / node["LAMBDA"])
+    expected = float(((pdf - pdf.min()) / (pdf.max() - pdf.min())).sum()) if rest > 1 else 0.0
+    return torch.arange(num_classes) < top + round(expected)
+
+
+def our_after_build(trainer):
+    trainer.model.keep_mask = benchmark_keep_mask(len(trainer.classnames))
+
+
+_DEVICE_COUNT = torch.cuda.device_count
+
+
+def official_before_build(module, cfg):
+    """Upstream's build_model asserts exactly one GPU: torch.cuda.device_count() is 1 while it builds."""
+    torch.cuda.device_count = lambda: 1
+
+
+def official_after_build(trainer):
+    """What upstream's before_train sets: the class sentences' block-S text states and the zero-shot
+    prototypes (forward_text_features), and the keep mask."""
+    torch.cuda.device_count = _DEVICE_COUNT
+    model = trainer.model
+    with torch.no_grad():
+        text_medium, text_out = model.forward_text_features()
+    model.text_features = text_medium
+    model.class_prototypes = text_out / text_out.norm(dim=-1, keepdim=True)
+    model.reserve_mask = benchmark_keep_mask(model.num_classes)
+
+
+def official_step(trainer, batch):
+    """Upstream's cache pass over the batch's images, then its forward_backward on their states."""
+    with torch.no_grad():
+        image_medium, _ = trainer.model.forward_image_features(batch["img"])
+    trainer.forward_backward((image_medium, batch["label"]))
+
+
 SPECS = {
     "SkipTuning": {
         "repository": "Koorye/SkipTuning",
@@ -85,5 +135,15 @@ SPECS = {
         "run_ours": run_ours,
         "prepare_official": prepare_official,
         "run_official": run_official,
+        "official_trainer": "SkipTuning",
+        # upstream's train.py (PREC; STAGED_LR with NEW_LAYERS image_encoder) and its vit_b16_bs4.yaml (the lrs)
+        "official_train_cfg": {"TRAINER.PREC": "fp32", "OPTIM.STAGED_LR": True, "OPTIM.NEW_LAYERS": ["image_encoder"],
+                               "OPTIM.LR": 2e-5, "OPTIM.NEW_LR": 5e-6},
+        "official_before_build": official_before_build,
+        "official_after_build": official_after_build,
+        "official_step": official_step,
+        "our_nodes": {"TRAINER.SKIPTUNING": {key: NODE[key] for key in (
+            "PREC", "START_LAYER", "TOP_RATIO", "MAX_TOP", "LAMBDA")}},
+        "our_after_build": our_after_build,
     },
 }

@@ -145,5 +145,11 @@ SPECS = {
         "run_ours": run_ours,
         "prepare_official": prepare_official,
         "run_official": run_official,
+        # Timing: the recipe's 4 views of each image (configs/trainers/TAC/basetonovel.yaml, upstream's
+        # K_TRANSFORMS 4) and the un-augmented image on both sides.
+        "official_trainer": "TAC",
+        # the unprompted CLIP of its IVLP clip package (the frozen unit): upstream's zero-shot design
+        "plain_design": {"trainer": "IVLP", "vision_depth": 0, "language_depth": 0, "vision_ctx": 0, "language_ctx": 0},
+        "official_train_cfg": {"DATALOADER.K_TRANSFORMS": 4},
     },
 }

@@ -16,7 +16,8 @@ any of them; the engine always calls them through the trainer):
 * ``resume_model_if_exist(directory)`` -> epoch index to continue from: restores weights,
   optimizer, scheduler, RNG, scaler and trainer states from the newest usable checkpoint;
   after a mid-epoch checkpoint, ``epoch_batches(loader, num_batches)`` then gives the
-  batches the interrupted epoch had not run;
+  batches the interrupted epoch had not run (``pending_mid_epoch()`` tells ``before_epoch``
+  that it continues one);
 * ``load_model(directory, epoch=None)``: weights only, non-strict, class-dependent keys
   (``get_class_dependent_keys``) dropped, missing/unexpected keys reported.
 
@@ -192,6 +193,13 @@ class CheckpointingMixin:
         self.last_checkpoint = point.paths[self.get_model_names()[0]]
         print(resume_banner(directory, point.epochs_done, self.max_epoch, point.batches_done))
         return point.epochs_done
+
+    def pending_mid_epoch(self):
+        """The position of the mid-epoch checkpoint the next epoch continues from ("num_batches",
+        "sampler", "batches_done", "rng_state"), or None: set by ``resume_model_if_exist``, used up
+        by ``epoch_batches``. A trainer that draws its epoch's data in ``before_epoch`` (e.g. a
+        per-epoch cache) reads it there to draw the interrupted epoch's data again."""
+        return self._pending_mid_epoch
 
     def epoch_batches(self, loader, num_batches):
         """(iterator over this epoch's training batches, index of its first batch): the whole
