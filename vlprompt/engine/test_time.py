@@ -45,7 +45,7 @@ from tqdm import tqdm
 from vlprompt.config import ConfigError
 from vlprompt.data import build_data_loader
 from vlprompt.data.test_time_views import EpisodeViews, ViewAugmenter, check_view_transforms
-from vlprompt.fileio import atomic_write, mkdir_if_missing
+from vlprompt.fileio import atomic_write
 
 from .clip_trainer import ClipTrainer
 
