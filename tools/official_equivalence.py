@@ -46,6 +46,8 @@ Usage (clones, or bare git directories, of the official repositories; HEAD is co
     python tools/official_equivalence.py ATPrompt-MaPLe --official-git ATPrompt
     python tools/official_equivalence.py SkipTuning --official-git SkipTuning --dassl-git Dassl.pytorch
     python tools/official_equivalence.py FLYP --official-git FLYP
+    python tools/official_equivalence.py TPT --official-git TPT --dassl-git Dassl.pytorch
+    python tools/official_equivalence.py TPT-CoCoOp --official-git TPT --dassl-git Dassl.pytorch
 """
 import argparse
 import copy
@@ -404,7 +406,7 @@ def main(argv=None):
     if not args.official_git or (dassl and not args.dassl_git):
         parser.error(f"{args.method} needs --official-git" + (" and --dassl-git" if dassl else ""))
     fixture = compare(args.method, args.official_git, args.dassl_git, args.backbone, dict(DEFAULT_SEEDS),
-                      list(DEFAULT_CLASSNAMES), DEFAULT_BATCH)
+                      list(DEFAULT_CLASSNAMES), METHODS[args.method].get("batch", DEFAULT_BATCH))
     os.makedirs(FIXTURE_DIR, exist_ok=True)
     path = os.path.join(FIXTURE_DIR, f"{args.method.lower()}.json")
     with atomic_write(path, "w") as f:

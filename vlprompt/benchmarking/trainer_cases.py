@@ -132,6 +132,9 @@ CASES = (
     # FLYP's loader gives each image one of the 80 templates (the step encodes B captions and B images).
     Case("FLYP", "FLYP", "FLYP/vit_b16.yaml", TRAIN, batch_keys=lambda size: {"template": torch.arange(size) % 80}),
     Case("RAdaTTT", "RAdaTTT", "RAdaTTT/vit_b16.yaml", TEST_TIME, batch=1, eval_target=None),
+    Case("TPT", "TPT", "TPT/vit_b16.yaml", TEST_TIME, batch=1, eval_target=None),
+    Case("CoCoOp+TPT", "TPT", "TPT/vit_b16_cocoop.yaml", TEST_TIME, batch=1, eval_target=None),
+    Case("MaPLe+TPT", "TPT", "TPT/vit_b16_maple.yaml", TEST_TIME, batch=1, eval_target=None),
 )
 
 

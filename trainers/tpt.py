@@ -1,0 +1,239 @@
+"""TPT: Test-time Prompt Tuning (Shu et al., NeurIPS 2022), alone and on a trained CoOp, CoCoOp or MaPLe.
+
+Per test image, independently (an episode of vlprompt.engine.test_time):
+
+1. V = 64 views: the test view (resize, centre crop) + 63 random resized crops (scale 0.08-1,
+   bilinear) with flips (AugMix on top for the non-ImageNet sets, TRAINER.TPT.AUGMIX);
+2. logits p_v of every view with the current prompt; keep the 10 % of views with the lowest
+   entropy (6 of 64);
+3. L = H(mean_v softmax(p_v)) over the kept views (entropy of the averaged probability);
+   one AdamW step (lr 5e-3, weight decay 0.01) on the prompt, the optimizer fresh per image;
+4. predict the test view with the tuned prompt; reset the prompt before the next image.
+
+The prompt being tuned (TRAINER.TPT.PROMPT) and the model around it:
+
+* ``coop``: CoOp's text context (TRAINER.COOP; TPT: 4 tokens initialised from "a photo of a").
+  Plain TPT starts from that phrase; CoOp+TPT loads a CoOp run's context (``--model-dir``,
+  folder ``prompt_learner``). The image tower is not prompted, so the views are encoded once.
+* ``cocoop``: a trained CoCoOp (TRAINER.COCOOP, ``--model-dir`` required). The context of the
+  image, c = ctx + π(f_0), is computed once from the test view and tuned directly (ctx and the
+  meta-net π stay frozen); all views are scored with that one context. As upstream, π is fed
+  the test view's image feature before L2 normalisation (CoCoOp trains π on the normalised
+  feature); this follows the official code (clip/cocoop.py ``gen_ctx``).
+* ``maple``: a trained MaPLe (TRAINER.MAPLE, ``--model-dir``, folder ``MultiModalPromptLearner``);
+  every prompt-learner parameter is tuned (text prompts and couplings; PromptAlign's MaPLe+TPT).
+  The views pass the prompted image tower: all of them without gradient to select, the kept
+  ones again with gradient for the step (the same loss as one pass over all views).
+
+Under fp16 the step goes through a gradient scaler created for the episode (initial scale
+1000, as upstream; upstream keeps one scaler over the test set), so an image's prediction
+never depends on the images before it.
+
+Compared by running azshue/TPT @ 63ecbace (tpt_classification.py, clip/custom_clip.py,
+clip/cocoop.py) in fp32 on a seeded random ViT-B/16 with the context at 10x its init std, both
+sides fed the same 64 view tensors of one image (tools/official_equivalence.py TPT / TPT-CoCoOp,
+tools/official_methods/tpt.py, tests/test_official_equivalence_tpt.py): TPT keeps the same 6
+views, relative max difference loss 3.1e-6, context after the AdamW step 2.0e-8, test-view
+logits 5.4e-7; CoCoOp+TPT (context and meta-net drawn away from their inits) keeps the same 6
+views, loss 1.7e-6, tuned context 8.2e-8, logits 4.5e-7. MaPLe+TPT has no official TPT code (PromptAlign's trainer is its closest); it is
+checked against the single pass over all views in tests/test_tpt.py.
+"""
+import torch
+import torch.nn.functional as F
+from yacs.config import CfgNode as CN
+
+from vlprompt.config import check_choice, register_cfg_extension
+from vlprompt.engine import TRAINER_REGISTRY
+from vlprompt.engine.amp import PRECISIONS
+from vlprompt.engine.test_time import (
+    TestTimeTrainer, add_episode_keys, average_prediction_entropy, episode_optimizer, select_confident,
+)
+
+from .cocoop import CoCoOpCLIP
+from .coop import CoOpCLIP
+from .maple import MaPLeCLIP
+
+# prompt -> (model class, its config node, the registered name of the source run's checkpoint)
+PROMPTS = {
+    "coop": (CoOpCLIP, "COOP", "prompt_learner"),
+    "cocoop": (CoCoOpCLIP, "COCOOP", "prompt_learner"),
+    "maple": (MaPLeCLIP, "MAPLE", "MultiModalPromptLearner"),
+}
+
+
+@register_cfg_extension
+def add_tpt_config(cfg):
+    node = cfg.TRAINER.TPT = CN()
+    node.PREC = "fp16"  # autocast of the forward passes, fp32 prompts
+    node.PROMPT = "coop"  # the tuned prompt: coop, cocoop or maple (model config in TRAINER.COOP/COCOOP/MAPLE)
+    add_episode_keys(node, steps=1, lr=5e-3)
+
+
+class PromptTuning:
+    """TPT's episodes on a prompted CLIP, independent of the trainer (the official comparison runs it too).
+
+    Args:
+        model: CoOpCLIP, CoCoOpCLIP or MaPLeCLIP with every parameter frozen (the tuned ones are
+            switched on during an episode).
+        prompt: "coop", "cocoop" or "maple" (module docstring).
+        node: the episode keys (SELECTION, STEPS, LR, WEIGHT_DECAY).
+        autocast: factory of the forward passes' autocast context.
+        grad_scaling: step through a gradient scaler made for each episode (fp16).
+
+    Attributes:
+        start: the prompt learner's state every episode starts from (``snapshot()``).
+        last: of the last episode, "kept" (indices of the kept views, most confident first),
+            "loss" (the objective at the first step) and "tuned" ({name: value after the steps}).
+    """
+
+    def __init__(self, model, prompt, node, autocast, grad_scaling=False):
+        self.model, self.prompt, self.node = model, prompt, node
+        self.autocast, self.grad_scaling = autocast, grad_scaling
+        self.start, self.last = None, {}
+
+    def snapshot(self):
+        """Every episode starts from the current prompt learner (its init, or the source run's)."""
+        self.start = {name: value.clone() for name, value in self.model.prompt_learner.state_dict().items()}
+
+    def __call__(self, views):
+        """Logits [K] of views[0] after one episode on views [V, 3, H, W]."""
+        episode = {"coop": self.coop_episode, "cocoop": self.cocoop_episode, "maple": self.maple_episode}
+        return episode[self.prompt](views)
+
+    def episode_loss(self, logits):
+        """TPT's objective on the kept views' logits [V', K]: the entropy of their averaged probability."""
+        return average_prediction_entropy(logits.float())
+
+    def tune(self, params, logits_of):
+        """STEPS AdamW steps on ``params``, minimising ``episode_loss`` of the kept views.
+
+        Args:
+            params: {name: tensor tuned (a leaf with requires_grad)}.
+            logits_of: kept -> logits [V', K] of the kept views (kept None: of every view, to select
+                them at the first step; logits without gradient there make the kept views scored again).
+        """
+        optimizer = episode_optimizer(list(params.values()), self.node)
+        scaler = torch.amp.GradScaler(init_scale=1000.0) if self.grad_scaling else None
+        kept, first_loss = None, None
+        for _ in range(self.node.STEPS):
+            with torch.enable_grad():
+                if kept is None:
+                    logits = logits_of(None)
+                    kept = select_confident(logits, self.node.SELECTION)
+                    logits = logits[kept] if logits.requires_grad else logits_of(kept)
+                else:
+                    logits = logits_of(kept)
+                loss = self.episode_loss(logits)
+                optimizer.zero_grad()
+                if scaler is None:
+                    loss.backward()
+                    optimizer.step()
+                else:
+                    scaler.scale(loss).backward()
+                    scaler.step(optimizer)
+                    scaler.update()
+            first_loss = loss.detach() if first_loss is None else first_loss
+        self.last = {"kept": kept, "loss": first_loss,
+                     "tuned": {name: value.detach().clone() for name, value in params.items()}}
+
+    def text_features(self):
+        """Normalised class text features [C, E] of the current prompt (never the evaluation cache)."""
+        return F.normalize(self.model.compute_text_features(), dim=-1)
+
+    def coop_episode(self, views):
+        model, prompts = self.model, self.model.prompt_learner
+        prompts.load_state_dict(self.start)
+        with self.autocast():
+            features = F.normalize(model.unnormalised_image_features(views), dim=-1)  # frozen tower: once
+        ctx = prompts.ctx.requires_grad_(True)
+
+        def logits_of(kept):
+            with self.autocast():
+                return model.cosine_logits(features if kept is None else features[kept], self.text_features())
+
+        self.tune({"prompt_learner.ctx": ctx}, logits_of)
+        with self.autocast():
+            logits = model.cosine_logits(features[:1], self.text_features())[0]
+        ctx.requires_grad_(False)
+        prompts.load_state_dict(self.start)
+        return logits
+
+    def cocoop_episode(self, views):
+        model, prompts = self.model, self.model.prompt_learner
+        with self.autocast():
+            raw = model.clip.encode_image(views)
+            context = prompts.conditioned(raw[:1])[0]  # ctx + π(f_0), f_0 unnormalised as upstream: [n, D]
+        features = F.normalize(raw, dim=-1)
+        context = context.float().clone().requires_grad_(True)
+        classes = torch.arange(prompts.num_classes, device=views.device)
+
+        def text_features():
+            contexts = context.unsqueeze(0).expand(len(classes), -1, -1)
+            return F.normalize(model.encode_pairs(contexts, classes), dim=-1)
+
+        def logits_of(kept):
+            with self.autocast():
+                return model.cosine_logits(features if kept is None else features[kept], text_features())
+
+        self.tune({"context": context}, logits_of)
+        with self.autocast():
+            return model.cosine_logits(features[:1], text_features())[0]
+
+    def maple_episode(self, views):
+        model, prompts = self.model, self.model.prompt_learner
+        prompts.load_state_dict(self.start)
+        tuned = {f"prompt_learner.{name}": parameter.requires_grad_(True)
+                 for name, parameter in prompts.named_parameters()}
+
+        def logits_of(kept):
+            if kept is None:  # the selection pass: every view, no gradient
+                with torch.no_grad(), self.autocast():
+                    return model.cosine_logits(model.image_features(views), self.text_features())
+            with self.autocast():
+                return model.cosine_logits(model.image_features(views[kept]), self.text_features())
+
+        self.tune(tuned, logits_of)
+        with self.autocast():
+            logits = model.cosine_logits(model.image_features(views[:1]), self.text_features())[0]
+        for parameter in tuned.values():
+            parameter.requires_grad_(False)
+        prompts.load_state_dict(self.start)
+        return logits
+
+
+@TRAINER_REGISTRY.register()
+class TPT(TestTimeTrainer):
+    """Test-time prompt tuning; the source model (``--model-dir``) is registered as its trainer does."""
+
+    episode_node = "TPT"
+
+    def check_cfg(self, cfg):
+        node = cfg.TRAINER.TPT
+        check_choice("TRAINER.TPT.PREC", node.PREC, PRECISIONS)
+        check_choice("TRAINER.TPT.PROMPT", node.PROMPT, list(PROMPTS))
+        super().check_cfg(cfg)
+
+    def build_model(self):
+        node = self.cfg.TRAINER.TPT
+        model_class, node_name, checkpoint_name = PROMPTS[node.PROMPT]
+        clip, tokenizer = self.build_clip()
+        self.model = model_class(clip, tokenizer, self.classnames, self.cfg.TRAINER[node_name]).to(self.device).eval()
+        for parameter in self.model.parameters():
+            parameter.requires_grad_(False)
+        registered = self.model if node_name == "MAPLE" else self.model.prompt_learner
+        self.register_model(checkpoint_name, registered)
+        self.tuning = PromptTuning(self.model, node.PROMPT, node, self.autocast, grad_scaling=self.amp.scaler is not None)
+
+    def get_class_dependent_keys(self, name):
+        # The source run's class embeddings belong to its classes, not to the target's.
+        prefix = "prompt_learner." if self.cfg.TRAINER.TPT.PROMPT == "maple" else ""
+        return [f"{prefix}token_prefix", f"{prefix}token_suffix"]
+
+    def start_episodes(self):
+        if self.cfg.TRAINER.TPT.PROMPT != "coop" and not self.run_info.get("model_dir"):
+            print(f"Warning: TRAINER.TPT.PROMPT {self.cfg.TRAINER.TPT.PROMPT} tunes a trained model's prompt, "
+                  "but no --model-dir was given: the episodes start from an untrained prompt learner")
+        self.tuning.snapshot()
+
+    def adapt_and_predict(self, views):
+        return self.tuning(views)
