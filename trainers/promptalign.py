@@ -1,0 +1,150 @@
+"""PromptAlign: distribution-aligned test-time prompt tuning (Abdul Samadh et al., NeurIPS 2023).
+
+Source statistics (offline, once per source model): the source MaPLe model runs over the source
+training set (test transform: resize, centre crop); for every block l of the image tower and every
+token position p of its input x_l [L, D] (after MaPLe's prompt edits there; L = 1 + P patches + n
+prompts) the mean μ̂_l[p] and the variance σ̂²_l[p] over all images are kept: two tensors
+[blocks, L, D] (``tools/promptalign_stats.py``; upstream's format: one ``torch.save``'d tensor each,
+``*_vis_means.pt`` / ``*_vis_vars.pt``).
+
+Test time (per image, from the source model's prompts, reset afterwards): MaPLe+TPT's step, i.e.
+64 views, the 10 % with the lowest prediction entropy kept, L_TPT = H(mean of their predictions),
+plus the alignment of the kept views' token statistics with the source's,
+
+    L_align = w · Σ_{l ∈ ALIGN_LAYERS} [0.5·mean|μ_l − μ̂_l| + 0.5·mean|σ²_l − σ̂²_l|],
+
+μ_l, σ²_l [L, D] the per-position mean and (biased) variance over the kept views; one AdamW step
+(lr 4e-2) on every prompt-learner parameter (T_k and the couplings F_k) on L_TPT + L_align, then
+the prediction of the test view. Upstream's weight is DISTR_LOSS_W / (ALIGN_LAYER_TO −
+ALIGN_LAYER_FROM) = 100 / 3 while its loop ``range(ALIGN_LAYER_FROM, ALIGN_LAYER_TO − 1)`` covers
+layers 0 and 1 only: ALIGN_WEIGHT 100/3 and ALIGN_LAYERS [0, 1] here.
+"""
+import dataclasses
+import functools
+import os.path as osp
+
+import torch
+
+from vlprompt.clip import MapTokens
+from vlprompt.config import ConfigError
+
+STATISTICS_DIRNAME = "promptalign_stats"  # in the source run folder
+MEANS_FILENAME = "vis_means.pt"
+VARIANCES_FILENAME = "vis_vars.pt"
+
+
+def recording_plan(plan, layers):
+    """``plan`` plus a recorder at the input of each block in ``layers``.
+
+    Args:
+        plan: a vision Plan (e.g. MaPLe's ``vision_prompt_plan``).
+        layers: 0-based block indices.
+
+    Returns:
+        (plan', inputs): running plan' fills ``inputs[l]`` with the input [B, L, D] of block l,
+        after the plan's own edits there (upstream's ``resblock.visual_feat``).
+    """
+    inputs = {}
+    edits = dict(plan.layers)
+    for layer in layers:
+        edits[layer] = (*plan.edits_at(layer), MapTokens(functools.partial(_keep, inputs, layer)))
+    return dataclasses.replace(plan, layers=edits), inputs
+
+
+def _keep(inputs, layer, x):
+    inputs[layer] = x
+    return x
+
+
+def token_statistics(tokens):
+    """Per-position mean and biased variance over views: tokens [V, L, D] -> ([L, D], [L, D])."""
+    mean = tokens.mean(dim=0)
+    return mean, (tokens - mean).pow(2).mean(dim=0)
+
+
+def alignment_loss(statistics, source_means, source_variances):
+    """Σ_l 0.5·mean|μ_l − μ̂_l| + 0.5·mean|σ²_l − σ̂²_l| (a scalar, unweighted).
+
+    Args:
+        statistics: {block l: (μ_l [L, D], σ²_l [L, D])} of the test views.
+        source_means, source_variances: [blocks, L, D] source statistics.
+    """
+    loss = 0.0
+    for layer, (mean, variance) in statistics.items():
+        loss = loss + 0.5 * (mean - source_means[layer]).abs().mean() \
+            + 0.5 * (variance - source_variances[layer]).abs().mean()
+    return loss
+
+
+class TokenStatistics:
+    """Running per-block, per-position mean and variance over images (Chan's merge, float64).
+
+    ``add(inputs)`` takes {block l: [B, L, D]}; ``result()`` gives (means, variances)
+    [blocks, L, D] float32, blocks in increasing order.
+    """
+
+    def __init__(self):
+        self.count, self.means, self.squares = 0, {}, {}
+
+    def add(self, inputs):
+        batch = next(iter(inputs.values())).shape[0]
+        total = self.count + batch
+        for layer, tokens in inputs.items():
+            tokens = tokens.detach().double()
+            mean, squares = tokens.mean(dim=0), (tokens - tokens.mean(dim=0)).pow(2).sum(dim=0)
+            if self.count == 0:
+                self.means[layer], self.squares[layer] = mean, squares
+                continue
+            delta = mean - self.means[layer]
+            self.means[layer] = self.means[layer] + delta * (batch / total)
+            self.squares[layer] = self.squares[layer] + squares + delta.pow(2) * (self.count * batch / total)
+        self.count = total
+
+    def result(self):
+        if self.count == 0:
+            raise ValueError("No images were added to the token statistics.")
+        layers = sorted(self.means)
+        means = torch.stack([self.means[layer] for layer in layers]).float()
+        variances = torch.stack([self.squares[layer] / self.count for layer in layers]).float()
+        return means, variances
+
+
+def statistics_paths(model_dir):
+    """The default statistics files of a source run folder: (means, variances) paths."""
+    folder = osp.join(model_dir, STATISTICS_DIRNAME)
+    return osp.join(folder, MEANS_FILENAME), osp.join(folder, VARIANCES_FILENAME)
+
+
+def stats_command(model_dir):
+    """The command that writes the default statistics files of the source run ``model_dir``."""
+    return f"python tools/promptalign_stats.py --model-dir {model_dir or '<the source MaPLe run folder>'}"
+
+
+def load_source_statistics(means_path, variances_path, shape, layers, command):
+    """Read the source statistics files (upstream's format) and check them.
+
+    Args:
+        means_path, variances_path: ``torch.save``'d tensors [blocks, L, D].
+        shape: the (L, D) of the model's block inputs.
+        layers: the blocks the loss aligns (each must be present).
+        command: how to make the files (named in errors).
+
+    Returns:
+        (means, variances) float32 [blocks, L, D].
+    """
+    tensors = []
+    for path, what in ((means_path, "means"), (variances_path, "variances")):
+        if not osp.isfile(path):
+            raise ConfigError(f'PromptAlign\'s source token {what} "{path}" do not exist: compute them with the '
+                              f"source model over its training set: {command}")
+        value = torch.load(path, map_location="cpu", weights_only=True)
+        if not torch.is_tensor(value) or value.dim() != 3 or tuple(value.shape[1:]) != tuple(shape) \
+                or value.shape[0] <= max(layers):
+            found = tuple(value.shape) if torch.is_tensor(value) else type(value).__name__
+            raise ConfigError(
+                f'PromptAlign\'s source token {what} "{path}" must be a tensor [blocks > {max(layers)}, '
+                f"{shape[0]}, {shape[1]}] (the block inputs of this model's image tower with its prompts), got "
+                f"{found}: they were made for another model. Recompute them: {command}"
+            )
+        tensors.append(value.float())
+    return tuple(tensors)
