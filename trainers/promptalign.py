@@ -25,8 +25,11 @@ import os.path as osp
 
 import torch
 
-from vlprompt.clip import MapTokens
-from vlprompt.config import ConfigError
+from vlprompt.clip import MapTokens, vision_prompt_plan
+from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file
+from vlprompt.data import DataManager, build_data_loader
+from vlprompt.engine.results import RUN_CONFIG_FILENAME
+from vlprompt.fileio import atomic_write
 
 STATISTICS_DIRNAME = "promptalign_stats"  # in the source run folder
 MEANS_FILENAME = "vis_means.pt"
@@ -107,6 +110,79 @@ class TokenStatistics:
         means = torch.stack([self.means[layer] for layer in layers]).float()
         variances = torch.stack([self.squares[layer] / self.count for layer in layers]).float()
         return means, variances
+
+
+def image_features_and_block_inputs(model, images, layers):
+    """A MaPLe model's image features with the inputs of some blocks of its image tower.
+
+    Args:
+        model: MaPLeCLIP (or a subclass). images: [B, 3, H, W]. layers: block indices.
+
+    Returns:
+        (features [B, E] unnormalised, {block l: [B, L, D]}).
+    """
+    plan, inputs = recording_plan(vision_prompt_plan(model.prompt_learner.vision_prompts()), layers)
+    return model.clip.encode_image(images, plan), inputs
+
+
+def source_statistics(model, loader, device, autocast):
+    """Source statistics of every block input of ``model``'s image tower over ``loader``'s images.
+
+    Args:
+        model: the source MaPLeCLIP. loader: yields {"img": [B, 3, H, W]}.
+        device: where the model is. autocast: the trainer's autocast context factory.
+
+    Returns:
+        (means, variances) float32 [blocks, L, D].
+    """
+    statistics = TokenStatistics()
+    layers = range(model.clip.visual.num_layers)
+    with torch.no_grad():
+        for batch in loader:
+            with autocast():
+                _, inputs = image_features_and_block_inputs(model, batch["img"].to(device), layers)
+            statistics.add(inputs)
+    return statistics.result()
+
+
+def read_run_config(model_dir):
+    """The merged config (``config.yaml``) of the training run in ``model_dir``; ConfigError without one."""
+    path = osp.join(model_dir, RUN_CONFIG_FILENAME)
+    if not osp.isfile(path):
+        raise ConfigError(f'"{model_dir}" holds no {RUN_CONFIG_FILENAME}: it is not the folder of a training run '
+                          "of this project (train.py writes it when it trains), so its source training set is unknown.")
+    cfg = get_cfg_default()
+    extend_cfg(cfg)
+    merge_from_file(cfg, path)
+    return cfg
+
+
+def source_cfg(run_cfg, num_shots, root=None):
+    """The source run's config reading ``num_shots`` training images per class (0 = all, as
+    upstream) from ``root`` (default: the run's DATASET.ROOT)."""
+    cfg = run_cfg.clone()
+    cfg.defrost()
+    cfg.DATASET.NUM_SHOTS = num_shots
+    if root:
+        cfg.DATASET.ROOT = root
+    cfg.freeze()
+    return cfg
+
+
+def training_images_loader(cfg, manager, batch_size):
+    """The training images of ``manager`` (a DataManager of ``cfg``) in order, with the test
+    transform (resize, centre crop), as upstream's inference pass."""
+    print(f"PromptAlign source statistics over {len(manager.dataset.train_x):,} training images of {cfg.DATASET.NAME}")
+    return build_data_loader(cfg, "SequentialSampler", manager.dataset.train_x, batch_size=batch_size,
+                             tfm=manager.test_loader.dataset.transform, is_train=False)
+
+
+def write_source_statistics(means, variances, means_path, variances_path):
+    """Save the statistics in upstream's format (one tensor [blocks, L, D] per file), atomically."""
+    for value, path in ((means, means_path), (variances, variances_path)):
+        with atomic_write(path, "wb") as f:
+            torch.save(value, f)
+    print(f"PromptAlign source statistics [blocks, L, D] = {tuple(means.shape)}: {means_path}, {variances_path}")
 
 
 def statistics_paths(model_dir):
