@@ -11,10 +11,10 @@ from baseline_setup import toy_pets_cfg
 from PIL import Image
 
 import datasets  # noqa: F401  (registers OxfordPets)
-from trainers.rada_ttt import average_prediction_entropy, entropy_per_view
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file, merge_from_list
-from vlprompt.data.test_time_views import EpisodeViews, ViewAugmenter, image_seed
+from vlprompt.data.test_time_views import ViewAugmenter, image_seed
 from vlprompt.engine import build_trainer
+from vlprompt.engine.test_time import average_prediction_entropy, entropy_per_view
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -89,11 +89,9 @@ def make_trainer(data_root, clip_files, output_dir, *opts, trainer="RAdaTTT", co
 
 def predictions(trainer, data_source, batch_size):
     """{image path: logits} from episodes over ``data_source`` in its order."""
-    node = trainer.cfg.TRAINER.RADATTT
-    wrapper = EpisodeViews.factory(ViewAugmenter(trainer.cfg, node.NUM_VIEWS, node.AUGMIX))
-    loader = trainer.build_views_loader(data_source, wrapper)
+    loader = trainer.build_views_loader(data_source)
     loader = torch.utils.data.DataLoader(loader.dataset, batch_size=batch_size, shuffle=False)
-    trainer.episode_start = copy.deepcopy(trainer.model.mask_generator.state_dict())
+    trainer.start_episodes()
     out = {}
     with torch.no_grad():
         for batch in loader:

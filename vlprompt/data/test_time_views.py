@@ -37,7 +37,7 @@ def check_view_transforms(transforms):
     if unsupported:
         raise ConfigError(
             f"INPUT.TRANSFORMS {list(transforms)}: the test-time views support only {list(VIEW_TRANSFORMS)} "
-            f"(AugMix is TRAINER.RADATTT.AUGMIX), not {unsupported}."
+            f"(AugMix is the test-time method's AUGMIX key), not {unsupported}."
         )
 
 
@@ -110,15 +110,17 @@ class ViewAugmenter:
             (entries among VIEW_TRANSFORMS, else ConfigError).
         num_views: V (64 in TPT and RAda).
         augmix: mix three chains of 1-3 AugMix operations into each augmented view.
+        interpolation: resampling of the random crops (default INPUT.INTERPOLATION; TPT's
+            crops use torchvision's default, "bilinear", its test view INPUT.INTERPOLATION).
     """
 
-    def __init__(self, cfg, num_views, augmix=False):
+    def __init__(self, cfg, num_views, augmix=False, interpolation=None):
         transforms = cfg.INPUT.TRANSFORMS
         check_view_transforms(transforms)
         self.num_views = num_views
         self.augmix = augmix
         self.test_view = build_transform(cfg, is_train=False)
-        interpolation = INTERPOLATION_MODES[cfg.INPUT.INTERPOLATION]
+        interpolation = INTERPOLATION_MODES[interpolation or cfg.INPUT.INTERPOLATION]
         if "random_resized_crop" in transforms:
             geometry = [T.RandomResizedCrop(cfg.INPUT.SIZE, scale=cfg.INPUT.RRCROP_SCALE, interpolation=interpolation)]
         else:

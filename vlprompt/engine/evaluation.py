@@ -12,7 +12,7 @@ of them; the engine always calls them through the trainer):
   ``epoch``, and the full result is kept in ``last_test`` ({"split", "metrics", "num_samples"}).
   "val" falls back to "test" with a warning when the dataset has no val split;
 * ``save_results()``: ``OUTPUT_DIR/results.json`` of the last ``test()``
-  (:mod:`vlprompt.engine.results`).
+  (:mod:`vlprompt.engine.results`), plus the entries of ``results_extra()``.
 
 :class:`FinalEvaluationHook`: after training (unless TEST.NO_TEST) deploy the best-on-val
 model (TEST.FINAL_MODEL best_val: "Deploy the model with the best val performance" and
@@ -104,9 +104,14 @@ class EvaluationMixin:
             skipped_images=self.skipped_images,
             skipped_nonfinite_steps=self.nonfinite_steps,
         )
+        record.update(self.results_extra())
         path = write_results(record, self.output_dir)
         print(f"Results saved to {path}")
         return path
+
+    def results_extra(self):
+        """Further entries of results.json (a method's measurements; e.g. a test-time run's throughput)."""
+        return {}
 
     def model_inference(self, input):
         """Logits [B, K] of ``self.model`` for a test input, under autocast."""

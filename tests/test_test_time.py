@@ -1,0 +1,90 @@
+"""The episodic test-time base (vlprompt.engine.test_time): per-image resume, torn records, throughput."""
+import json
+import os
+
+import pytest
+import torch
+from baseline_setup import toy_pets_cfg
+
+import datasets  # noqa: F401  (registers OxfordPets)
+from vlprompt.engine import build_trainer
+from vlprompt.engine.test_time import select_confident
+from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("ttt_data"))
+    write_oxford_pets_tree(root, classes=OXFORD_PETS_TOY_CLASSES[:3], train=2, val=1, test=2)
+    return root
+
+
+def make_trainer(data_root, clip_files, output_dir, *opts):
+    return build_trainer(toy_pets_cfg("RAdaTTT", "RAdaTTT/toy.yaml", data_root, str(output_dir), clip_files, *opts))
+
+
+class Interrupted(Exception):
+    pass
+
+
+def counting(trainer, stop_after=None):
+    """Wrap ``adapt_and_predict`` to count episodes and raise Interrupted after ``stop_after``."""
+    calls = []
+    adapt = trainer.adapt_and_predict
+
+    def wrapped(views):
+        if stop_after is not None and len(calls) == stop_after:
+            raise Interrupted
+        calls.append(views[0].clone())
+        return adapt(views)
+
+    trainer.adapt_and_predict = wrapped
+    return calls
+
+
+def logged_logits(output_dir):
+    with open(os.path.join(output_dir, "test_time", "test.bin"), "rb") as f:
+        data = f.read()
+    return data
+
+
+def test_an_interrupted_run_resumes_after_the_last_finished_image(data_root, tiny_clip_files, tmp_path):
+    # batch size 4: the interruption falls inside the second batch's first image
+    whole = make_trainer(data_root, tiny_clip_files, tmp_path / "whole", "DATALOADER.TEST.BATCH_SIZE", "4")
+    whole_calls = counting(whole)
+    reference = whole.test()
+    assert len(whole_calls) == 6 and whole.throughput["images"] == 6 and whole.throughput["images_per_s"] > 0
+
+    first = make_trainer(data_root, tiny_clip_files, tmp_path / "cut", "DATALOADER.TEST.BATCH_SIZE", "4")
+    counting(first, stop_after=5)
+    with pytest.raises(Interrupted):
+        first.test()
+    # a kill during the next append leaves half a record: it is dropped on resume
+    with open(tmp_path / "cut" / "test_time" / "test.bin", "ab") as f:
+        f.write(b"\x01\x02\x03")
+    resumed = make_trainer(data_root, tiny_clip_files, tmp_path / "cut", "DATALOADER.TEST.BATCH_SIZE", "3")
+    resumed_calls = counting(resumed)
+    accuracy = resumed.test()
+    assert len(resumed_calls) == 1 and torch.equal(resumed_calls[0], whole_calls[5])  # only the 6th image
+    assert accuracy == reference and resumed.last_test == whole.last_test
+    assert logged_logits(tmp_path / "cut") == logged_logits(tmp_path / "whole")  # same labels and logits, same order
+    resumed.save_results()
+    with open(tmp_path / "cut" / "results.json") as f:
+        assert json.load(f)["test_time"]["images"] == 1
+
+    # a finished log is read back without adapting anything
+    again = make_trainer(data_root, tiny_clip_files, tmp_path / "cut")
+    assert len(counting(again)) == 0 and again.test() == reference and again.throughput["images"] == 0
+
+
+def test_a_log_of_another_config_is_refused(data_root, tiny_clip_files, tmp_path):
+    make_trainer(data_root, tiny_clip_files, tmp_path).test()
+    other = make_trainer(data_root, tiny_clip_files, tmp_path, "TRAINER.RADATTT.LR", "0.02")
+    with pytest.raises(RuntimeError, match="another run.*delete .*test_time"):
+        other.test()
+
+
+def test_confidence_selection_keeps_the_lowest_entropy_views():
+    logits = torch.tensor([[0.0, 0.0], [5.0, 0.0], [0.0, 9.0], [1.0, 0.0]])
+    assert select_confident(logits, 0.5).tolist() == [2, 1]
+    assert select_confident(logits, 0.3).tolist() == [2]
