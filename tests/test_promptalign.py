@@ -1,14 +1,24 @@
 """PromptAlign: token statistics, the alignment loss, the block-input recorder, the statistics files."""
+import shutil
+
 import pytest
 import torch
-from baseline_setup import tiny_node, tiny_runner, toy_world  # noqa: F401
+from baseline_setup import build_seeded, make_cfg, tiny_node, tiny_runner, toy_world, toy_world_cfg  # noqa: F401
+from official_cases import oe  # noqa: F401  (puts tools/ on sys.path)
 
+import promptalign_stats  # tools/promptalign_stats.py
 from trainers.maple import MaPLeCLIP
 from trainers.promptalign import (
-    TokenStatistics, alignment_loss, load_source_statistics, recording_plan, token_statistics,
+    TokenStatistics, alignment_loss, image_features_and_block_inputs, load_source_statistics, read_run_config,
+    recording_plan, statistics_paths, token_statistics,
 )
 from vlprompt.clip import vision_prompt_plan
 from vlprompt.config import ConfigError
+from vlprompt.data import DataManager
+from vlprompt.engine import build_trainer
+from vlprompt.engine.results import write_run_config
+from vlprompt.engine.test_time import average_prediction_entropy, entropy_per_view
+from vlprompt.utils import read_image
 
 CLASSNAMES = ["abyssinian", "american bulldog", "bengal"]
 
@@ -76,3 +86,138 @@ def test_statistics_files_are_checked_against_the_model(tmp_path):
         load_source_statistics(str(means), str(variances), (21, 64), [0, 1], command)
     with pytest.raises(ConfigError, match=r"blocks > 3"):
         load_source_statistics(str(means), str(variances), (19, 64), [0, 3], command)
+
+
+# ----------------------------------------------------------------------------- trainer and statistics tool
+
+@pytest.fixture(scope="module")
+def source_run(toy_world, tmp_path_factory):  # noqa: F811
+    """A MaPLe run (1 epoch, prompts in 2 layers) on the toy world: its folder, as train.py writes it."""
+    folder = tmp_path_factory.mktemp("maple_source")
+    cfg = make_cfg(toy_world, "MaPLe", folder, subsample="all", OPTIM__MAX_EPOCH=1, OPTIM__WARMUP_EPOCH=0)
+    write_run_config(cfg, str(folder))
+    build_seeded(cfg).train()
+    return str(folder)
+
+
+def promptalign(toy_world, output_dir, *opts):  # noqa: F811
+    return build_trainer(toy_world_cfg(toy_world, "PromptAlign", "PromptAlign/vit_b16.yaml", output_dir,
+                                       "TRAINER.PROMPTALIGN.PROMPT_DEPTH", "2", "TRAINER.PROMPTALIGN.NUM_VIEWS", "8",
+                                       "TRAINER.PROMPTALIGN.SELECTION", "0.25", "TRAINER.PROMPTALIGN.PREC", "fp32",
+                                       "DATALOADER.TEST.BATCH_SIZE", "2", *opts))
+
+
+@pytest.fixture(scope="module")
+def statistics(source_run):
+    """The statistics tool run on the source run (all training images); their paths."""
+    assert promptalign_stats.main(["--model-dir", source_run, "--batch-size", "3"]) == 0
+    return statistics_paths(source_run)
+
+
+def test_statistics_tool_writes_the_block_input_statistics_of_the_source_training_images(
+        toy_world, source_run, statistics, tmp_path):  # noqa: F811
+    means, variances = (torch.load(path, weights_only=True) for path in statistics)
+    assert means.shape == variances.shape == (3, 1 + 16 + 2, 64)  # blocks, CLS + patches + 2 prompts, width
+    trainer = promptalign(toy_world, tmp_path)
+    trainer.load_model(source_run, epoch=1)
+    source = DataManager(read_run_config(source_run))  # the source run's images and preprocessing
+    images = torch.stack([source.test_loader.dataset.transform(read_image(item.impath))
+                          for item in source.dataset.train_x])
+    assert images.shape[0] == 5 * 4  # every training image of the source run's classes
+    with torch.no_grad():
+        _, inputs = image_features_and_block_inputs(trainer.model, images, [0, 2])
+    for row, layer in ((0, 0), (2, 2)):
+        torch.testing.assert_close(means[row], inputs[layer].mean(0))
+        torch.testing.assert_close(variances[row], inputs[layer].var(0, unbiased=False), rtol=1e-4, atol=1e-6)
+
+
+def test_missing_statistics_name_the_file_and_the_command(toy_world, source_run, tmp_path):  # noqa: F811
+    trainer = promptalign(toy_world, tmp_path, "TRAINER.PROMPTALIGN.VIS_MEANS", str(tmp_path / "m.pt"),
+                          "TRAINER.PROMPTALIGN.VIS_VARS", str(tmp_path / "v.pt"))
+    trainer.load_model(source_run, epoch=1)
+    with pytest.raises(ConfigError, match=rf'means ".*m.pt" do not exist.*promptalign_stats.py --model-dir {source_run}'):
+        trainer.test()
+    with pytest.raises(ConfigError, match="--model-dir"):
+        promptalign(toy_world, tmp_path / "none").test()
+
+
+def test_compute_stats_writes_the_tools_statistics_into_the_source_run(toy_world, source_run, statistics, tmp_path):  # noqa: F811
+    run = tmp_path / "run"
+    shutil.copytree(source_run, run, ignore=shutil.ignore_patterns("promptalign_stats"))
+    trainer = promptalign(toy_world, tmp_path / "ttt", "TRAINER.PROMPTALIGN.COMPUTE_STATS", "True")
+    trainer.load_model(str(run), epoch=1)
+    trainer.start_episodes()
+    for computed, written in zip(statistics_paths(str(run)), statistics):
+        torch.testing.assert_close(torch.load(computed, weights_only=True), torch.load(written, weights_only=True))
+
+
+def test_one_step_minimises_entropy_plus_weighted_alignment_and_prompts_are_reset(
+        toy_world, source_run, statistics, tmp_path):  # noqa: F811
+    trainer = promptalign(toy_world, tmp_path)
+    trainer.load_model(source_run, epoch=1)
+    trainer.start_episodes()
+    model, node = trainer.model, trainer.cfg.TRAINER.PROMPTALIGN
+    start = {name: value.clone() for name, value in model.prompt_learner.state_dict().items()}
+    views = next(iter(trainer.test_loader))["img"][0]  # [8, 3, 32, 32]
+    tuned = [p for p in model.prompt_learner.parameters() if p.requires_grad]
+    assert len(tuned) == 2 + 2 + 2  # T_1, T_2, F_1 and F_2 (weight, bias)
+
+    def step(weight):
+        model.prompt_learner.load_state_dict(start)
+        optimizer = torch.optim.AdamW(tuned, lr=node.LR, weight_decay=node.WEIGHT_DECAY)
+        changed = node.clone()
+        changed.defrost()
+        changed.ALIGN_WEIGHT = weight
+        terms = model.tune(views, trainer.source_means, trainer.source_variances, changed, optimizer, trainer.autocast)
+        return terms, [p.detach().clone() for p in tuned]
+
+    terms, after = step(node.ALIGN_WEIGHT)
+    assert terms["kept"].shape == (2,)
+    # by hand: the kept views' logits, block inputs and both terms with the starting prompts
+    model.prompt_learner.load_state_dict(start)
+    with torch.no_grad():
+        logits = model.predict(views)
+        kept = entropy_per_view(logits).argsort()[:2]
+        features, inputs = image_features_and_block_inputs(model, views[kept], [0, 1])
+        logits = model.cosine_logits(torch.nn.functional.normalize(features, dim=-1), model.fresh_text_features())
+    assert torch.equal(terms["kept"], kept)
+    entropy = average_prediction_entropy(logits)
+    hand = {layer: (inputs[layer].mean(0), inputs[layer].var(0, unbiased=False)) for layer in (0, 1)}
+    alignment = 0.0
+    for layer, (mean, variance) in hand.items():
+        torch.testing.assert_close(terms["statistics"][layer][0], mean)
+        alignment += 0.5 * (mean - trainer.source_means[layer]).abs().mean() \
+            + 0.5 * (variance - trainer.source_variances[layer]).abs().mean()
+    assert terms["alignment"].item() == pytest.approx(100 / 3 * alignment.item(), rel=1e-5)
+    assert terms["loss"].item() == pytest.approx(entropy.item() + 100 / 3 * alignment.item(), rel=1e-5)
+    # the alignment term moves the prompts; without it the step is MaPLe+TPT's
+    _, tpt_only = step(0.0)
+    assert any(not torch.allclose(a, b) for a, b in zip(after, tpt_only))
+    assert all(not torch.equal(a, s) for a, s in zip(after, [start_value for start_value in tuned_start(start, model)]))
+    # an episode leaves the prompts as loaded
+    model.prompt_learner.load_state_dict(start)
+    trainer.adapt_and_predict(views)
+    for name, value in model.prompt_learner.state_dict().items():
+        assert torch.equal(value, start[name])
+
+
+def tuned_start(start, model):
+    return [start[name] for name, p in model.prompt_learner.named_parameters() if p.requires_grad]
+
+
+def test_a_test_run_adapts_every_image_and_changes_predictions(toy_world, source_run, statistics, tmp_path):  # noqa: F811
+    trainer = promptalign(toy_world, tmp_path / "a")
+    trainer.load_model(source_run, epoch=1)
+    accuracy = trainer.test()
+    assert 0 <= accuracy <= 100 and trainer.last_test["num_samples"] == 5 * 4
+    frozen = promptalign(toy_world, tmp_path / "b", "TRAINER.PROMPTALIGN.STEPS", "0")
+    frozen.load_model(source_run, epoch=1)
+    frozen.test()
+    assert trainer.throughput["images"] == 20
+
+
+def test_config_checks(toy_world, tmp_path):  # noqa: F811
+    with pytest.raises(ConfigError, match=r"ALIGN_LAYERS \[0, 3\]: the image tower .* has blocks 0..2"):
+        promptalign(toy_world, tmp_path, "TRAINER.PROMPTALIGN.ALIGN_LAYERS", "[0, 3]")
+    with pytest.raises(ConfigError, match="VIS_MEANS and VIS_VARS are given together"):
+        promptalign(toy_world, tmp_path, "TRAINER.PROMPTALIGN.VIS_MEANS", "m.pt")
