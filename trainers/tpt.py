@@ -1,0 +1,203 @@
+"""TPT: Test-time Prompt Tuning (Shu et al., NeurIPS 2022), alone and on a trained CoOp, CoCoOp or MaPLe.
+
+Per test image, independently (an episode of vlprompt.engine.test_time):
+
+1. V = 64 views: the test view (resize, centre crop) + 63 random resized crops (scale 0.08-1,
+   bilinear) with flips (AugMix on top for the non-ImageNet sets, TRAINER.TPT.AUGMIX);
+2. logits p_v of every view with the current prompt; keep the 10 % of views with the lowest
+   entropy (6 of 64);
+3. L = H(mean_v softmax(p_v)) over the kept views (entropy of the averaged probability);
+   one AdamW step (lr 5e-3, weight decay 0.01) on the prompt, the optimizer fresh per image;
+4. predict the test view with the tuned prompt; reset the prompt before the next image.
+
+The prompt being tuned (TRAINER.TPT.PROMPT) and the model around it:
+
+* ``coop``: CoOp's text context (TRAINER.COOP; TPT: 4 tokens initialised from "a photo of a").
+  Plain TPT starts from that phrase; CoOp+TPT loads a CoOp run's context (``--model-dir``,
+  folder ``prompt_learner``). The image tower is not prompted, so the views are encoded once.
+* ``cocoop``: a trained CoCoOp (TRAINER.COCOOP, ``--model-dir`` required). The context of the
+  image, c = ctx + π(f_0), is computed once from the test view and tuned directly (ctx and the
+  meta-net π stay frozen); all views are scored with that one context. As upstream, π is fed
+  the test view's image feature before L2 normalisation (CoCoOp trains π on the normalised
+  feature); this follows the official code (clip/cocoop.py ``gen_ctx``).
+* ``maple``: a trained MaPLe (TRAINER.MAPLE, ``--model-dir``, folder ``MultiModalPromptLearner``);
+  every prompt-learner parameter is tuned (text prompts and couplings; PromptAlign's MaPLe+TPT).
+  The views pass the prompted image tower: all of them without gradient to select, the kept
+  ones again with gradient for the step (the same loss as one pass over all views).
+
+Under fp16 the step goes through a gradient scaler created for the episode (initial scale
+1000, as upstream; upstream keeps one scaler over the test set), so an image's prediction
+never depends on the images before it.
+
+Compared by running azshue/TPT @ 63ecbace (tpt_classification.py, clip/custom_clip.py,
+clip/cocoop.py) in fp32 on a seeded random ViT-B/16, both sides fed the same 64 view tensors:
+see tools/official_methods/tpt.py and tests/test_official_equivalence_tpt.py for what was
+compared and the differences measured.
+"""
+import torch
+import torch.nn.functional as F
+from yacs.config import CfgNode as CN
+
+from vlprompt.config import check_choice, register_cfg_extension
+from vlprompt.engine import TRAINER_REGISTRY
+from vlprompt.engine.amp import PRECISIONS
+from vlprompt.engine.test_time import (
+    TestTimeTrainer, add_episode_keys, average_prediction_entropy, episode_optimizer, select_confident,
+)
+
+from .cocoop import CoCoOpCLIP
+from .coop import CoOpCLIP
+from .maple import MaPLeCLIP
+
+# prompt -> (model class, its config node, the registered name of the source run's checkpoint)
+PROMPTS = {
+    "coop": (CoOpCLIP, "COOP", "prompt_learner"),
+    "cocoop": (CoCoOpCLIP, "COCOOP", "prompt_learner"),
+    "maple": (MaPLeCLIP, "MAPLE", "MultiModalPromptLearner"),
+}
+
+
+@register_cfg_extension
+def add_tpt_config(cfg):
+    node = cfg.TRAINER.TPT = CN()
+    node.PREC = "fp16"  # autocast of the forward passes, fp32 prompts
+    node.PROMPT = "coop"  # the tuned prompt: coop, cocoop or maple (model config in TRAINER.COOP/COCOOP/MAPLE)
+    add_episode_keys(node, steps=1, lr=5e-3)
+
+
+@TRAINER_REGISTRY.register()
+class TPT(TestTimeTrainer):
+    """Test-time prompt tuning; the source model (``--model-dir``) is registered as its trainer does."""
+
+    episode_node = "TPT"
+
+    def check_cfg(self, cfg):
+        node = cfg.TRAINER.TPT
+        check_choice("TRAINER.TPT.PREC", node.PREC, PRECISIONS)
+        check_choice("TRAINER.TPT.PROMPT", node.PROMPT, list(PROMPTS))
+        super().check_cfg(cfg)
+
+    def build_model(self):
+        model_class, node_name, checkpoint_name = PROMPTS[self.cfg.TRAINER.TPT.PROMPT]
+        clip, tokenizer = self.build_clip()
+        self.model = model_class(clip, tokenizer, self.classnames, self.cfg.TRAINER[node_name]).to(self.device).eval()
+        for parameter in self.model.parameters():
+            parameter.requires_grad_(False)
+        registered = self.model if node_name == "MAPLE" else self.model.prompt_learner
+        self.register_model(checkpoint_name, registered)
+        self.episode_start = None
+
+    def get_class_dependent_keys(self, name):
+        # The source run's class embeddings belong to its classes, not to the target's.
+        prefix = "prompt_learner." if self.cfg.TRAINER.TPT.PROMPT == "maple" else ""
+        return [f"{prefix}token_prefix", f"{prefix}token_suffix"]
+
+    def start_episodes(self):
+        """Every episode starts from the current prompt learner (its init, or the source run's)."""
+        self.episode_start = {name: value.clone() for name, value in self.model.prompt_learner.state_dict().items()}
+
+    def adapt_and_predict(self, views):
+        """Logits [K] of views[0] after one episode on views [V, 3, H, W]."""
+        episode = {"coop": self.coop_episode, "cocoop": self.cocoop_episode, "maple": self.maple_episode}
+        return episode[self.cfg.TRAINER.TPT.PROMPT](views)
+
+    def tune(self, params, logits_of):
+        """STEPS AdamW steps on ``params``, minimising the averaged-prediction entropy of the kept views.
+
+        Args:
+            params: the tensors tuned (leaves with requires_grad).
+            logits_of: kept -> logits [V', K] of the kept views (kept None: of every view, to select
+                them at the first step; logits without gradient there make the kept views scored again).
+
+        Returns:
+            the indices of the kept views.
+        """
+        node = self.cfg.TRAINER.TPT
+        optimizer = episode_optimizer(params, node)
+        scaler = torch.amp.GradScaler(self.device.type, init_scale=1000.0) if self.amp.scaler is not None else None
+        kept = None
+        for _ in range(node.STEPS):
+            with torch.enable_grad():
+                if kept is None:
+                    logits = logits_of(None)
+                    kept = select_confident(logits, node.SELECTION)
+                    logits = logits[kept] if logits.requires_grad else logits_of(kept)
+                else:
+                    logits = logits_of(kept)
+                loss = self.episode_loss(logits)
+                optimizer.zero_grad()
+                if scaler is None:
+                    loss.backward()
+                    optimizer.step()
+                else:
+                    scaler.scale(loss).backward()
+                    scaler.step(optimizer)
+                    scaler.update()
+        return kept
+
+    def episode_loss(self, logits):
+        """TPT's objective on the kept views' logits [V', K]: the entropy of their averaged probability."""
+        return average_prediction_entropy(logits.float())
+
+    def text_features(self):
+        """Normalised class text features [C, E] of the current prompt (never the evaluation cache)."""
+        return F.normalize(self.model.compute_text_features(), dim=-1)
+
+    def coop_episode(self, views):
+        model, prompts = self.model, self.model.prompt_learner
+        prompts.load_state_dict(self.episode_start)
+        with self.autocast():
+            features = F.normalize(model.unnormalised_image_features(views), dim=-1)  # frozen tower: once
+        ctx = prompts.ctx.requires_grad_(True)
+
+        def logits_of(kept):
+            with self.autocast():
+                return model.cosine_logits(features if kept is None else features[kept], self.text_features())
+
+        self.tune([ctx], logits_of)
+        with self.autocast():
+            logits = model.cosine_logits(features[:1], self.text_features())[0]
+        ctx.requires_grad_(False)
+        prompts.load_state_dict(self.episode_start)
+        return logits
+
+    def cocoop_episode(self, views):
+        model, prompts = self.model, self.model.prompt_learner
+        with self.autocast():
+            raw = model.clip.encode_image(views)
+            context = prompts.conditioned(raw[:1])[0]  # ctx + π(f_0), f_0 unnormalised as upstream: [n, D]
+        features = F.normalize(raw, dim=-1)
+        context = context.float().clone().requires_grad_(True)
+        classes = torch.arange(prompts.num_classes, device=views.device)
+
+        def text_features():
+            contexts = context.unsqueeze(0).expand(len(classes), -1, -1)
+            return F.normalize(model.encode_pairs(contexts, classes), dim=-1)
+
+        def logits_of(kept):
+            with self.autocast():
+                return model.cosine_logits(features if kept is None else features[kept], text_features())
+
+        self.tune([context], logits_of)
+        with self.autocast():
+            return model.cosine_logits(features[:1], text_features())[0]
+
+    def maple_episode(self, views):
+        model, prompts = self.model, self.model.prompt_learner
+        prompts.load_state_dict(self.episode_start)
+        tuned = [parameter.requires_grad_(True) for parameter in prompts.parameters()]
+
+        def logits_of(kept):
+            if kept is None:  # the selection pass: every view, no gradient
+                with torch.no_grad(), self.autocast():
+                    return model.cosine_logits(model.image_features(views), self.text_features())
+            with self.autocast():
+                return model.cosine_logits(model.image_features(views[kept]), self.text_features())
+
+        self.tune(tuned, logits_of)
+        with self.autocast():
+            logits = model.cosine_logits(model.image_features(views[:1]), self.text_features())[0]
+        for parameter in tuned:
+            parameter.requires_grad_(False)
+        prompts.load_state_dict(self.episode_start)
+        return logits
