@@ -371,7 +371,7 @@ def main(argv=None):
     if not args.official_git or (needs_dassl and not args.dassl_git):
         parser.error(f"{args.method} needs --official-git" + (" and --dassl-git" if needs_dassl else ""))
     fixture = compare(args.method, args.official_git, args.dassl_git, args.backbone, dict(DEFAULT_SEEDS),
-                      list(DEFAULT_CLASSNAMES), DEFAULT_BATCH)
+                      list(DEFAULT_CLASSNAMES), METHODS[args.method].get("batch", DEFAULT_BATCH))
     os.makedirs(FIXTURE_DIR, exist_ok=True)
     path = os.path.join(FIXTURE_DIR, f"{args.method.lower()}.json")
     with atomic_write(path, "w") as f:
