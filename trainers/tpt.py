@@ -65,62 +65,57 @@ def add_tpt_config(cfg):
     add_episode_keys(node, steps=1, lr=5e-3)
 
 
-@TRAINER_REGISTRY.register()
-class TPT(TestTimeTrainer):
-    """Test-time prompt tuning; the source model (``--model-dir``) is registered as its trainer does."""
+class PromptTuning:
+    """TPT's episodes on a prompted CLIP, independent of the trainer (the official comparison runs it too).
 
-    episode_node = "TPT"
+    Args:
+        model: CoOpCLIP, CoCoOpCLIP or MaPLeCLIP with every parameter frozen (the tuned ones are
+            switched on during an episode).
+        prompt: "coop", "cocoop" or "maple" (module docstring).
+        node: the episode keys (SELECTION, STEPS, LR, WEIGHT_DECAY).
+        autocast: factory of the forward passes' autocast context.
+        grad_scaling: step through a gradient scaler made for each episode (fp16).
 
-    def check_cfg(self, cfg):
-        node = cfg.TRAINER.TPT
-        check_choice("TRAINER.TPT.PREC", node.PREC, PRECISIONS)
-        check_choice("TRAINER.TPT.PROMPT", node.PROMPT, list(PROMPTS))
-        super().check_cfg(cfg)
+    Attributes:
+        start: the prompt learner's state every episode starts from (``snapshot()``).
+        last: of the last episode, "kept" (indices of the kept views, most confident first),
+            "loss" (the objective at the first step) and "tuned" ({name: value after the steps}).
+    """
 
-    def build_model(self):
-        model_class, node_name, checkpoint_name = PROMPTS[self.cfg.TRAINER.TPT.PROMPT]
-        clip, tokenizer = self.build_clip()
-        self.model = model_class(clip, tokenizer, self.classnames, self.cfg.TRAINER[node_name]).to(self.device).eval()
-        for parameter in self.model.parameters():
-            parameter.requires_grad_(False)
-        registered = self.model if node_name == "MAPLE" else self.model.prompt_learner
-        self.register_model(checkpoint_name, registered)
-        self.episode_start = None
+    def __init__(self, model, prompt, node, autocast, grad_scaling=False):
+        self.model, self.prompt, self.node = model, prompt, node
+        self.autocast, self.grad_scaling = autocast, grad_scaling
+        self.start, self.last = None, {}
 
-    def get_class_dependent_keys(self, name):
-        # The source run's class embeddings belong to its classes, not to the target's.
-        prefix = "prompt_learner." if self.cfg.TRAINER.TPT.PROMPT == "maple" else ""
-        return [f"{prefix}token_prefix", f"{prefix}token_suffix"]
-
-    def start_episodes(self):
+    def snapshot(self):
         """Every episode starts from the current prompt learner (its init, or the source run's)."""
-        self.episode_start = {name: value.clone() for name, value in self.model.prompt_learner.state_dict().items()}
+        self.start = {name: value.clone() for name, value in self.model.prompt_learner.state_dict().items()}
 
-    def adapt_and_predict(self, views):
+    def __call__(self, views):
         """Logits [K] of views[0] after one episode on views [V, 3, H, W]."""
         episode = {"coop": self.coop_episode, "cocoop": self.cocoop_episode, "maple": self.maple_episode}
-        return episode[self.cfg.TRAINER.TPT.PROMPT](views)
+        return episode[self.prompt](views)
+
+    def episode_loss(self, logits):
+        """TPT's objective on the kept views' logits [V', K]: the entropy of their averaged probability."""
+        return average_prediction_entropy(logits.float())
 
     def tune(self, params, logits_of):
-        """STEPS AdamW steps on ``params``, minimising the averaged-prediction entropy of the kept views.
+        """STEPS AdamW steps on ``params``, minimising ``episode_loss`` of the kept views.
 
         Args:
-            params: the tensors tuned (leaves with requires_grad).
+            params: {name: tensor tuned (a leaf with requires_grad)}.
             logits_of: kept -> logits [V', K] of the kept views (kept None: of every view, to select
                 them at the first step; logits without gradient there make the kept views scored again).
-
-        Returns:
-            the indices of the kept views.
         """
-        node = self.cfg.TRAINER.TPT
-        optimizer = episode_optimizer(params, node)
-        scaler = torch.amp.GradScaler(self.device.type, init_scale=1000.0) if self.amp.scaler is not None else None
-        kept = None
-        for _ in range(node.STEPS):
+        optimizer = episode_optimizer(list(params.values()), self.node)
+        scaler = torch.amp.GradScaler(init_scale=1000.0) if self.grad_scaling else None
+        kept, first_loss = None, None
+        for _ in range(self.node.STEPS):
             with torch.enable_grad():
                 if kept is None:
                     logits = logits_of(None)
-                    kept = select_confident(logits, node.SELECTION)
+                    kept = select_confident(logits, self.node.SELECTION)
                     logits = logits[kept] if logits.requires_grad else logits_of(kept)
                 else:
                     logits = logits_of(kept)
@@ -133,11 +128,9 @@ class TPT(TestTimeTrainer):
                     scaler.scale(loss).backward()
                     scaler.step(optimizer)
                     scaler.update()
-        return kept
-
-    def episode_loss(self, logits):
-        """TPT's objective on the kept views' logits [V', K]: the entropy of their averaged probability."""
-        return average_prediction_entropy(logits.float())
+            first_loss = loss.detach() if first_loss is None else first_loss
+        self.last = {"kept": kept, "loss": first_loss,
+                     "tuned": {name: value.detach().clone() for name, value in params.items()}}
 
     def text_features(self):
         """Normalised class text features [C, E] of the current prompt (never the evaluation cache)."""
@@ -145,7 +138,7 @@ class TPT(TestTimeTrainer):
 
     def coop_episode(self, views):
         model, prompts = self.model, self.model.prompt_learner
-        prompts.load_state_dict(self.episode_start)
+        prompts.load_state_dict(self.start)
         with self.autocast():
             features = F.normalize(model.unnormalised_image_features(views), dim=-1)  # frozen tower: once
         ctx = prompts.ctx.requires_grad_(True)
@@ -154,11 +147,11 @@ class TPT(TestTimeTrainer):
             with self.autocast():
                 return model.cosine_logits(features if kept is None else features[kept], self.text_features())
 
-        self.tune([ctx], logits_of)
+        self.tune({"prompt_learner.ctx": ctx}, logits_of)
         with self.autocast():
             logits = model.cosine_logits(features[:1], self.text_features())[0]
         ctx.requires_grad_(False)
-        prompts.load_state_dict(self.episode_start)
+        prompts.load_state_dict(self.start)
         return logits
 
     def cocoop_episode(self, views):
@@ -178,14 +171,15 @@ class TPT(TestTimeTrainer):
             with self.autocast():
                 return model.cosine_logits(features if kept is None else features[kept], text_features())
 
-        self.tune([context], logits_of)
+        self.tune({"context": context}, logits_of)
         with self.autocast():
             return model.cosine_logits(features[:1], text_features())[0]
 
     def maple_episode(self, views):
         model, prompts = self.model, self.model.prompt_learner
-        prompts.load_state_dict(self.episode_start)
-        tuned = [parameter.requires_grad_(True) for parameter in prompts.parameters()]
+        prompts.load_state_dict(self.start)
+        tuned = {f"prompt_learner.{name}": parameter.requires_grad_(True)
+                 for name, parameter in prompts.named_parameters()}
 
         def logits_of(kept):
             if kept is None:  # the selection pass: every view, no gradient
@@ -197,7 +191,42 @@ class TPT(TestTimeTrainer):
         self.tune(tuned, logits_of)
         with self.autocast():
             logits = model.cosine_logits(model.image_features(views[:1]), self.text_features())[0]
-        for parameter in tuned:
+        for parameter in tuned.values():
             parameter.requires_grad_(False)
-        prompts.load_state_dict(self.episode_start)
+        prompts.load_state_dict(self.start)
         return logits
+
+
+@TRAINER_REGISTRY.register()
+class TPT(TestTimeTrainer):
+    """Test-time prompt tuning; the source model (``--model-dir``) is registered as its trainer does."""
+
+    episode_node = "TPT"
+
+    def check_cfg(self, cfg):
+        node = cfg.TRAINER.TPT
+        check_choice("TRAINER.TPT.PREC", node.PREC, PRECISIONS)
+        check_choice("TRAINER.TPT.PROMPT", node.PROMPT, list(PROMPTS))
+        super().check_cfg(cfg)
+
+    def build_model(self):
+        node = self.cfg.TRAINER.TPT
+        model_class, node_name, checkpoint_name = PROMPTS[node.PROMPT]
+        clip, tokenizer = self.build_clip()
+        self.model = model_class(clip, tokenizer, self.classnames, self.cfg.TRAINER[node_name]).to(self.device).eval()
+        for parameter in self.model.parameters():
+            parameter.requires_grad_(False)
+        registered = self.model if node_name == "MAPLE" else self.model.prompt_learner
+        self.register_model(checkpoint_name, registered)
+        self.tuning = PromptTuning(self.model, node.PROMPT, node, self.autocast, grad_scaling=self.amp.scaler is not None)
+
+    def get_class_dependent_keys(self, name):
+        # The source run's class embeddings belong to its classes, not to the target's.
+        prefix = "prompt_learner." if self.cfg.TRAINER.TPT.PROMPT == "maple" else ""
+        return [f"{prefix}token_prefix", f"{prefix}token_suffix"]
+
+    def start_episodes(self):
+        self.tuning.snapshot()
+
+    def adapt_and_predict(self, views):
+        return self.tuning(views)
