@@ -12,6 +12,7 @@ from trainers.promptalign import (
     TokenStatistics, alignment_loss, image_features_and_block_inputs, load_source_statistics, read_run_config,
     recording_plan, statistics_paths, token_statistics,
 )
+from trainers.tpt import PromptTuning
 from vlprompt.clip import vision_prompt_plan
 from vlprompt.config import ConfigError
 from vlprompt.data import DataManager
@@ -101,9 +102,10 @@ def source_run(toy_world, tmp_path_factory):  # noqa: F811
 
 
 def promptalign(toy_world, output_dir, *opts):  # noqa: F811
+    """PromptAlign's ViT-B/16 recipe on the toy world: the tiny CLIP (MaPLe depth 2), 8 views, 2 kept."""
     return build_trainer(toy_world_cfg(toy_world, "PromptAlign", "PromptAlign/vit_b16.yaml", output_dir,
-                                       "TRAINER.PROMPTALIGN.PROMPT_DEPTH", "2", "TRAINER.PROMPTALIGN.NUM_VIEWS", "8",
-                                       "TRAINER.PROMPTALIGN.SELECTION", "0.25", "TRAINER.PROMPTALIGN.PREC", "fp32",
+                                       "TRAINER.MAPLE.PROMPT_DEPTH", "2", "TRAINER.TPT.NUM_VIEWS", "8",
+                                       "TRAINER.TPT.SELECTION", "0.25", "TRAINER.PROMPTALIGN.PREC", "fp32",
                                        "DATALOADER.TEST.BATCH_SIZE", "2", *opts))
 
 
@@ -156,63 +158,53 @@ def test_one_step_minimises_entropy_plus_weighted_alignment_and_prompts_are_rese
     trainer = promptalign(toy_world, tmp_path)
     trainer.load_model(source_run, epoch=1)
     trainer.start_episodes()
-    model, node = trainer.model, trainer.cfg.TRAINER.PROMPTALIGN
+    model, tuning = trainer.model, trainer.tuning
     start = {name: value.clone() for name, value in model.prompt_learner.state_dict().items()}
     views = next(iter(trainer.test_loader))["img"][0]  # [8, 3, 32, 32]
-    tuned = [p for p in model.prompt_learner.parameters() if p.requires_grad]
-    assert len(tuned) == 2 + 2 + 2  # T_1, T_2, F_1 and F_2 (weight, bias)
-
-    def step(weight):
-        model.prompt_learner.load_state_dict(start)
-        optimizer = torch.optim.AdamW(tuned, lr=node.LR, weight_decay=node.WEIGHT_DECAY)
-        changed = node.clone()
-        changed.defrost()
-        changed.ALIGN_WEIGHT = weight
-        terms = model.tune(views, trainer.source_means, trainer.source_variances, changed, optimizer, trainer.autocast)
-        return terms, [p.detach().clone() for p in tuned]
-
-    terms, after = step(node.ALIGN_WEIGHT)
-    assert terms["kept"].shape == (2,)
-    # by hand: the kept views' logits, block inputs and both terms with the starting prompts
-    model.prompt_learner.load_state_dict(start)
     with torch.no_grad():
-        logits = model.predict(views)
-        kept = entropy_per_view(logits).argsort()[:2]
-        features, inputs = image_features_and_block_inputs(model, views[kept], [0, 1])
-        logits = model.cosine_logits(torch.nn.functional.normalize(features, dim=-1), model.fresh_text_features())
-    assert torch.equal(terms["kept"], kept)
-    entropy = average_prediction_entropy(logits)
-    hand = {layer: (inputs[layer].mean(0), inputs[layer].var(0, unbiased=False)) for layer in (0, 1)}
-    alignment = 0.0
-    for layer, (mean, variance) in hand.items():
-        torch.testing.assert_close(terms["statistics"][layer][0], mean)
-        alignment += 0.5 * (mean - trainer.source_means[layer]).abs().mean() \
-            + 0.5 * (variance - trainer.source_variances[layer]).abs().mean()
-    assert terms["alignment"].item() == pytest.approx(100 / 3 * alignment.item(), rel=1e-5)
-    assert terms["loss"].item() == pytest.approx(entropy.item() + 100 / 3 * alignment.item(), rel=1e-5)
-    # the alignment term moves the prompts; without it the step is MaPLe+TPT's
-    _, tpt_only = step(0.0)
-    assert any(not torch.allclose(a, b) for a, b in zip(after, tpt_only))
-    assert all(not torch.equal(a, s) for a, s in zip(after, [start_value for start_value in tuned_start(start, model)]))
-    # an episode leaves the prompts as loaded
-    model.prompt_learner.load_state_dict(start)
-    trainer.adapt_and_predict(views)
-    for name, value in model.prompt_learner.state_dict().items():
+        tuning(views)
+    terms, last = tuning.terms, tuning.last
+    assert sorted(last["tuned"]) == sorted(f"prompt_learner.{name}" for name in (
+        "ctx", "compound_prompts_text.0", "proj.weight", "proj.bias", "compound_prompt_projections.0.weight",
+        "compound_prompt_projections.0.bias"))  # T_1, T_2, F_1, F_2: every prompt-learner parameter
+    for name, value in model.prompt_learner.state_dict().items():  # reset after the episode
         assert torch.equal(value, start[name])
+    # by hand, with the starting prompts: the kept views, their block-0/1 statistics, both terms
+    with torch.no_grad():
+        text = torch.nn.functional.normalize(model.compute_text_features(), dim=-1)
+        kept = entropy_per_view(model.cosine_logits(model.image_features(views), text)).argsort()[:2]
+        features, inputs = image_features_and_block_inputs(model, views[kept], [0, 1])
+        entropy = average_prediction_entropy(model.cosine_logits(torch.nn.functional.normalize(features, dim=-1), text))
+    assert torch.equal(last["kept"], kept)
+    alignment = 0.0
+    for layer in (0, 1):
+        mean, variance = inputs[layer].mean(0), inputs[layer].var(0, unbiased=False)
+        torch.testing.assert_close(terms["statistics"][layer][0], mean)
+        torch.testing.assert_close(terms["statistics"][layer][1], variance)
+        alignment += 0.5 * (mean - tuning.source_means[layer]).abs().mean() \
+            + 0.5 * (variance - tuning.source_variances[layer]).abs().mean()
+    assert alignment.item() > 0
+    assert terms["alignment"].item() == pytest.approx(100 / 3 * alignment.item(), rel=1e-5)
+    assert last["loss"].item() == pytest.approx(entropy.item() + 100 / 3 * alignment.item(), rel=1e-5)
+    # without the alignment the step is MaPLe+TPT's (TPT's PromptTuning on the same model); with it, not
+    aligned = last["tuned"]
+    tuning.weight = 0.0
+    with torch.no_grad():
+        tuning(views)
+    tpt = PromptTuning(model, "maple", trainer.cfg.TRAINER.TPT, trainer.autocast)
+    tpt.snapshot()
+    with torch.no_grad():
+        tpt(views)
+    for name, value in tpt.last["tuned"].items():
+        torch.testing.assert_close(tuning.last["tuned"][name], value)
+    assert any(not torch.allclose(aligned[name], value) for name, value in tpt.last["tuned"].items())
 
 
-def tuned_start(start, model):
-    return [start[name] for name, p in model.prompt_learner.named_parameters() if p.requires_grad]
-
-
-def test_a_test_run_adapts_every_image_and_changes_predictions(toy_world, source_run, statistics, tmp_path):  # noqa: F811
+def test_a_test_run_adapts_every_image(toy_world, source_run, statistics, tmp_path):  # noqa: F811
     trainer = promptalign(toy_world, tmp_path / "a")
     trainer.load_model(source_run, epoch=1)
     accuracy = trainer.test()
     assert 0 <= accuracy <= 100 and trainer.last_test["num_samples"] == 5 * 4
-    frozen = promptalign(toy_world, tmp_path / "b", "TRAINER.PROMPTALIGN.STEPS", "0")
-    frozen.load_model(source_run, epoch=1)
-    frozen.test()
     assert trainer.throughput["images"] == 20
 
 
@@ -221,3 +213,5 @@ def test_config_checks(toy_world, tmp_path):  # noqa: F811
         promptalign(toy_world, tmp_path, "TRAINER.PROMPTALIGN.ALIGN_LAYERS", "[0, 3]")
     with pytest.raises(ConfigError, match="VIS_MEANS and VIS_VARS are given together"):
         promptalign(toy_world, tmp_path, "TRAINER.PROMPTALIGN.VIS_MEANS", "m.pt")
+    with pytest.raises(ConfigError, match='TRAINER.TPT.PROMPT must be "maple"'):
+        promptalign(toy_world, tmp_path, "TRAINER.TPT.PROMPT", "coop")

@@ -19,16 +19,14 @@ the prediction of the test view. Upstream's weight is DISTR_LOSS_W / (ALIGN_LAYE
 ALIGN_LAYER_FROM) = 100 / 3 while its loop ``range(ALIGN_LAYER_FROM, ALIGN_LAYER_TO − 1)`` covers
 layers 0 and 1 only: ALIGN_WEIGHT 100/3 and ALIGN_LAYERS [0, 1] here.
 """
-import copy
 import dataclasses
 import functools
 import os.path as osp
 
 import torch
-import torch.nn.functional as F
 from yacs.config import CfgNode as CN
 
-from vlprompt.clip import MapTokens, check_context_init, check_prompt_sizes, vision_prompt_plan
+from vlprompt.clip import MapTokens, check_prompt_sizes, vision_prompt_plan
 from vlprompt.config import (
     ConfigError, check_choice, check_range, extend_cfg, get_cfg_default, merge_from_file, register_cfg_extension,
 )
@@ -36,12 +34,10 @@ from vlprompt.data import DataManager, build_data_loader
 from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.amp import PRECISIONS
 from vlprompt.engine.results import RUN_CONFIG_FILENAME
-from vlprompt.engine.test_time import (
-    TestTimeTrainer, add_episode_keys, average_prediction_entropy, episode_optimizer, select_confident,
-)
 from vlprompt.fileio import atomic_write
 
-from .maple import MaPLe, MaPLeCLIP
+from .maple import MaPLeCLIP
+from .tpt import TPT, PromptTuning
 
 STATISTICS_DIRNAME = "promptalign_stats"  # in the source run folder
 MEANS_FILENAME = "vis_means.pt"
@@ -51,11 +47,7 @@ VARIANCES_FILENAME = "vis_vars.pt"
 @register_cfg_extension
 def add_promptalign_config(cfg):
     node = cfg.TRAINER.PROMPTALIGN = CN()
-    node.N_CTX = 2  # MaPLe's prompts, as the source model's (TRAINER.MAPLE of its run)
-    node.CTX_INIT = "a photo of a"
-    node.PREC = "fp16"
-    node.PROMPT_DEPTH = 3
-    add_episode_keys(node, steps=1, lr=0.04)
+    node.PREC = "fp16"  # this trainer's precision (TRAINER.TPT.PREC is the TPT trainer's)
     node.ALIGN_LAYERS = [0, 1]  # blocks whose input statistics are aligned (upstream: range(FROM, TO - 1))
     node.ALIGN_WEIGHT = 100.0 / 3  # upstream: DISTR_LOSS_W 100 / (ALIGN_LAYER_TO 3 - ALIGN_LAYER_FROM 0)
     node.VIS_MEANS = ""  # source token means [blocks, L, D]; "" = --model-dir's promptalign_stats/vis_means.pt
@@ -255,72 +247,77 @@ def load_source_statistics(means_path, variances_path, shape, layers, command):
 
 
 class PromptAlignCLIP(MaPLeCLIP):
-    """MaPLe's model with the test-time step of PromptAlign.
+    """MaPLe's model that keeps the inputs of some image-tower blocks of its last image forward.
 
     Args:
-        clip, tokenizer, classnames: as MaPLeCLIP. node: cfg.TRAINER.PROMPTALIGN.
+        clip, tokenizer, classnames, node: as MaPLeCLIP (node: TRAINER.MAPLE).
+        align_layers: the blocks whose inputs are kept.
+
+    Attributes:
+        block_inputs: {block l: [B, L, D]} of the last ``unnormalised_image_features`` call
+            (L = 1 + P + n: class token, patches, the vision prompts).
     """
 
-    def fresh_text_features(self):
-        """Normalised class text features [C, E] of the current prompts (never cached: they change
-        within an episode)."""
-        return F.normalize(self.compute_text_features(), dim=-1)
+    def __init__(self, clip, tokenizer, classnames, node, align_layers):
+        super().__init__(clip, tokenizer, classnames, node)
+        self.align_layers = list(align_layers)
+        self.block_inputs = {}
 
-    def predict(self, images):
-        """Logits [B, C] of images [B, 3, H, W] with the current prompts."""
-        return self.cosine_logits(self.image_features(images), self.fresh_text_features())
+    def unnormalised_image_features(self, images):
+        features, self.block_inputs = image_features_and_block_inputs(self, images, self.align_layers)
+        return features
 
-    def tune(self, views, source_means, source_variances, node, optimizer, autocast):
-        """PromptAlign's test-time steps on one image's views.
 
-        Args:
-            views: [V, 3, H, W] (view 0 the test view). source_means, source_variances: [blocks, L, D].
-            node: cfg.TRAINER.PROMPTALIGN (SELECTION, STEPS, ALIGN_LAYERS, ALIGN_WEIGHT).
-            optimizer: over the prompt learner's parameters. autocast: context factory.
+class AlignedPromptTuning(PromptTuning):
+    """MaPLe+TPT's episode (PromptTuning "maple") whose objective adds the distribution alignment.
 
-        Returns:
-            {"kept": indices [S] of the views kept (S = int(V · SELECTION)), "entropy", "alignment",
-            "loss": the terms of the last step, "statistics": {l: (μ_l, σ²_l) [L, D]} of its kept views}.
-        """
-        layers = list(node.ALIGN_LAYERS)
-        with torch.no_grad(), autocast():
-            logits = self.cosine_logits(self.image_features(views), self.fresh_text_features())
-        kept = select_confident(logits.float(), node.SELECTION)
-        terms = {"kept": kept}
-        with torch.enable_grad():
-            for _ in range(node.STEPS):
-                with autocast():
-                    features, inputs = image_features_and_block_inputs(self, views[kept], layers)
-                    logits = self.cosine_logits(F.normalize(features, dim=-1), self.fresh_text_features())
-                statistics = {layer: token_statistics(inputs[layer].float()) for layer in layers}
-                entropy = average_prediction_entropy(logits.float())
-                alignment = node.ALIGN_WEIGHT * alignment_loss(statistics, source_means, source_variances)
-                loss = entropy + alignment
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                terms.update(entropy=entropy.detach(), alignment=alignment.detach(), loss=loss.detach(),
-                             statistics={layer: tuple(value.detach() for value in pair)
-                                         for layer, pair in statistics.items()})
-        return terms
+    Args:
+        model: PromptAlignCLIP. node: the episode keys (TRAINER.TPT). align: ALIGN_WEIGHT (TRAINER.PROMPTALIGN).
+        autocast, grad_scaling: as PromptTuning.
+
+    Attributes:
+        source_means, source_variances: [blocks, L, D], set before the episodes.
+        terms: of the last episode's first step, "entropy", "alignment" (weighted) and "statistics"
+            {l: (μ_l, σ²_l) [L, D]} of the kept views.
+    """
+
+    def __init__(self, model, node, align, autocast, grad_scaling=False):
+        super().__init__(model, "maple", node, autocast, grad_scaling)
+        self.weight = align.ALIGN_WEIGHT
+        self.source_means = self.source_variances = None
+        self.terms = {}
+
+    def episode_loss(self, logits):
+        """H(mean prediction) of the kept views' logits [V', K] + w·alignment of their block-input statistics."""
+        entropy = super().episode_loss(logits)
+        statistics = {layer: token_statistics(tokens.float()) for layer, tokens in self.model.block_inputs.items()}
+        alignment = self.weight * alignment_loss(statistics, self.source_means, self.source_variances)
+        if not self.terms:
+            self.terms = {"entropy": entropy.detach(), "alignment": alignment.detach(),
+                          "statistics": {layer: tuple(value.detach() for value in pair)
+                                         for layer, pair in statistics.items()}}
+        return entropy + alignment
+
+    def maple_episode(self, views):
+        self.terms = {}
+        return super().maple_episode(views)
 
 
 @TRAINER_REGISTRY.register()
-class PromptAlign(TestTimeTrainer):
-    """PromptAlign: MaPLe+TPT with token-distribution alignment, from a MaPLe run (``--model-dir``).
+class PromptAlign(TPT):
+    """PromptAlign: TPT on a MaPLe run (TRAINER.TPT.PROMPT "maple", ``--model-dir``) plus the alignment.
 
-    The whole model is registered under MaPLe's name ("MultiModalPromptLearner"), so a MaPLe run's
-    checkpoint loads; every prompt-learner parameter (T_k, F_k) is tuned and reset per image.
+    The model is registered as MaPLe's ("MultiModalPromptLearner"), so a MaPLe run's checkpoint loads;
+    every prompt-learner parameter (T_k, F_k) is tuned and reset per image.
     """
-
-    episode_node = "PROMPTALIGN"
 
     def check_cfg(self, cfg):
         node = cfg.TRAINER.PROMPTALIGN
+        if cfg.TRAINER.TPT.PROMPT != "maple":
+            raise ConfigError(f'PromptAlign tunes MaPLe\'s prompts: TRAINER.TPT.PROMPT must be "maple", '
+                              f"got {cfg.TRAINER.TPT.PROMPT!r} (configs/trainers/PromptAlign/ set it).")
         check_choice("TRAINER.PROMPTALIGN.PREC", node.PREC, PRECISIONS)
-        check_prompt_sizes(cfg, "PROMPTALIGN", text=("PROMPT_DEPTH", "N_CTX"), vision=("PROMPT_DEPTH", "N_CTX"))
-        check_context_init("TRAINER.PROMPTALIGN.N_CTX", node.N_CTX, "TRAINER.PROMPTALIGN.CTX_INIT", node.CTX_INIT,
-                           cfg.MODEL.BACKBONE.NAME)
+        check_prompt_sizes(cfg, "MAPLE", text=("PROMPT_DEPTH", "N_CTX"), vision=("PROMPT_DEPTH", "N_CTX"))
         if not node.ALIGN_LAYERS or min(node.ALIGN_LAYERS) < 0:
             raise ConfigError(f"TRAINER.PROMPTALIGN.ALIGN_LAYERS must list block indices >= 0, got {node.ALIGN_LAYERS}.")
         check_range("TRAINER.PROMPTALIGN.ALIGN_WEIGHT", node.ALIGN_WEIGHT, minimum=0)
@@ -331,17 +328,18 @@ class PromptAlign(TestTimeTrainer):
         super().check_cfg(cfg)
 
     def build_model(self):
+        cfg, node = self.cfg, self.cfg.TRAINER.PROMPTALIGN
         clip, tokenizer = self.build_clip()
-        node = self.cfg.TRAINER.PROMPTALIGN
         blocks = clip.visual.num_layers
         if max(node.ALIGN_LAYERS) >= blocks:
             raise ConfigError(f"TRAINER.PROMPTALIGN.ALIGN_LAYERS {list(node.ALIGN_LAYERS)}: the image tower of "
-                              f"{self.cfg.MODEL.BACKBONE.NAME} has blocks 0..{blocks - 1}.")
-        self.model = PromptAlignCLIP(clip, tokenizer, self.classnames, node).to(self.device).eval()
+                              f"{cfg.MODEL.BACKBONE.NAME} has blocks 0..{blocks - 1}.")
+        self.model = PromptAlignCLIP(clip, tokenizer, self.classnames, cfg.TRAINER.MAPLE, node.ALIGN_LAYERS)
+        self.model.to(self.device).eval().requires_grad_(False)
         self.register_model("MultiModalPromptLearner", self.model)
+        self.tuning = AlignedPromptTuning(self.model, cfg.TRAINER.TPT, node, self.autocast,
+                                          grad_scaling=self.amp.scaler is not None)
         self.source_dir = None
-
-    get_class_dependent_keys = MaPLe.get_class_dependent_keys
 
     def load_model(self, directory, epoch=None):
         super().load_model(directory, epoch)
@@ -349,14 +347,15 @@ class PromptAlign(TestTimeTrainer):
 
     def start_episodes(self):
         """Every episode starts from the loaded prompts; the source statistics are read (or computed)."""
-        self.episode_start = copy.deepcopy(self.model.prompt_learner.state_dict())
-        self.source_means, self.source_variances = (value.to(self.device) for value in self.source_statistics())
+        super().start_episodes()
+        means, variances = self.read_source_statistics()
+        self.tuning.source_means, self.tuning.source_variances = means.to(self.device), variances.to(self.device)
 
-    def source_statistics(self):
+    def read_source_statistics(self):
         """(means, variances) [blocks, L, D] from VIS_MEANS / VIS_VARS, or --model-dir's default files
         (computed first with COMPUTE_STATS when missing)."""
         node, visual = self.cfg.TRAINER.PROMPTALIGN, self.model.clip.visual
-        shape = (visual.positional_embedding.shape[0] + node.N_CTX, visual.width)
+        shape = (visual.positional_embedding.shape[0] + self.cfg.TRAINER.MAPLE.N_CTX, visual.width)
         command = stats_command(self.source_dir)
         if node.VIS_MEANS:
             return load_source_statistics(node.VIS_MEANS, node.VIS_VARS, shape, node.ALIGN_LAYERS, command)
@@ -370,16 +369,3 @@ class PromptAlign(TestTimeTrainer):
             loader = training_images_loader(run_cfg, DataManager(run_cfg), run_cfg.DATALOADER.TEST.BATCH_SIZE)
             write_source_statistics(*source_statistics(self.model, loader, self.device, self.autocast), *paths)
         return load_source_statistics(*paths, shape, node.ALIGN_LAYERS, command)
-
-    def adapt_and_predict(self, views):
-        """One episode: logits [K] of views[0] after PromptAlign's step on views [V, 3, H, W]; the prompt
-        learner is reset before and after."""
-        node, model = self.cfg.TRAINER.PROMPTALIGN, self.model
-        prompts = model.prompt_learner
-        prompts.load_state_dict(self.episode_start)
-        optimizer = episode_optimizer([p for p in prompts.parameters() if p.requires_grad], node)
-        model.tune(views, self.source_means, self.source_variances, node, optimizer, self.autocast)
-        with torch.no_grad(), self.autocast():
-            logits = model.predict(views[:1])[0]
-        prompts.load_state_dict(self.episode_start)
-        return logits

@@ -24,6 +24,7 @@ import sys
 import types
 
 import torch
+import torch.nn.functional as F
 from yacs.config import CfgNode as CN
 
 from .maple import learnables as maple_learnables
@@ -53,29 +54,34 @@ def _slice(statistics):
 def build_ours(clip, tokenizer, classnames, node, spec):
     from trainers.promptalign import PromptAlignCLIP
 
-    return PromptAlignCLIP(clip, tokenizer, classnames, node)
+    return PromptAlignCLIP(clip, tokenizer, classnames, node, node.ALIGN_LAYERS).requires_grad_(False)
 
 
 def run_ours(model, node, images, labels):
     from contextlib import nullcontext
 
-    from trainers.promptalign import TokenStatistics, image_features_and_block_inputs
+    from trainers.promptalign import AlignedPromptTuning, TokenStatistics, image_features_and_block_inputs
 
     source, views = images[:SOURCE_IMAGES], images[SOURCE_IMAGES:]
     statistics = TokenStatistics()
     with torch.no_grad():
         statistics.add(image_features_and_block_inputs(model, source, range(model.clip.visual.num_layers))[1])
-    means, variances = statistics.result()
-    prompts = model.prompt_learner
-    optimizer = torch.optim.AdamW([p for p in prompts.parameters() if p.requires_grad], lr=node.LR,
-                                  weight_decay=node.WEIGHT_DECAY)
-    terms = model.tune(views, means, variances, node, optimizer, nullcontext)
+    tuning = AlignedPromptTuning(model, node, node, nullcontext)
+    tuning.source_means, tuning.source_variances = statistics.result()
+    tuning.snapshot()
     with torch.no_grad():
-        logits = model.predict(views[:1])
-    return _outputs(means, variances, {layer: terms["statistics"][layer][0] for layer in ALIGN_LAYERS},
+        logits = tuning(views).unsqueeze(0)
+    tuned = {name[len("prompt_learner."):]: value for name, value in tuning.last["tuned"].items()}
+    couplings = [("proj", "ctx")] + [(f"compound_prompt_projections.{i}", f"compound_prompts_text.{i}")
+                                     for i in range(DEPTH - 1)]
+    vision = torch.stack([F.linear(tuned[text], tuned[f"{coupling}.weight"], tuned[f"{coupling}.bias"])
+                          for coupling, text in couplings])
+    text = torch.stack([tuned[text] for _, text in couplings])
+    terms = tuning.terms
+    return _outputs(tuning.source_means, tuning.source_variances,
+                    {layer: terms["statistics"][layer][0] for layer in ALIGN_LAYERS},
                     {layer: terms["statistics"][layer][1] for layer in ALIGN_LAYERS}, terms["alignment"],
-                    terms["loss"], torch.stack([prompts.ctx, *prompts.compound_prompts_text]),
-                    torch.stack(prompts.vision_prompts()), logits)
+                    tuning.last["loss"], text, vision, logits)
 
 
 def _outputs(source_means, source_variances, view_means, view_variances, alignment, loss, text, vision, logits):
