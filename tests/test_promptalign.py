@@ -1,5 +1,6 @@
 """PromptAlign: token statistics, the alignment loss, the block-input recorder, the statistics files."""
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,8 +20,11 @@ from vlprompt.data import DataManager
 from vlprompt.engine import build_trainer
 from vlprompt.engine.results import write_run_config
 from vlprompt.engine.test_time import average_prediction_entropy, entropy_per_view
+from vlprompt.protocols.layout import parse_run_path, source_model_name, ttt_run_dir
+from vlprompt.protocols.published import find_published, load_published, published_path
 from vlprompt.utils import read_image
 
+ROOT = Path(__file__).resolve().parents[1]
 CLASSNAMES = ["abyssinian", "american bulldog", "bengal"]
 
 
@@ -201,11 +205,10 @@ def test_one_step_minimises_entropy_plus_weighted_alignment_and_prompts_are_rese
 
 
 def test_a_test_run_adapts_every_image(toy_world, source_run, statistics, tmp_path):  # noqa: F811
-    trainer = promptalign(toy_world, tmp_path / "a")
+    trainer = promptalign(toy_world, tmp_path, "TRAINER.TPT.NUM_VIEWS", "4", "TRAINER.TPT.SELECTION", "0.5")
     trainer.load_model(source_run, epoch=1)
-    accuracy = trainer.test()
-    assert 0 <= accuracy <= 100 and trainer.last_test["num_samples"] == 5 * 4
-    assert trainer.throughput["images"] == 20
+    accuracy = trainer.test("val")
+    assert 0 <= accuracy <= 100 and trainer.last_test["num_samples"] == trainer.throughput["images"] == 5 * 2
 
 
 def test_config_checks(toy_world, tmp_path):  # noqa: F811
@@ -215,3 +218,15 @@ def test_config_checks(toy_world, tmp_path):  # noqa: F811
         promptalign(toy_world, tmp_path, "TRAINER.PROMPTALIGN.VIS_MEANS", "m.pt")
     with pytest.raises(ConfigError, match='TRAINER.TPT.PROMPT must be "maple"'):
         promptalign(toy_world, tmp_path, "TRAINER.TPT.PROMPT", "coop")
+
+
+def test_the_protocol_run_layout_finds_the_published_row():
+    """tools/run_protocol.py's folder of PromptAlign:vit_b16 from its MaPLe source is matched to RAda's
+    Table 3 row PromptAlign (configs/published/ttt.yaml) by parse_results --published."""
+    published = load_published(published_path("ttt", ROOT / "configs"), "ttt")
+    key = parse_run_path(ttt_run_dir("", "PromptAlign", "vit_b16",
+                                     source_model_name("MaPLe", "vit_b16_c2_ep5_batch4_2ctx_cross_datasets", 16),
+                                     "imagenet_a", 1).parts)
+    assert (key.trainer, key.cfg) == ("PromptAlign", "vit_b16@MaPLe-vit_b16_c2_ep5_batch4_2ctx_cross_datasets_16shots")
+    entry = find_published(published, key.trainer, (key.cfg,))
+    assert entry.values["imagenet_a"] == 59.37 and entry.values["average"] == 63.55

@@ -47,8 +47,10 @@ OFFICIAL_TPT = {"LOADER": True, "RUN": True, "LR": 4e-2, "COCOOP": False, "ALIGN
 
 
 def _slice(statistics):
-    """Blocks 0 and 1, every token, the first CHANNELS channels: [2, L, CHANNELS]."""
-    return torch.stack([statistics[layer][:, :CHANNELS] for layer in ALIGN_LAYERS])
+    """The aligned blocks (0 and 1 of a [blocks, L, D] tensor, or a {block: [L, D]} dict's blocks), every
+    token, the first CHANNELS channels: [2, L, CHANNELS]."""
+    layers = sorted(statistics) if isinstance(statistics, dict) else ALIGN_LAYERS
+    return torch.stack([statistics[layer][:, :CHANNELS] for layer in layers])
 
 
 def build_ours(clip, tokenizer, classnames, node, spec):
@@ -79,8 +81,8 @@ def run_ours(model, node, images, labels):
     text = torch.stack([tuned[text] for _, text in couplings])
     terms = tuning.terms
     return _outputs(tuning.source_means, tuning.source_variances,
-                    {layer: terms["statistics"][layer][0] for layer in ALIGN_LAYERS},
-                    {layer: terms["statistics"][layer][1] for layer in ALIGN_LAYERS}, terms["alignment"],
+                    {layer: pair[0] for layer, pair in terms["statistics"].items()},
+                    {layer: pair[1] for layer, pair in terms["statistics"].items()}, terms["alignment"],
                     tuning.last["loss"], text, vision, logits)
 
 
@@ -124,8 +126,9 @@ def run_official(module, cfg, request, model, images, labels):
     entropy, align = trainer.avg_entropy, trainer.distr_align_loss
 
     def avg_entropy(outputs):
-        recorded["entropy"] = entropy(outputs)
-        return recorded["entropy"]
+        value = entropy(outputs)
+        recorded["entropy"] = value.detach().clone()  # test_time_tuning adds the alignment to it in place
+        return value
 
     def distr_align_loss(out_feat, targ_feat, **kwargs):
         recorded["statistics"] = out_feat
@@ -149,6 +152,7 @@ def run_official(module, cfg, request, model, images, labels):
         vision = torch.stack([prompts.proj(prompts.ctx)] + [projection(text) for projection, text in
                                                            zip(prompts.compound_prompt_projections,
                                                                prompts.compound_prompts_text)])
+    out_means, out_variances = ({layer: value[layer] for layer in ALIGN_LAYERS} for value in (out_means, out_variances))
     return _outputs(means, variances, out_means, out_variances, alignment, recorded["entropy"] + alignment,
                     torch.stack([prompts.ctx, *prompts.compound_prompts_text]), vision, logits)
 
