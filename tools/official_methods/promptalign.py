@@ -39,7 +39,7 @@ OUR_NODE = dict(NODE, SELECTION=SELECTION, STEPS=1, LR=0.04, WEIGHT_DECAY=0.01, 
                 ALIGN_WEIGHT=100.0 / 3)
 CHANNELS = 4  # channels of the token statistics kept in the fixture
 ALIGN_LAYERS = (0, 1)
-# upstream's TPT node (configs/trainers/PromptAlign/DG_PAlign_vit_b16_c2_ep5_batch4_2ctx_cross_datasets.yaml)
+# upstream's TPT node (its trainers/PromptAlign/DG_PAlign_vit_b16_c2_ep5_batch4_2ctx_cross_datasets.yaml config)
 # with the thresholds for 8 views
 OFFICIAL_TPT = {"LOADER": True, "RUN": True, "LR": 4e-2, "COCOOP": False, "ALIGN_LAYER_FROM": 0, "ALIGN_LAYER_TO": 3,
                 "TTA_STEPS": 1, "DISTR_ALIGN": True, "TPT_THRESHOLD": SELECTION, "ALIGN_THRESHOLD": SELECTION,
