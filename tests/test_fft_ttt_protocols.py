@@ -299,4 +299,5 @@ def test_published_tables_without_runs_and_the_published_files(tmp_path, capsys)
             mean = sum(entry.get(d) for d in ood) / len(ood)
             if abs(mean - entry.get("average")) > tolerance:
                 inconsistent.append((name, round(mean, 2), entry.get("average")))
-    assert inconsistent == [("TPT", 61.03, 60.81), ("TPT@CoCoOp", 62.56, 62.61)]
+    assert inconsistent == [("TPT:vit_b16", 61.03, 60.81),
+                            ("TPT:vit_b16_cocoop@CoCoOp-vit_b16_c4_ep10_batch1_ctxv1_16shots", 62.56, 62.61)]

@@ -222,11 +222,14 @@ def test_config_checks(toy_world, tmp_path):  # noqa: F811
 
 def test_the_protocol_run_layout_finds_the_published_row():
     """tools/run_protocol.py's folder of PromptAlign:vit_b16 from its MaPLe source is matched to RAda's
-    Table 3 row PromptAlign (configs/published/ttt.yaml) by parse_results --published."""
+    Table 3 row PromptAlign (configs/published/ttt.yaml) by parse_results --published, TPT:vit_b16_maple's
+    from the same source to the row MaPLe+TPT."""
     published = load_published(published_path("ttt", ROOT / "configs"), "ttt")
     key = parse_run_path(ttt_run_dir("", "PromptAlign", "vit_b16",
                                      source_model_name("MaPLe", "vit_b16_c2_ep5_batch4_2ctx_cross_datasets", 16),
                                      "imagenet_a", 1).parts)
     assert (key.trainer, key.cfg) == ("PromptAlign", "vit_b16@MaPLe-vit_b16_c2_ep5_batch4_2ctx_cross_datasets_16shots")
     entry = find_published(published, key.trainer, (key.cfg,))
-    assert entry.values["imagenet_a"] == 59.37 and entry.values["average"] == 63.55
+    assert "row PromptAlign" in entry.source and entry.values["average"] == {"": 63.55}
+    tpt_cfg = key.cfg.replace("vit_b16@", "vit_b16_maple@")
+    assert "row MaPLe+TPT" in find_published(published, "TPT", (tpt_cfg,)).source

@@ -45,6 +45,9 @@ Usage (clones, or bare git directories, of the official repositories; HEAD is co
     python tools/official_equivalence.py ATPrompt --official-git ATPrompt
     python tools/official_equivalence.py ATPrompt-MaPLe --official-git ATPrompt
     python tools/official_equivalence.py SkipTuning --official-git SkipTuning --dassl-git Dassl.pytorch
+    python tools/official_equivalence.py TPT --official-git TPT --dassl-git Dassl.pytorch
+    python tools/official_equivalence.py TPT-CoCoOp --official-git TPT --dassl-git Dassl.pytorch
+    python tools/official_equivalence.py PromptAlign --official-git PromptAlign --dassl-git Dassl.pytorch
 """
 import argparse
 import json

@@ -21,7 +21,8 @@ A method module defines ``SPECS``, {method name: spec}; a spec is a dict with
   fp16-representable value (for official code that casts the value to fp16); a value is copied
   into an official parameter of the same number of elements but another shape (e.g. a Linear's
   weight into a 1x1 convolution's) with ``view_as``;
-* ``outputs``: the names compared; ``batch`` (optional, default 2): the number of images;
+* ``outputs``: the names compared; ``batch`` (optional): the number of images (default 2; a
+  test-time method's views);
 * ``build_ours(clip, tokenizer, classnames, node, spec)`` -> our model (CLIPRunner, Tokenizer,
   class names [C], our config node with any test changes); ``run_ours(model, node, images [B, 3,
   R, R], labels [B])`` -> {output name: tensor};
@@ -44,9 +45,9 @@ of each side:
   (optional, default {"TRAINER.<the case's trainer in capitals>": ``our_node``}): {our config
   node: values} set over that config, so that both sides train the model the fixture compares.
 """
-from . import atprompt, coop, dept, maple, mma, mmrl, prograd, promptalign, promptkd, provp, skip_tuning, tac, tcp
+from . import atprompt, coop, dept, maple, mma, mmrl, prograd, promptalign, promptkd, provp, skip_tuning, tac, tcp, tpt
 
 METHODS = {name: spec
-           for module in (coop, prograd, tcp, mma, mmrl, maple, dept, provp, promptkd, atprompt, skip_tuning, tac,
+           for module in (coop, prograd, tcp, mma, mmrl, maple, dept, provp, promptkd, atprompt, skip_tuning, tac, tpt,
                           promptalign)
            for name, spec in module.SPECS.items()}

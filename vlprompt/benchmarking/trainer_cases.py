@@ -142,6 +142,9 @@ CASES = (
     Case("RAdaFFT stage 1", "RAdaFFT", "RAdaFFT/vit_b16_stage1.yaml", TRAIN,
          opts=("TRAINER.RADAFFT.TEMPLATE_ENSEMBLE", "False")),
     Case("RAdaTTT", "RAdaTTT", "RAdaTTT/vit_b16.yaml", TEST_TIME, batch=1, eval_target=None),
+    Case("TPT", "TPT", "TPT/vit_b16.yaml", TEST_TIME, batch=1, eval_target=None),
+    Case("CoCoOp+TPT", "TPT", "TPT/vit_b16_cocoop.yaml", TEST_TIME, batch=1, eval_target=None),
+    Case("MaPLe+TPT", "TPT", "TPT/vit_b16_maple.yaml", TEST_TIME, batch=1, eval_target=None),
     # MaPLe+TPT's episode plus the alignment, on stand-in source statistics.
     Case("PromptAlign", "PromptAlign", "PromptAlign/vit_b16.yaml", TEST_TIME, batch=1, eval_target=None,
          prepare=promptalign_statistics),

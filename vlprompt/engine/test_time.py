@@ -250,36 +250,42 @@ class TestTimeTrainer(ClipTrainer):
         return self.num_classes if prediction_map is None else prediction_map.num_labels
 
     def test(self, split=None):
-        """Episodes over ``split`` (default TEST.SPLIT), resuming after the last finished image."""
+        """Episodes over ``split`` (default TEST.SPLIT), resuming after the last finished image.
+
+        A loader whose dataset is not an EpisodeViews over a data source (e.g. the timed batches of
+        tools/benchmark.py) is evaluated as it comes, without the episode log.
+        """
         self.set_model_mode("eval")
         self.evaluator.reset()
         split, loader = self._eval_loader(self.cfg.TEST.SPLIT if split is None else split)
         self.check_images([split])
-        data_source = list(loader.dataset.data_source)
-        log = self.episode_log(split, data_source)
-        labels, logits = log.read()
-        done = labels.shape[0]
         print(f"Evaluate on the *{split}* set (test-time adaptation per image)")
-        if done:
-            print(f"Resuming: {done} of {len(data_source)} images were adapted by an earlier run ({log.path})")
-            self.evaluator.process(logits, labels)
-        log.start()
+        log, done = None, 0
+        if isinstance(getattr(loader, "dataset", None), EpisodeViews):
+            data_source = list(loader.dataset.data_source)
+            log = self.episode_log(split, data_source)
+            labels, logits = log.read()
+            done = labels.shape[0]
+            if done:
+                print(f"Resuming: {done} of {len(data_source)} images were adapted by an earlier run ({log.path})")
+                self.evaluator.process(logits, labels)
+            log.start()
+            loader = self.build_views_loader(data_source[done:]) if done < len(data_source) else []
         self.start_episodes()
         prediction_map = self.dm.dataset.prediction_map
         start, adapted = time.time(), 0
-        if done < len(data_source):
-            remaining = self.build_views_loader(data_source[done:])
-            with self.model.evaluation(), torch.no_grad():
-                for batch in tqdm(remaining):
-                    views, label = self.parse_batch_test(batch)
-                    for image_views, image_label in zip(views, label):
-                        output = self.adapt_and_predict(image_views).unsqueeze(0)
-                        if prediction_map is not None:
-                            output = prediction_map.project(output)
-                        output = output.float()
+        with self.model.evaluation(), torch.no_grad():
+            for batch in tqdm(loader):
+                views, label = self.parse_batch_test(batch)
+                for image_views, image_label in zip(views, label):
+                    output = self.adapt_and_predict(image_views).unsqueeze(0)
+                    if prediction_map is not None:
+                        output = prediction_map.project(output)
+                    output = output.float()
+                    if log is not None:
                         log.append(image_label, output[0])
-                        self.evaluator.process(output, image_label.view(1))
-                        adapted += 1
+                    self.evaluator.process(output, image_label.view(1))
+                    adapted += 1
         seconds = time.time() - start
         self.throughput = {"images": adapted, "seconds": seconds,
                            "images_per_s": adapted / seconds if adapted and seconds > 0 else None}
@@ -288,7 +294,7 @@ class TestTimeTrainer(ClipTrainer):
         results = self.evaluator.evaluate()
         for key, value in results.items():
             self.write_scalar(f"{split}/{key}", value, self.epoch)
-        self.last_test = {"split": split, "metrics": dict(results), "num_samples": len(data_source)}
+        self.last_test = {"split": split, "metrics": dict(results), "num_samples": done + adapted}
         return list(results.values())[0]
 
     def results_extra(self):

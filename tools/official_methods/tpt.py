@@ -1,0 +1,163 @@
+"""TPT and CoCoOp+TPT against azshue/TPT (tpt_classification.py, clip/custom_clip.py, clip/cocoop.py).
+
+Both sides get the same 64 view tensors (``batch``: the harness's seeded images; view 0 is the
+test view) and one episode runs: the official ``select_confident_samples`` / ``avg_entropy`` on
+the model's logits of all views give the kept views and the loss, its ``test_time_tuning`` takes
+the AdamW step (its GradScaler is disabled on the CPU), then the test view is predicted. Compared:
+the kept views (their indices), the loss, the tuned context and the test view's logits.
+
+* ``TPT``: ``ClipTestTimeTuning`` with n_ctx 4 and ctx_init "a_photo_of_a" (scripts/test_tpt.sh);
+  its ``prompt_learner.ctx`` is the learnable value (CoOp+TPT only loads a trained one into it).
+* ``TPT-CoCoOp``: ``CoCoOpCLIP`` (n_ctx 4, "a_photo_of_a"; scripts/test_tpt_cocoop.sh) with the
+  context and the meta-net as learnable values; its ``gen_ctx`` gives ctx + π(f_0) (f_0 not
+  normalised), which ``test_time_tuning`` tunes with a fresh AdamW.
+
+The official tree's ``clip`` package imports its CoOp/CoCoOp modules and their class-name lists;
+the official models load CLIP themselves with ``clip.load``, whose state-dict branch is broken
+upstream (``prepare_official`` gives them that branch as written: ``build_model`` + ``.float()``). The official main sets requires_grad only
+on the prompt learner (TPT) / nothing but the text encoder (CoCoOp); ``build_official`` does the same.
+"""
+import argparse
+import contextlib
+
+import torch
+
+N_CTX, LR, SELECTION = 4, 5e-3, 0.1
+VIEWS = 64
+NODE = {"N_CTX": N_CTX, "CTX_INIT": "a photo of a", "CSC": False, "CLASS_TOKEN_POSITION": "end", "PREC": "fp32",
+        "TEXT_CHUNK_SIZE": 256, "NUM_VIEWS": VIEWS, "SELECTION": SELECTION, "STEPS": 1, "LR": LR,
+        "WEIGHT_DECAY": 0.01}
+
+
+def prepare_official(cfg, weights_path):
+    """Upstream's ``clip.load`` reads only JIT archives (for a state-dict file it reads ``model``
+    before assigning it); its non-JIT branch, ``build_model(state_dict)`` then ``.float()`` on the
+    CPU, is given to the modules that imported ``load``."""
+    import clip.cocoop as cocoop
+    import clip.custom_clip as custom_clip
+    from clip import clip as official_clip
+
+    def load(name, device="cpu", jit=False, download_root=None):
+        state_dict = torch.load(weights_path, map_location="cpu", weights_only=True)
+        model = official_clip.build_model(state_dict).to(device).float()
+        return model, state_dict["text_projection"].shape[1], None
+
+    custom_clip.load = cocoop.load = load
+    custom_clip.load_clip_to_cpu = lambda cfg: load("ViT-B/16")[0]
+
+
+def build_ours(clip, tokenizer, classnames, node, spec):
+    from trainers.cocoop import CoCoOpCLIP
+    from trainers.coop import CoOpCLIP
+
+    model = (CoCoOpCLIP if spec["prompt"] == "cocoop" else CoOpCLIP)(clip, tokenizer, classnames, node)
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    return model
+
+
+def run_ours(model, node, images, labels, prompt="coop"):
+    from trainers.tpt import PromptTuning
+
+    tuning = PromptTuning(model, prompt, node, contextlib.nullcontext)
+    tuning.snapshot()
+    with torch.no_grad():
+        logits = tuning(images)
+    tuned = tuning.last["tuned"]["prompt_learner.ctx" if prompt == "coop" else "context"]
+    return {"kept": tuning.last["kept"].float(), "loss": tuning.last["loss"], "ctx": tuned, "logits": logits}
+
+
+def run_ours_cocoop(model, node, images, labels):
+    return run_ours(model, node, images, labels, prompt="cocoop")
+
+
+def build_official(module, cfg, classnames, clip_model):
+    model = module.ClipTestTimeTuning("cpu", classnames, None, arch="ViT-B/16", n_ctx=N_CTX, ctx_init="a_photo_of_a")
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_("prompt_learner" in name)
+    return model.float().eval()
+
+
+def build_official_cocoop(module, cfg, classnames, clip_model):
+    import clip.cocoop as official_cocoop
+
+    model = official_cocoop.CoCoOpCLIP("cpu", classnames, arch="ViT-B/16", n_ctx=N_CTX)
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_("text_encoder" in name)
+    return model.float().eval()
+
+
+def _episode_args(cocoop):
+    return argparse.Namespace(cocoop=cocoop, tta_steps=1, selection_p=SELECTION, lr=LR)
+
+
+def run_official(module, cfg, request, model, images, labels):
+    import tpt_classification as tpt
+
+    with torch.no_grad():
+        selected, kept = tpt.select_confident_samples(model(images), SELECTION)
+        loss = tpt.avg_entropy(selected)
+    optimizer = torch.optim.AdamW(model.prompt_learner.parameters(), LR)
+    scaler = torch.cuda.amp.GradScaler(init_scale=1000)  # disabled without CUDA
+    tpt.test_time_tuning(model, images, optimizer, scaler, _episode_args(False))
+    with torch.no_grad():
+        logits = model(images[:1])[0]
+    return {"kept": kept.float(), "loss": loss, "ctx": model.prompt_learner.ctx.detach().clone(), "logits": logits}
+
+
+def run_official_cocoop(module, cfg, request, model, images, labels):
+    import tpt_classification as tpt
+
+    with torch.no_grad():
+        image_features, context = model.gen_ctx(images, True)
+        selected, kept = tpt.select_confident_samples(model((image_features, context)), SELECTION)
+        loss = tpt.avg_entropy(selected)
+    scaler = torch.cuda.amp.GradScaler(init_scale=1000)  # disabled without CUDA
+    context = tpt.test_time_tuning(model, (image_features, context), None, scaler, _episode_args(True))
+    with torch.no_grad():
+        logits = model((image_features[:1], context))[0]
+    return {"kept": kept.float(), "loss": loss, "ctx": context.detach()[0], "logits": logits}
+
+
+_COMMON = {
+    "repository": "azshue/TPT",
+    "code_dir": "",
+    "official_module": "clip.custom_clip",
+    "official_cfg": {},
+    "batch": VIEWS,
+    "outputs": ("kept", "loss", "ctx", "logits"),
+    "build_ours": build_ours,
+    "prepare_official": prepare_official,
+}
+
+SPECS = {
+    "TPT": dict(
+        _COMMON,
+        prompt="coop",
+        our_node=dict(NODE),
+        learnables={"prompt_learner.ctx": {"official": "prompt_learner.ctx", "init_std": 0.02}},
+        run_ours=run_ours,
+        build_official=build_official,
+        run_official=run_official,
+    ),
+    "TPT-CoCoOp": dict(
+        _COMMON,
+        prompt="cocoop",
+        our_node=dict(NODE),
+        official_learnable_prefixes=("prompt_generator.",),
+        learnables={
+            "prompt_learner.ctx": {"official": "prompt_generator.ctx", "init_std": 0.02},
+            "prompt_learner.meta_net.linear1.weight": {"official": "prompt_generator.meta_net.linear1.weight",
+                                                       "shape": (32, "embed"), "init_std": 0.002},
+            "prompt_learner.meta_net.linear1.bias": {"official": "prompt_generator.meta_net.linear1.bias",
+                                                     "shape": (32,), "init_std": 0.002},
+            "prompt_learner.meta_net.linear2.weight": {"official": "prompt_generator.meta_net.linear2.weight",
+                                                       "shape": ("width", 32), "init_std": 0.002},
+            "prompt_learner.meta_net.linear2.bias": {"official": "prompt_generator.meta_net.linear2.bias",
+                                                     "shape": ("width",), "init_std": 0.002},
+        },
+        run_ours=run_ours_cocoop,
+        build_official=build_official_cocoop,
+        run_official=run_official_cocoop,
+    ),
+}
