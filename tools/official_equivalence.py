@@ -50,6 +50,7 @@ Usage (clones, or bare git directories, of the official repositories; HEAD is co
     python tools/official_equivalence.py PromptAlign --official-git PromptAlign --dassl-git Dassl.pytorch
 """
 import argparse
+import copy
 import json
 import math
 import os
@@ -155,6 +156,22 @@ def fixture_inputs(fixture, workdir):
     return weights_path, learnables, images, labels
 
 
+_LOADED_CLIP = {}
+
+
+def _fresh_clip(backbone, weights_path):
+    """A fresh copy of ``load_clip(backbone, weights_path)``'s model: the file is read once per
+    process and copied for every model built on it (the side-by-side tests build dozens on one
+    ViT-B/16 file; a copy costs a fraction of a load)."""
+    from vlprompt.clip import load_clip
+
+    key = (backbone, os.path.abspath(weights_path), os.path.getmtime(weights_path))
+    if key not in _LOADED_CLIP:
+        _LOADED_CLIP.clear()
+        _LOADED_CLIP[key] = load_clip(backbone, weights_path)[0]
+    return copy.deepcopy(_LOADED_CLIP[key])
+
+
 def our_outputs(method, backbone, weights_path, classnames, learnables, images, labels, node_changes=None):
     """Our model's outputs {name: tensor} (at least those in ``METHODS[method]["outputs"]``), built
     by the method's ``build_ours`` on ``weights_path`` with the given learnable values and run by
@@ -162,12 +179,12 @@ def our_outputs(method, backbone, weights_path, classnames, learnables, images, 
     component with it)."""
     from yacs.config import CfgNode as CN
 
-    from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
+    from vlprompt.clip import CLIPRunner, Tokenizer
     from vlprompt.project import import_project_package
 
     import_project_package("trainers")  # our trainers/ (the official side has its own of that name)
     spec = METHODS[method]
-    model_clip, _ = load_clip(backbone, weights_path)
+    model_clip = _fresh_clip(backbone, weights_path)
     node = CN(dict(spec["our_node"], **(node_changes or {})))
     model = spec["build_ours"](CLIPRunner(model_clip), Tokenizer(backbone), classnames, node, spec).eval()
     parameters = dict(model.named_parameters())
