@@ -48,6 +48,7 @@ Usage (clones, or bare git directories, of the official repositories; HEAD is co
     python tools/official_equivalence.py FLYP --official-git FLYP
     python tools/official_equivalence.py TPT --official-git TPT --dassl-git Dassl.pytorch
     python tools/official_equivalence.py TPT-CoCoOp --official-git TPT --dassl-git Dassl.pytorch
+    python tools/official_equivalence.py PromptAlign --official-git PromptAlign --dassl-git Dassl.pytorch
 """
 import argparse
 import copy

@@ -15,3 +15,4 @@ from . import tac  # noqa: F401
 from . import clip_adapter, rada, rada_adapter, rada_fft, rada_prompt, rada_ttt  # noqa: F401
 from . import promptkd  # noqa: F401
 from . import tpt  # noqa: F401
+from . import promptalign  # noqa: F401

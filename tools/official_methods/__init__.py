@@ -63,9 +63,11 @@ of each side:
   (optional, default {"TRAINER.<the case's trainer in capitals>": ``our_node``}): {our config
   node: values} set over that config, so that both sides train the model the fixture compares.
 """
-from . import atprompt, coop, dept, flyp, maple, mma, mmrl, prograd, promptkd, provp, skip_tuning, tac, tcp, tpt
+from . import (
+    atprompt, coop, dept, flyp, maple, mma, mmrl, prograd, promptalign, promptkd, provp, skip_tuning, tac, tcp, tpt,
+)
 
 METHODS = {name: spec
            for module in (coop, prograd, tcp, mma, mmrl, maple, dept, provp, promptkd, atprompt, skip_tuning, tac,
-                          flyp, tpt)
+                          flyp, tpt, promptalign)
            for name, spec in module.SPECS.items()}

@@ -17,17 +17,17 @@ DEPT_TRAIN_CFG = {"OPTIM.LR_EXP": 6.5, "OPTIM.STAGED_LR": True, "OPTIM.NEW_LAYER
                   "OPTIM.BASE_LR_MULT": 1.0, "TRAINER.NAMES_TO_UPDATE": ["prompt_learner", "linear_probe", "film"]}
 
 
-def learnables(prefix):
+def learnables(prefix, depth=DEPTH):
     """MaPLe's learnable values: our parameter name (under ``prefix``) -> official name, shape
-    (symbolic dims), init std: T_1, the couplings F_1..F_J and the deep text prompts T_2..T_J."""
+    (symbolic dims), init std: T_1, the couplings F_1..F_J and the deep text prompts T_2..T_J (J = ``depth``)."""
     entries = {f"{prefix}prompt_learner.ctx": {"official": "prompt_learner.ctx", "shape": ("n_ctx", "width"),
                                                "init_std": 0.02}}
-    couplings = [("proj", "proj")] + [(f"compound_prompt_projections.{i}",) * 2 for i in range(DEPTH - 1)]
+    couplings = [("proj", "proj")] + [(f"compound_prompt_projections.{i}",) * 2 for i in range(depth - 1)]
     for ours, official in couplings:
         for kind, shape in _COUPLING_SHAPES.items():
             entries[f"{prefix}prompt_learner.{ours}.{kind}"] = {
                 "official": f"prompt_learner.{official}.{kind}", "shape": shape, "init_std": _COUPLING_STD}
-    for i in range(DEPTH - 1):
+    for i in range(depth - 1):
         entries[f"{prefix}prompt_learner.compound_prompts_text.{i}"] = {
             "official": f"prompt_learner.compound_prompts_text.{i}", "shape": ("n_ctx", "width"), "init_std": 0.02}
     return entries

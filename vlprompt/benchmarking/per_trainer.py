@@ -116,7 +116,7 @@ def case_calls(case, trainer, settings):
         return Call(trainer.test, parts, loader)
 
     if case.kind == TEST_TIME:  # one test image, adapted on its views inside test()
-        views = random_images(trainer.cfg.TRAINER[case.trainer.upper()].NUM_VIEWS)
+        views = random_images(trainer.episode_cfg.NUM_VIEWS)
         batch = {"img": views.unsqueeze(0), "label": torch.zeros(1, dtype=torch.long)}
         calls = [Call(frozen(views), ("frozen",)), evaluation(TimedBatches(lambda: batch, 1, device), ("eval",))]
         return calls, {"frozen": len(views), "eval": 1}, {"eval": "frozen"}

@@ -73,6 +73,21 @@ def promptkd_teacher(settings, output_dir):
     return ("TRAINER.PROMPTKD.TEACHER_DIR", folder)
 
 
+def promptalign_statistics(settings, output_dir):
+    """Stand-in source statistics (zero means, unit variances; the step's cost does not depend on their
+    values) of the benchmark's backbone with MaPLe's 2 prompt tokens (PromptAlign/vit_b16.yaml) for the
+    PromptAlign case; returns its VIS_MEANS / VIS_VARS overrides."""
+    from trainers.promptalign import write_source_statistics
+    from vlprompt.clip import CLIPRunner, load_clip
+
+    clip_model, _ = load_clip(settings["backbone"], settings["weights"], device="cpu")
+    visual = CLIPRunner(clip_model).visual
+    shape = (visual.num_layers, visual.positional_embedding.shape[0] + 2, visual.width)
+    paths = osp.join(output_dir, "promptalign_means.pt"), osp.join(output_dir, "promptalign_vars.pt")
+    write_source_statistics(torch.zeros(shape), torch.ones(shape), *paths)
+    return ("TRAINER.PROMPTALIGN.VIS_MEANS", paths[0], "TRAINER.PROMPTALIGN.VIS_VARS", paths[1])
+
+
 def _fit_tac_descriptions(trainer):
     """TAC's before_train step with one description per stand-in class ("a photo of a class number i.")."""
     descriptions = [[f"a photo of a {name}."] for name in trainer.classnames]
@@ -135,6 +150,9 @@ CASES = (
     Case("TPT", "TPT", "TPT/vit_b16.yaml", TEST_TIME, batch=1, eval_target=None),
     Case("CoCoOp+TPT", "TPT", "TPT/vit_b16_cocoop.yaml", TEST_TIME, batch=1, eval_target=None),
     Case("MaPLe+TPT", "TPT", "TPT/vit_b16_maple.yaml", TEST_TIME, batch=1, eval_target=None),
+    # MaPLe+TPT's episode plus the alignment, on stand-in source statistics.
+    Case("PromptAlign", "PromptAlign", "PromptAlign/vit_b16.yaml", TEST_TIME, batch=1, eval_target=None,
+         prepare=promptalign_statistics),
 )
 
 
