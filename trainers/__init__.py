@@ -13,3 +13,4 @@ from . import skip_tuning  # noqa: F401
 from . import tac  # noqa: F401
 from . import clip_adapter, rada, rada_adapter, rada_fft, rada_prompt, rada_ttt  # noqa: F401
 from . import promptkd  # noqa: F401
+from . import ft, l2sp, lp, lpft, wiseft  # noqa: F401
