@@ -69,18 +69,18 @@ def our_outputs(zs_path, ft_path, classnames, images, labels, noise, alpha=ALPHA
     trainers = import_project_package("trainers")
     ft, wiseft = trainers.ft, trainers.wiseft
 
-    def build(path):
+    def build(path, templates):
         clip, _ = load_clip(BACKBONE, path)
-        model = ft.FineTunedCLIP(CLIPRunner(clip), Tokenizer(BACKBONE), classnames, IMAGENET_TEMPLATES).eval()
+        model = ft.FineTunedCLIP(CLIPRunner(clip), Tokenizer(BACKBONE), classnames, templates).eval()
         model.set_trainable(True)
         return model
 
-    zero_shot = build(zs_path)
+    zero_shot = build(zs_path, IMAGENET_TEMPLATES)
     with torch.no_grad():
         logits = zero_shot(images)
         outputs = {"head_weight": zero_shot.head.weight.clone(), "head_bias": zero_shot.head.bias.clone(),
                    "logits": logits, "loss": F.cross_entropy(logits, labels)}
-        fine_tuned = build(ft_path)
+        fine_tuned = build(ft_path, IMAGENET_TEMPLATES[:1])  # its head is replaced below
         fine_tuned.head.weight.copy_(zero_shot.head.weight + noise["weight"])
         fine_tuned.head.bias.copy_(zero_shot.head.bias + noise["bias"])
         trained = lambda model: {name: p for name, p in model.named_parameters() if p.requires_grad}  # noqa: E731
