@@ -1,11 +1,12 @@
 """Multi-process training (DistributedDataParallel, Gloo on the CPU) and how it is launched.
 
-The main test trains RAdaFFT twice through run_protocol's launcher, the same way a grid
-does: once as one process with global batch 8, once with ``nproc_per_node`` 2 (``python -m
+The main test trains RAdaFFT and FT (each: image encoder and classifier) twice through
+run_protocol's launcher, the same way a grid does: once as one process with global batch 8, once with ``nproc_per_node`` 2 (``python -m
 torch.distributed.run --standalone --nproc_per_node 2 train.py ...``, i.e. torchrun: 2
 processes x 4 images). Set-up: the tests' tiny CLIP, a miniature OxfordPets of 4 classes x 4
-training images (2 steps per epoch, 2 epochs), stage 2 (image encoder, classifier and mask
-generator all train), inputs without random augmentation (INPUT.TRANSFORMS normalize),
+training images (2 steps per epoch, 2 epochs), RAdaFFT's stage 2 (image encoder, classifier and
+mask generator all train) or FT's synthetic config (image encoder and head, gradient norm clipped
+to 1.0 after DDP's all-reduce, so both runs clip the same mean gradient), inputs without random augmentation (INPUT.TRANSFORMS normalize),
 DATALOADER.TRAIN_X.SAMPLER SequentialSampler (the two ranks take items 0, 2, 4, ... and 1,
 3, 5, ..., so step i sees the same 8 images as the single process) and SGD.
 
@@ -63,18 +64,23 @@ def data_root(tmp_path_factory):
     return root
 
 
-def train_argv(data_root, output_dir, clip_files):
-    return ("--root", data_root, "--trainer", "RAdaFFT", "--seed", "1",
+# (trainer, config): RAda-FT (stage 2) and FT, each training its image encoder and classifier
+TRAINERS = [("RAdaFFT", "configs/trainers/RAdaFFT/toy_stage2.yaml"), ("FT", "configs/trainers/FT/synthetic.yaml")]
+
+
+def train_argv(data_root, output_dir, clip_files, trainer="RAdaFFT", config="configs/trainers/RAdaFFT/toy_stage2.yaml"):
+    return ("--root", data_root, "--trainer", trainer, "--seed", "1",
             "--dataset-config-file", "configs/datasets/oxford_pets.yaml",
-            "--config-file", "configs/trainers/RAdaFFT/toy_stage2.yaml", "--output-dir", str(output_dir),
+            "--config-file", config, "--output-dir", str(output_dir),
             "MODEL.BACKBONE.NAME", clip_files[0], "MODEL.BACKBONE.WEIGHTS", clip_files[1], "USE_CUDA", "False",
             "DATALOADER.TRAIN_X.BATCH_SIZE", str(GLOBAL_BATCH), "DATALOADER.TRAIN_X.SAMPLER", "SequentialSampler",
             "INPUT.TRANSFORMS", "['normalize']", "OPTIM.NAME", "sgd", "OPTIM.LR", "0.05")
 
 
-def launch(launcher, data_root, output_dir, clip_files):
+def launch(launcher, data_root, output_dir, clip_files, trainer="RAdaFFT",
+           config="configs/trainers/RAdaFFT/toy_stage2.yaml"):
     """Run train.py with ``launcher`` like a grid run; return the run folder."""
-    run = Run(str(output_dir), train_argv(data_root, output_dir, clip_files), None, output_dir.name)
+    run = Run(str(output_dir), train_argv(data_root, output_dir, clip_files, trainer, config), None, output_dir.name)
     (outcome,) = execute_chain(Chain((run,)), launcher, {"OMP_NUM_THREADS": "1"})
     assert outcome.status == OK, (output_dir / "console.txt").read_text()[-3000:]
     return output_dir
@@ -85,16 +91,19 @@ def logged_losses(log_file):
     return [float(match) for match in re.findall(r"batch \[\d+/\d+\].* loss (\S+) \(", log_file.read_text())]
 
 
-def weights(run_dir, epoch):
-    return load_checkpoint(str(run_dir / "RAdaFFT" / f"model.pth.tar-{epoch}"))["state_dict"]
+def weights(run_dir, epoch, trainer="RAdaFFT"):
+    return load_checkpoint(str(run_dir / trainer / f"model.pth.tar-{epoch}"))["state_dict"]
 
 
 @pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                     reason="torch.distributed with the Gloo backend is not available in this torch build")
-def test_two_gloo_processes_train_as_one_process_with_the_same_global_batch(data_root, tiny_clip_files, tmp_path):
-    single = launch(Launcher(str(ROOT / "train.py"), cwd=str(ROOT)), data_root, tmp_path / "single", tiny_clip_files)
+@pytest.mark.parametrize("trainer, config", TRAINERS)
+def test_two_gloo_processes_train_as_one_process_with_the_same_global_batch(data_root, tiny_clip_files, tmp_path,
+                                                                             trainer, config):
+    single = launch(Launcher(str(ROOT / "train.py"), cwd=str(ROOT)), data_root, tmp_path / "single", tiny_clip_files,
+                    trainer, config)
     ddp = launch(Launcher(str(ROOT / "train.py"), cwd=str(ROOT), nproc_per_node=2), data_root, tmp_path / "ddp",
-                 tiny_clip_files)
+                 tiny_clip_files, trainer, config)
 
     log = (ddp / "log.txt").read_text()
     assert f"DistributedDataParallel: 2 processes x {GLOBAL_BATCH // 2} images per step" in log
@@ -105,11 +114,11 @@ def test_two_gloo_processes_train_as_one_process_with_the_same_global_batch(data
     assert len(single_losses) == 4  # 16 images / global batch 8 = 2 steps per epoch, 2 epochs
     assert ddp_losses == pytest.approx(single_losses, abs=2e-4)  # 4 printed decimals
 
-    final_single, final_ddp = weights(single, 2), weights(ddp, 2)
+    final_single, final_ddp = weights(single, 2, trainer), weights(ddp, 2, trainer)
     assert set(final_ddp) == set(final_single)
     for name, value in final_single.items():
         torch.testing.assert_close(final_ddp[name], value, rtol=1e-5, atol=1e-6, msg=name)
-    moved = max((final_single[name] - value).abs().max().item() for name, value in weights(single, 1).items())
+    moved = max((final_single[name] - value).abs().max().item() for name, value in weights(single, 1, trainer).items())
     assert moved > 1e-3  # the last epoch changes the weights by far more than the tolerance
 
     results = [json.loads((run / "results.json").read_text()) for run in (single, ddp)]

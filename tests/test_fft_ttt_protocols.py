@@ -253,7 +253,7 @@ def test_fft_table_is_rada_table_1_with_hand_computed_values(tmp_path, capsys):
     assert rows["RAdaFFT (vit_b16_stage1) Δ"][:3] == ["+0.00", "+0.00", "-0.30"]
     assert rows["RAdaFFT (vit_b16_stage2) Δ"][1] == "-0.40"  # 71.50 - 71.90
     # the published methods without runs follow (Table 1's other rows)
-    assert rows["LPFT (published)"] == ["81.70", "72.10", "73.50", "47.60", "50.30", "58.20", "60.30"]
+    assert rows["LPFT:vit_b16_stage2 (published)"] == ["81.70", "72.10", "73.50", "47.60", "50.30", "58.20", "60.30"]
     assert "RAdaFFT:vit_b16_stage1 (published)" not in rows
 
 

@@ -92,3 +92,30 @@ def test_missing_matplotlib_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(plots.PlotError, match=r'pip install -e "\.\[plots\]"'):
         plots.pyplot()
+
+
+def write_sweep(folder: Path, points):
+    write_result(folder, points[0.5])
+    (folder / "wiseft_alphas.json").write_text(json.dumps(
+        {"points": [{"alpha": alpha, "accuracy": accuracy} for alpha, accuracy in points.items()]}))
+
+
+def test_wiseft_curve_averages_seeds_and_targets(tmp_path, capsys):
+    # synthetic benchmark's fft: source synthetic_shapes, targets synthetic_shapes_v2 and synthetic_shapes_sketch
+    for seed, shift in ((1, 0.0), (2, 2.0)):
+        write_sweep(tmp_path / "synthetic_shapes" / "WiSEFT" / "synthetic_0shots" / f"seed{seed}",
+                    {0.0: 30.0 + shift, 0.5: 60.0 + shift, 1.0: 70.0 + shift})
+        for target, ood in (("synthetic_shapes_v2", 40.0), ("synthetic_shapes_sketch", 20.0)):
+            write_sweep(tmp_path / "evaluation" / "WiSEFT" / "synthetic_0shots" / target / f"seed{seed}",
+                        {0.0: ood + shift, 0.5: ood + 10.0 + shift, 1.0: ood + 5.0 + shift})
+    # a seed without its target evaluations is left out
+    write_sweep(tmp_path / "synthetic_shapes" / "WiSEFT" / "synthetic_0shots" / "seed3", {0.0: 0.0, 0.5: 0.0, 1.0: 0.0})
+    curves = plots.wiseft_curves(tmp_path, "synthetic_shapes", ("synthetic_shapes_v2", "synthetic_shapes_sketch"))
+    assert curves == {"synthetic": [(0.0, 31.0, 31.0), (0.5, 61.0, 41.0), (1.0, 71.0, 36.0)]}
+    with pytest.raises(plots.PlotError, match="No WiSEFT fft run"):
+        plots.wiseft_curves(tmp_path, "synthetic_shapes", ("synthetic_patterns",))
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "figures"
+    assert plots.main(["wiseft", str(tmp_path), "--benchmark", "synthetic", "--out", str(out)]) == 0
+    assert (out / "wiseft.png").read_bytes().startswith(PNG_SIGNATURE)
+    assert "  0.50   61.00   41.00" in capsys.readouterr().out

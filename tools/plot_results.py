@@ -3,6 +3,7 @@
 
     python tools/plot_results.py fewshot output --out figures/    # few-shot curves
     python tools/plot_results.py fusion output --out figures/     # DeAR fusion-weight heat map
+    python tools/plot_results.py wiseft output --out figures/     # WiSE-FT: ID against OOD over alpha
 
 ``fewshot``: accuracy (mean over seeds, shaded ± std) against the number of shots, one
 panel per dataset plus the Average over datasets, one line per method; methods evaluated
@@ -13,10 +14,17 @@ DeAR figures. Writes ``fewshot.png`` (all panels) and ``fewshot_<panel>.png``.
 attribute) per dataset, read from the last checkpoint of each training run and averaged
 over seeds, as a heat map (DeAR supplementary Figure 2). Writes ``fusion_weights.png`` and
 prints the weights.
+
+``wiseft``: WiSE-FT's mixing-coefficient curve (its Figure 1 layout): for every alpha of the
+sweep, the mean over seeds of the ID accuracy (the fft source's test set) against the OOD
+average (mean over the fft targets), read from the ``wiseft_alphas.json`` files the WiSEFT
+runs of the fft protocol write (trainers/wiseft.py); alpha = 0 is the zero-shot model, 1 the
+fine-tuned one. One line per WiSEFT config; writes ``wiseft.png`` and prints the points.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import sys
@@ -26,6 +34,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 REPO = Path(__file__).resolve().parents[1]
 
 import parse_results  # noqa: E402  (tools/parse_results.py: this script's folder is first on sys.path)
+from vlprompt.engine.results import WISEFT_SWEEP_FILENAME  # noqa: E402
 from vlprompt.fileio import save_figure  # noqa: E402
 from vlprompt.protocols.benchmark import BenchmarkError, load_benchmark  # noqa: E402
 from vlprompt.protocols.layout import parse_run_path  # noqa: E402
@@ -217,12 +226,79 @@ def plot_fusion(weights: Dict[str, List[float]], components: Sequence[str], out_
     return path
 
 
+# ----------------------------------------------------------------------------- WiSE-FT
+
+WiseCurve = List[Tuple[float, float, float]]
+"""(alpha, ID accuracy, OOD average) points of one WiSEFT config, by alpha (means over seeds)."""
+
+
+def wiseft_curves(directory, source: str, targets: Sequence[str], trainer: str = "WiSEFT",
+                  seeds: Optional[Sequence[str]] = None) -> Dict[str, WiseCurve]:
+    """Config -> the alpha curve of the fft runs of ``trainer`` under ``directory``.
+
+    A seed counts when its source run and every target's evaluation hold a sweep file with the
+    same alphas. Raises PlotError when no seed is complete.
+    """
+    root = parse_results.require_directory(directory)
+    sweeps: Dict[Tuple[str, str], Dict[str, Dict[float, float]]] = {}  # (config, seed) -> dataset -> alpha -> acc
+    for run in parse_results.find_runs(root):
+        key = parse_run_path(run.path.relative_to(root).parts)
+        path = run.path / WISEFT_SWEEP_FILENAME
+        if key is None or key.trainer != trainer or not path.is_file() or (seeds is not None and key.seed not in seeds):
+            continue
+        if (key.kind, key.dataset) != ("train", source) and (key.kind != "evaluation" or key.dataset not in targets):
+            continue
+        points = json.loads(path.read_text())["points"]
+        sweeps.setdefault((key.cfg, key.seed), {})[key.dataset] = {p["alpha"]: p["accuracy"] for p in points}
+    per_config: Dict[str, List[Dict[float, Tuple[float, float]]]] = {}
+    for (config, _), by_dataset in sorted(sweeps.items()):
+        alphas = {tuple(sorted(values)) for values in by_dataset.values()}
+        if set(by_dataset) != {source, *targets} or len(alphas) != 1:
+            continue
+        per_config.setdefault(config, []).append({
+            alpha: (by_dataset[source][alpha], sum(by_dataset[t][alpha] for t in targets) / len(targets))
+            for alpha in next(iter(alphas))
+        })
+    if not per_config:
+        raise PlotError(f"No {trainer} fft run under {root} with a {WISEFT_SWEEP_FILENAME} for the source ({source}) "
+                        f"and every target ({', '.join(targets)}).")
+    return {config: [(alpha, mean_std([run[alpha][0] for run in runs])[0], mean_std([run[alpha][1] for run in runs])[0])
+                     for alpha in sorted(runs[0])]
+            for config, runs in per_config.items()}
+
+
+def plot_wiseft(curves: Dict[str, WiseCurve], out_dir: Path, source: str) -> Path:
+    """ID accuracy (x) against OOD average (y), one line per config, each point labelled with alpha."""
+    plt = pyplot()
+    figure, axis = plt.subplots(figsize=(5.5, 4.5))
+    for config, points in curves.items():
+        xs, ys = [p[1] for p in points], [p[2] for p in points]
+        axis.plot(xs, ys, marker="o", label=f"WiSE-FT ({config})")
+        for alpha, x, y in points:
+            axis.annotate(f"{alpha:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize="x-small")
+        axis.scatter([xs[0]], [ys[0]], marker="*", s=140, zorder=3, color="black",
+                     label="zero-shot (alpha 0)" if config == next(iter(curves)) else None)
+        axis.scatter([xs[-1]], [ys[-1]], marker="s", s=50, zorder=3, color="gray",
+                     label="fine-tuned (alpha 1)" if config == next(iter(curves)) else None)
+    axis.set_xlabel(f"ID accuracy ({source}, %)")
+    axis.set_ylabel("OOD average accuracy (%)")
+    axis.set_title("WiSE-FT: weight-space ensembles")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize="small")
+    figure.tight_layout()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "wiseft.png"
+    save_figure(figure, str(path), dpi=120)
+    plt.close(figure)
+    return path
+
+
 # -------------------------------------------------------------------------------- CLI
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("figure", choices=("fewshot", "fusion"))
+    parser.add_argument("figure", choices=("fewshot", "fusion", "wiseft"))
     parser.add_argument("directory", help="output root of tools/run_protocol.py")
     parser.add_argument("--out", default="figures", help="folder for the PNG files (default: figures)")
     parser.add_argument("--benchmark", default="paper", help="benchmark giving the dataset order")
@@ -251,6 +327,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             select = [t for value in args.trainers or () for t in value.split(",") if t] or None
             for path in plot_fewshot(fewshot_curves(results, order, select), out_dir):
                 print(f"Wrote {path}")
+            return 0
+        if args.figure == "wiseft":
+            if "fft" not in benchmark.protocols:
+                raise PlotError(f"The benchmark '{args.benchmark}' has no fft protocol (its source and targets).")
+            fft = benchmark.protocols["fft"]
+            curves = wiseft_curves(args.directory, fft.source, fft.datasets, seeds=args.seeds)
+            path = plot_wiseft(curves, out_dir, fft.source)
+            for config, points in curves.items():
+                print(f"WiSEFT ({config}): alpha, ID ({fft.source}), OOD average ({', '.join(fft.datasets)})")
+                for alpha, id_accuracy, ood in points:
+                    print(f"  {alpha:4.2f}  {id_accuracy:6.2f}  {ood:6.2f}")
+            print(f"Wrote {path}")
             return 0
         kinds = ("train_base",) if args.protocol == "base2new" else ("train",)
         order = benchmark.protocols[args.protocol].datasets if args.protocol in benchmark.protocols else ()

@@ -16,3 +16,4 @@ from . import clip_adapter, rada, rada_adapter, rada_fft, rada_prompt, rada_ttt 
 from . import promptkd  # noqa: F401
 from . import tpt  # noqa: F401
 from . import promptalign  # noqa: F401
+from . import ft, l2sp, lp, lpft, wiseft  # noqa: F401

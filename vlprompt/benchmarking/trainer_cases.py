@@ -144,6 +144,12 @@ CASES = (
     Case("RAdaFFT", "RAdaFFT", "RAdaFFT/vit_b16_stage2.yaml", TRAIN, opts=("TRAINER.RADAFFT.TEMPLATE_ENSEMBLE", "False")),
     Case("RAdaFFT stage 1", "RAdaFFT", "RAdaFFT/vit_b16_stage1.yaml", TRAIN,
          opts=("TRAINER.RADAFFT.TEMPLATE_ENSEMBLE", "False")),
+    # The full fine-tuning rivals (LP on cached features; the head from one template, as RAdaFFT above).
+    Case("FT", "FT", "FT/vit_b16.yaml", TRAIN, opts=("TRAINER.FT.TEMPLATE_ENSEMBLE", "False")),
+    Case("LP", "LP", "LP/vit_b16.yaml", CACHED, opts=("TRAINER.LP.TEMPLATE_ENSEMBLE", "False")),
+    Case("LPFT", "LPFT", "LPFT/vit_b16_stage2.yaml", TRAIN, opts=("TRAINER.LPFT.TEMPLATE_ENSEMBLE", "False")),
+    Case("L2SP", "L2SP", "L2SP/vit_b16.yaml", TRAIN, opts=("TRAINER.L2SP.TEMPLATE_ENSEMBLE", "False")),
+    Case("WiSEFT", "WiSEFT", "WiSEFT/vit_b16.yaml", TRAIN, opts=("TRAINER.WISEFT.TEMPLATE_ENSEMBLE", "False")),
     # FLYP's loader gives each image one of the 80 templates (the step encodes B captions and B images).
     Case("FLYP", "FLYP", "FLYP/vit_b16.yaml", TRAIN, batch_keys=lambda size: {"template": torch.arange(size) % 80}),
     Case("RAdaTTT", "RAdaTTT", "RAdaTTT/vit_b16.yaml", TEST_TIME, batch=1, eval_target=None),

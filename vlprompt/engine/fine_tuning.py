@@ -218,7 +218,7 @@ class FullFineTuningTrainer(ClipTrainer):
             return super().load_model(directory, epoch)
         (name,) = self.get_model_names()
         model_file = "model-best.pth.tar" if epoch is None else f"model.pth.tar-{epoch}"
-        model_path = osp.join(directory, name, model_file)
+        model_path = osp.join(directory, self.checkpoint_folder(directory, name), model_file)
         if not osp.exists(model_path):
             raise FileNotFoundError(self._model_not_found_message(model_path))
         checkpoint = load_checkpoint(model_path)
@@ -230,3 +230,8 @@ class FullFineTuningTrainer(ClipTrainer):
         print(f'Loading weights to {name} from "{model_path}" (epoch = {checkpoint["epoch"]})')
         self._load_state_dict_reporting(name, state_dict, set())
         self.weights_epoch = checkpoint["epoch"]
+
+    def checkpoint_folder(self, directory, name):
+        """The folder under ``directory`` whose checkpoints ``load_model`` reads (default: the
+        registered model's ``name``; WiSEFT also reads other fine-tuning trainers' runs)."""
+        return name

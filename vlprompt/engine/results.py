@@ -19,6 +19,8 @@ from vlprompt.utils import atomic_write
 
 RESULTS_FILENAME = "results.json"
 RUN_CONFIG_FILENAME = "config.yaml"
+WISEFT_SWEEP_FILENAME = "wiseft_alphas.json"
+"""WiSE-FT's mixing-coefficient sweep of an evaluation (trainers/wiseft.py; tools/plot_results.py wiseft)."""
 
 RUN_INFO_DEFAULTS = {
     "config_file": "",

@@ -1,0 +1,37 @@
+"""LP: linear probing of CLIP with the zero-shot head (WiSE-FT's "--freeze-encoder" fine-tuning;
+FLYP's and RAda's Table 1 row "LP").
+
+The model is FT's (trainers/ft.py: head W₀ = exp(logit_scale) * zero-shot weights, bias 0, on
+normalised image features); the image encoder stays frozen and only the head (weight and bias)
+trains, with cross-entropy. As upstream (mlfoundations/wise-ft @ 58b7a4b3, src/models/finetune.py
+with --freeze-encoder, src/datasets/common.py get_features), the head trains on image features
+computed once: the configs enable FEATURE_CACHE and train on the evaluation-style view (no random
+augmentation). Recipe (configs/trainers/LP/vit_b16.yaml): the official fine-tuning loop (AdamW,
+weight decay 0.1, batch 512, 10 epochs, cosine after 500 warm-up iterations, gradient clipping
+1.0); its learning rate is not given upstream (the repository's default is 1e-3): the config uses
+RAda's LP-stage 4e-3 (LPFT stage 1). Single process (the features make one process fast).
+"""
+from yacs.config import CfgNode as CN
+
+from vlprompt.config import register_cfg_extension
+from vlprompt.engine import TRAINER_REGISTRY
+
+from .ft import FT, add_ft_keys
+
+
+@register_cfg_extension
+def add_lp_config(cfg):
+    node = cfg.TRAINER.LP = CN()
+    add_ft_keys(node)
+
+
+@TRAINER_REGISTRY.register()
+class LP(FT):
+    """Linear probe; the checkpointed module holds the head."""
+
+    node_name = "LP"
+    supports_distributed = False
+
+    @classmethod
+    def trains_encoder(cls, cfg):
+        return False
