@@ -7,7 +7,7 @@ import yaml
 from baseline_setup import (  # noqa: F401
     ROOT, build_seeded, tiny_node, tiny_runner, toy_world, toy_world_cfg,
 )
-from trainer_checks import one_step_changes_only_the_learnable, saved_keys
+from trainer_checks import assert_config_errors, one_step_changes_only_the_learnable, saved_keys
 
 from trainers.atprompt import ATPromptCLIP, AttributeTokens, load_attribute_words
 from trainers.coop import CoOpCLIP
@@ -153,9 +153,7 @@ def test_config_errors(toy_world, tmp_path):  # noqa: F811
         (("TRAINER.COOP.CLASS_TOKEN_POSITION", "front"), "CLASS_TOKEN_POSITION must be 'end'"),
         (("TRAINER.ATPROMPT.BASE", "MaPLe", "TRAINER.MAPLE.PROMPT_DEPTH", "0"), "PROMPT_DEPTH"),  # the base's checks
     ]
-    for opts, message in cases:
-        with pytest.raises(ConfigError, match=message):
-            build_seeded(pets_cfg(toy_world, tmp_path, *opts))
+    assert_config_errors(lambda *opts: pets_cfg(toy_world, tmp_path, *opts), cases)
 
 
 def test_attribute_file_errors_name_the_word_dataset_and_file(toy_world, tmp_path):  # noqa: F811

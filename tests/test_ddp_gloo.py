@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from baseline_setup import toy_pets_cfg
 
-from trainers import rada_fft
+from vlprompt.engine import fine_tuning
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default
 from vlprompt.data import DataManager
 from vlprompt.engine import build_trainer
@@ -137,7 +137,7 @@ def test_an_item_is_augmented_by_its_epoch_and_index_whichever_process_reads_it(
 
 
 def test_the_global_batch_must_divide_among_the_processes(data_root, tiny_clip_files, tmp_path, monkeypatch):
-    monkeypatch.setattr(rada_fft, "init_distributed", lambda use_cuda: DistributedContext(rank=0, world_size=2, local_rank=0))
+    monkeypatch.setattr(fine_tuning, "init_distributed", lambda use_cuda: DistributedContext(rank=0, world_size=2, local_rank=0))
     cfg = toy_pets_cfg("RAdaFFT", "RAdaFFT/toy_stage1.yaml", data_root, tmp_path, tiny_clip_files,
                        "DATALOADER.TRAIN_X.BATCH_SIZE", "7")
     with pytest.raises(ConfigError, match=r"BATCH_SIZE \(7\) is the global batch and must be divisible by the number "

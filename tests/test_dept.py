@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from baseline_setup import (  # noqa: F401
     build_seeded, tiny_node, tiny_runner, toy_world, toy_world_cfg, trainer_node,
 )
-from trainer_checks import one_step_changes_only_the_learnable
+from trainer_checks import assert_config_errors, one_step_changes_only_the_learnable
 
 from trainers.coop import CoOpCLIP
 from trainers.dept import DePTCLIP
@@ -171,9 +171,7 @@ def test_config_errors(toy_world, tmp_path):  # noqa: F811
         (("TRAINER.DEPT.PREC", "fp8"), "TRAINER.DEPT.PREC"),
         (("TRAINER.MAPLE.PROMPT_DEPTH", "0"), "PROMPT_DEPTH"),  # the base method's own checks run
     ]
-    for opts, message in cases:
-        with pytest.raises(ConfigError, match=message):
-            build_seeded(pets_cfg(toy_world, tmp_path, *opts))
+    assert_config_errors(lambda *opts: pets_cfg(toy_world, tmp_path, *opts), cases)
 
 
 def test_new_classes_load_the_base_run_without_its_head(toy_world, tmp_path, capsys):  # noqa: F811

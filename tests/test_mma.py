@@ -4,11 +4,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from baseline_setup import build_seeded, frozen, learnable, toy_pets_cfg, toy_world  # noqa: F401
+from trainer_checks import assert_config_errors
 
 import trainers.mma as mma
 from trainers.mma import MMACLIP, GradientScale
 from vlprompt.clip import CLIPRunner, Plan, Tokenizer, fill_template, load_clip
-from vlprompt.config import ConfigError, extend_cfg, get_cfg_default
+from vlprompt.config import extend_cfg, get_cfg_default
 
 CLASSNAMES = ["abyssinian", "american_bulldog", "bengal"]
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -129,7 +130,7 @@ def test_runner_blocks_equal_the_hand_computed_blocks(runner):
 
 def test_a_perturbed_adapter_changes_only_its_block_and_later_ones(runner):
     model = build_model(runner)
-    visual, text = model.clip.visual, model.clip.text
+    visual = model.clip.visual
     images = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         stem = visual.stem(images)
@@ -233,15 +234,12 @@ def test_a_training_step_changes_only_the_adapters(toy_world, tmp_path):  # noqa
 
 
 def test_config_errors(toy_world, tmp_path):  # noqa: F811
-    with pytest.raises(ConfigError, match=r"ADAPTER_START must be at least 1"):
-        build_seeded(pets_cfg(toy_world, tmp_path, "TRAINER.MMA.ADAPTER_START", "0"))
-    with pytest.raises(ConfigError, match=r"ADAPTER_END must be at least 2"):
-        build_seeded(pets_cfg(toy_world, tmp_path, "TRAINER.MMA.ADAPTER_END", "1"))
-    with pytest.raises(ConfigError, match=r"both towers.*3 image and 2 text blocks.*ADAPTER_START <= 2"):
-        build_seeded(pets_cfg(toy_world, tmp_path, "TRAINER.MMA.ADAPTER_START", "3"))
-    with pytest.raises(ConfigError, match=r"ADAPTER_END <= 3"):
-        build_seeded(pets_cfg(toy_world, tmp_path, "TRAINER.MMA.ADAPTER_END", "4"))
-    with pytest.raises(ConfigError, match="ADAPTER_SCALE must be > 0"):
-        build_seeded(pets_cfg(toy_world, tmp_path, "TRAINER.MMA.ADAPTER_SCALE", "0.0"))
-    with pytest.raises(ConfigError, match="TRAINER.MMA.PREC"):
-        build_seeded(pets_cfg(toy_world, tmp_path, "TRAINER.MMA.PREC", "fp8"))
+    cases = [
+        (("TRAINER.MMA.ADAPTER_START", "0"), r"ADAPTER_START must be at least 1"),
+        (("TRAINER.MMA.ADAPTER_END", "1"), r"ADAPTER_END must be at least 2"),
+        (("TRAINER.MMA.ADAPTER_START", "3"), r"both towers.*3 image and 2 text blocks.*ADAPTER_START <= 2"),
+        (("TRAINER.MMA.ADAPTER_END", "4"), r"ADAPTER_END <= 3"),
+        (("TRAINER.MMA.ADAPTER_SCALE", "0.0"), "ADAPTER_SCALE must be > 0"),
+        (("TRAINER.MMA.PREC", "fp8"), "TRAINER.MMA.PREC"),
+    ]
+    assert_config_errors(lambda *opts: pets_cfg(toy_world, tmp_path, *opts), cases)

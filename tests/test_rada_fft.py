@@ -12,7 +12,8 @@ from baseline_setup import runner_and_tokenizer, toy_pets_cfg, trainer_node
 from torch.optim.lr_scheduler import LambdaLR
 
 import datasets  # noqa: F401  (registers OxfordPets)
-from trainers.rada_fft import RAdaFFTCLIP, iteration_cosine_schedule
+from trainers.rada_fft import RAdaFFTCLIP
+from vlprompt.engine.fine_tuning import iteration_cosine_schedule
 from trainers.zsclip import TemplateCLIP
 from vlprompt.config import ConfigError
 from vlprompt.engine import build_trainer

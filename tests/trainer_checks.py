@@ -1,10 +1,14 @@
 """Checks shared by the trainer tests: one training step changes exactly the learnable values,
-a saved checkpoint holds exactly the expected ones, and MMRL-style role inference."""
+a saved checkpoint holds exactly the expected ones, bad config values stop the build with their
+key's error, and MMRL-style role inference."""
 import os
 
+import pytest
 import torch
 import torch.nn.functional as F
-from baseline_setup import frozen, learnable
+from baseline_setup import build_seeded, frozen, learnable
+
+from vlprompt.config import ConfigError
 
 
 def one_step_changes_only_the_learnable(trainer):
@@ -24,6 +28,14 @@ def one_step_changes_only_the_learnable(trainer):
     for name, value in frozen(model).items():
         assert torch.equal(value, before_frozen[name]), name
     return set(before_learned), set(before_frozen), summary
+
+
+def assert_config_errors(make_cfg, cases):
+    """For each ``(opts, message)`` of ``cases``, building a trainer from ``make_cfg(*opts)``
+    (opts: KEY, VALUE, ... overrides) raises a ConfigError whose text matches the regex ``message``."""
+    for opts, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            build_seeded(make_cfg(*opts))
 
 
 def saved_keys(trainer, directory, model_name):

@@ -65,7 +65,8 @@ def class_names(count):
 
 def add_arguments(parser):
     parser.add_argument("--methods", nargs="+", metavar="METHOD",
-                        help=f"methods of tools/official_methods/ (default all: {', '.join(oe.METHODS)})")
+                        help="methods of tools/official_methods/ (default: all with an official_trainer: "
+                        f"{', '.join(m for m, spec in oe.METHODS.items() if 'official_trainer' in spec)})")
     parser.add_argument("--official-git", action="append", default=[], metavar="OWNER/NAME=PATH",
                         help="clone (or git directory) of an official repository, e.g. KaiyangZhou/CoOp=CoOp; "
                              "one per repository the methods need")
@@ -112,7 +113,7 @@ def check_methods(methods):
 
 def measure(args):
     """(settings, one record per method): both sides' medians, cost ratios and their quotient."""
-    methods = list(args.methods or oe.METHODS)
+    methods = list(args.methods or [method for method, spec in oe.METHODS.items() if "official_trainer" in spec])
     check_methods(methods)
     given = repositories(args, methods)
     settings = {key: getattr(args, key) for key in ("backbone", "batch", "classes", "rounds", "warmup", "threads",

@@ -45,8 +45,10 @@ Usage (clones, or bare git directories, of the official repositories; HEAD is co
     python tools/official_equivalence.py ATPrompt --official-git ATPrompt
     python tools/official_equivalence.py ATPrompt-MaPLe --official-git ATPrompt
     python tools/official_equivalence.py SkipTuning --official-git SkipTuning --dassl-git Dassl.pytorch
+    python tools/official_equivalence.py FLYP --official-git FLYP
 """
 import argparse
+import copy
 import json
 import math
 import os
@@ -152,6 +154,22 @@ def fixture_inputs(fixture, workdir):
     return weights_path, learnables, images, labels
 
 
+_LOADED_CLIP = {}
+
+
+def _fresh_clip(backbone, weights_path):
+    """A fresh copy of ``load_clip(backbone, weights_path)``'s model: the file is read once per
+    process and copied for every model built on it (the side-by-side tests build dozens on one
+    ViT-B/16 file; a copy costs a fraction of a load)."""
+    from vlprompt.clip import load_clip
+
+    key = (backbone, os.path.abspath(weights_path), os.path.getmtime(weights_path))
+    if key not in _LOADED_CLIP:
+        _LOADED_CLIP.clear()
+        _LOADED_CLIP[key] = load_clip(backbone, weights_path)[0]
+    return copy.deepcopy(_LOADED_CLIP[key])
+
+
 def our_outputs(method, backbone, weights_path, classnames, learnables, images, labels, node_changes=None):
     """Our model's outputs {name: tensor} (at least those in ``METHODS[method]["outputs"]``), built
     by the method's ``build_ours`` on ``weights_path`` with the given learnable values and run by
@@ -159,12 +177,12 @@ def our_outputs(method, backbone, weights_path, classnames, learnables, images, 
     component with it)."""
     from yacs.config import CfgNode as CN
 
-    from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
+    from vlprompt.clip import CLIPRunner, Tokenizer
     from vlprompt.project import import_project_package
 
     import_project_package("trainers")  # our trainers/ (the official side has its own of that name)
     spec = METHODS[method]
-    model_clip, _ = load_clip(backbone, weights_path)
+    model_clip = _fresh_clip(backbone, weights_path)
     node = CN(dict(spec["our_node"], **(node_changes or {})))
     model = spec["build_ours"](CLIPRunner(model_clip), Tokenizer(backbone), classnames, node, spec).eval()
     parameters = dict(model.named_parameters())
@@ -227,6 +245,13 @@ def _official_side(workdir):
     weights_path = os.path.join(workdir, "weights.pt")
     inputs = torch.load(os.path.join(workdir, "inputs.pt"), weights_only=True)
     images, labels = inputs["images"], inputs["labels"]
+    spec = METHODS[request["method"]]
+    if "official_side" in spec:  # official code without Dassl: the method builds and runs it itself
+        _install_stand_ins()
+        outputs = spec["official_side"](request, weights_path, inputs)
+        with atomic_write(os.path.join(workdir, "official.pt")) as f:
+            torch.save(outputs, f)
+        return
     spec, cfg, module, _ = official_setup(request, images.shape[-1], weights_path)
     clip_model = module.load_clip_to_cpu(cfg).float()  # the official PREC fp32 branch
     if "build_official" in spec:
@@ -296,6 +321,12 @@ def _export_present_files(git_dir, target):
           f"({len(missing)}): {', '.join(missing)}")
 
 
+def needs_dassl(spec):
+    """Whether the method's official side needs a Dassl clone (--dassl-git): not when the repository
+    holds its own fork (``dassl_dir``) or the method runs its official code without Dassl (``official_side``)."""
+    return "dassl_dir" not in spec and "official_side" not in spec
+
+
 def export_trees(spec, official_git, dassl_git, folder):
     """Export (``git archive HEAD``) the official repository of ``spec`` and, unless it holds its
     own fork (``dassl_dir``), the Dassl clone into ``folder`` (``official``, ``dassl``).
@@ -310,6 +341,8 @@ def export_trees(spec, official_git, dassl_git, folder):
                              "give a clone (or the git directory) of the repository.")
     official_commit = _export(official_git, os.path.join(folder, "official"), spec.get("archive_exclude", ()))
     code_path = os.path.join(folder, "official", spec["code_dir"])
+    if not needs_dassl(spec):
+        return official_commit, None, [code_path]
     if "dassl_dir" in spec:
         return official_commit, official_commit, [code_path, os.path.join(folder, "official", spec["dassl_dir"])]
     dassl_path = os.path.join(folder, "dassl")
@@ -367,9 +400,9 @@ def main(argv=None):
         return
     if args.method not in METHODS:
         parser.error(f"unknown method '{args.method}'; this tool knows {sorted(METHODS)}")
-    needs_dassl = "dassl_dir" not in METHODS[args.method]
-    if not args.official_git or (needs_dassl and not args.dassl_git):
-        parser.error(f"{args.method} needs --official-git" + (" and --dassl-git" if needs_dassl else ""))
+    dassl = needs_dassl(METHODS[args.method])
+    if not args.official_git or (dassl and not args.dassl_git):
+        parser.error(f"{args.method} needs --official-git" + (" and --dassl-git" if dassl else ""))
     fixture = compare(args.method, args.official_git, args.dassl_git, args.backbone, dict(DEFAULT_SEEDS),
                       list(DEFAULT_CLASSNAMES), DEFAULT_BATCH)
     os.makedirs(FIXTURE_DIR, exist_ok=True)

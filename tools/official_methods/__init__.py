@@ -33,6 +33,12 @@ A method module defines ``SPECS``, {method name: spec}; a spec is a dict with
   ``prepare_official_model(model)`` (optional): what the official model needs once built to run
   on the CPU in fp32 (``run_official`` calls it itself).
 
+Official code that does not run on Dassl (e.g. FLYP's) gives instead ``official_side(request,
+weights_path, inputs)`` -> {output name: tensor}, run in the subprocess with the official tree on
+``PYTHONPATH`` and the stand-ins installed (``request``: method, backbone, classnames, seeds, batch;
+``inputs``: {"learnables", "images", "labels"}); it then needs no ``official_module``,
+``official_cfg`` values, ``run_official`` or Dassl clone.
+
 For ``tools/benchmark.py official`` (tools/official_benchmark.py), which times one training step
 of each side:
 
@@ -44,8 +50,9 @@ of each side:
   (optional, default {"TRAINER.<the case's trainer in capitals>": ``our_node``}): {our config
   node: values} set over that config, so that both sides train the model the fixture compares.
 """
-from . import atprompt, coop, dept, maple, mma, mmrl, prograd, promptkd, provp, skip_tuning, tac, tcp
+from . import atprompt, coop, dept, flyp, maple, mma, mmrl, prograd, promptkd, provp, skip_tuning, tac, tcp
 
 METHODS = {name: spec
-           for module in (coop, prograd, tcp, mma, mmrl, maple, dept, provp, promptkd, atprompt, skip_tuning, tac)
+           for module in (coop, prograd, tcp, mma, mmrl, maple, dept, provp, promptkd, atprompt, skip_tuning, tac,
+                          flyp)
            for name, spec in module.SPECS.items()}

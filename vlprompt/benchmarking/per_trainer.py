@@ -134,6 +134,8 @@ def case_calls(case, trainer, settings):
             train_batch = {"img": images if views == 1 else [images] * views, "label": labels}
             if trainer.cfg.DATALOADER.RETURN_IMG0:
                 train_batch["img0"] = images
+            if case.batch_keys is not None:
+                train_batch.update({key: value.to(device) for key, value in case.batch_keys(batch).items()})
         trainer.batch_idx, trainer.num_batches = 0, len(trainer.train_loader_x)
 
         def train():

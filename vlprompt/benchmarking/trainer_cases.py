@@ -43,6 +43,8 @@ class Case:
             that needs files before its trainer is built (PromptKD's teacher folder).
         after_build: None, or ``after_build(trainer)``, for what a trainer sets up when training
             starts (e.g. TAC's description embeddings and cluster centres).
+        batch_keys: None, or ``batch_keys(batch_size)`` -> {key: tensor [B]}, what the trainer's
+            training loader adds to a batch's images and labels (FLYP's caption templates).
     """
 
     name: str
@@ -57,6 +59,7 @@ class Case:
     official_eval: Optional[str] = None
     prepare: Optional[Callable] = None
     after_build: Optional[Callable] = None
+    batch_keys: Optional[Callable] = None
 
 
 def promptkd_teacher(settings, output_dir):
@@ -126,6 +129,8 @@ CASES = (
     Case("RAdaFFT", "RAdaFFT", "RAdaFFT/vit_b16_stage2.yaml", TRAIN, opts=("TRAINER.RADAFFT.TEMPLATE_ENSEMBLE", "False")),
     Case("RAdaFFT stage 1", "RAdaFFT", "RAdaFFT/vit_b16_stage1.yaml", TRAIN,
          opts=("TRAINER.RADAFFT.TEMPLATE_ENSEMBLE", "False")),
+    # FLYP's loader gives each image one of the 80 templates (the step encodes B captions and B images).
+    Case("FLYP", "FLYP", "FLYP/vit_b16.yaml", TRAIN, batch_keys=lambda size: {"template": torch.arange(size) % 80}),
     Case("RAdaTTT", "RAdaTTT", "RAdaTTT/vit_b16.yaml", TEST_TIME, batch=1, eval_target=None),
 )
 

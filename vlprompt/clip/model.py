@@ -5,6 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .templates import fill_template
+
 __all__ = ["PromptedCLIP"]
 
 
@@ -67,6 +69,18 @@ class PromptedCLIP(nn.Module):
         """
         text = self.clip.text
         return text(embeddings=text.embed(token_ids), eot=text.eot_positions(token_ids)).features
+
+    def zero_shot_weights(self, tokenizer, classnames, templates):
+        """The zero-shot classifier [C, E] of WiSE-FT/FLYP (no autograd): for each class the mean
+        of its L2-normalised sentence features over ``templates`` (format strings with one "{}"),
+        L2-normalised again."""
+        device = self.clip.logit_scale.device
+        with torch.no_grad():
+            features = [
+                F.normalize(self.encode_sentences(tokenizer([fill_template(t, c) for c in classnames]).to(device)), dim=-1)
+                for t in templates
+            ]
+        return F.normalize(torch.stack(features).mean(dim=0), dim=-1)
 
     @property
     def logit_scale(self):
