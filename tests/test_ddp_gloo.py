@@ -159,7 +159,7 @@ def test_a_trainer_without_ddp_support_refuses_several_processes(monkeypatch):
     extend_cfg(cfg)
     cfg.TRAINER.NAME = "CoOp"
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ConfigError, match="Trainer 'CoOp' runs as one process, but 2 processes .*supported by: RAdaFFT"):
+    with pytest.raises(ConfigError, match="Trainer 'CoOp' runs as one process, but 2 processes .*supported by: FT, L2SP, LPFT, RAdaFFT, WiSEFT\."):
         build_trainer(cfg)
 
 
