@@ -726,6 +726,10 @@ _RAW_WRITES_ALLOWED = {  # (file, start of the call's source)
     # Logs, written line by line while a run goes on (a torn last line is expected after a kill).
     ("vlprompt/utils/logger.py", "open(fpath, 'w', encoding='utf-8')"),
     ("vlprompt/protocols/execute.py", "open(console_path, 'a', encoding='utf-8')"),
+    # The test-time episode log: one fixed-size record appended and fsynced per adapted image; a
+    # torn last record after a kill is cut off on reading (r+b truncates it before appending).
+    ("vlprompt/engine/test_time.py", "open(self.path, 'r+b')"),
+    ("vlprompt/engine/test_time.py", "open(self.path, 'ab')"),
     # Benchmark scratch files, rewritten by every benchmark run: the loader benchmark's synthetic
     # split and the CoCoOp benchmark's logits (compared between its two processes).
     ("vlprompt/benchmarking/loader.py", "open(split_path, 'w')"),
