@@ -68,6 +68,7 @@ from vlprompt.clip import PromptedCLIP, fill_template
 from vlprompt.clip.templates import check_template
 from vlprompt.config import check_choice, check_range, register_cfg_extension
 from vlprompt.data.data_manager import SeededItems, SeededSampler
+from vlprompt.data.samplers import SeededEpochs
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.amp import PRECISIONS
 from vlprompt.engine.fine_tuning import (
@@ -86,7 +87,7 @@ def add_flyp_config(cfg):
     node.HEAD_BATCH_SIZE = 1000  # sentences per text-tower pass when the zero-shot head is rebuilt
 
 
-class CaptionRowSampler(Sampler):
+class CaptionRowSampler(SeededEpochs, Sampler):
     """Row indices r = i·T + t (image i, template t) of the N·T caption table, N per epoch.
 
     Each epoch draws one 64-bit seed from torch's global generator and yields the first N entries
@@ -96,29 +97,14 @@ class CaptionRowSampler(Sampler):
 
     def __init__(self, num_images, num_templates):
         self.num_images, self.num_templates = num_images, num_templates
-        self.epoch_seed = None
-        self._resume = None
 
     def __len__(self):
         return self.num_images
 
     def __iter__(self):
-        if self._resume is not None:
-            (state, skip), self._resume = self._resume, None
-            seed = state["seed"]
-        else:
-            seed, skip = int(torch.empty((), dtype=torch.int64).random_().item()), 0
-        self.epoch_seed = seed
-        generator = torch.Generator().manual_seed(seed)
+        generator, skip = self.epoch_generator()
         rows = torch.randperm(self.num_images * self.num_templates, generator=generator)[: self.num_images]
         yield from rows[skip:].tolist()
-
-    def state_dict(self):
-        return {"seed": self.epoch_seed}
-
-    def resume_epoch(self, state, skip):
-        """Make the next iteration replay the epoch of ``state`` from position ``skip``, drawing nothing."""
-        self._resume = (state, skip)
 
 
 class CaptionRows(TorchDataset):

@@ -19,32 +19,27 @@ SAMPLERS = ("RandomSampler", "SequentialSampler")
 DASSL_SAMPLERS_NOT_PROVIDED = ("RandomDomainSampler", "SeqDomainSampler", "RandomClassSampler")
 
 
-class ResumableRandomSampler(RandomSampler):
-    """torch's RandomSampler (without replacement, global generator), resumable mid-epoch.
+class SeededEpochs:
+    """Mid-epoch resumability for a sampler whose epoch order is a function of one seed.
 
-    Each epoch draws one 64-bit seed from torch's global generator when iteration starts and
-    yields ``torch.randperm(N)`` of a generator seeded with it: the draws and the order of
-    torch's RandomSampler, so seeded runs keep Dassl's order.
-
-    Attributes:
-        epoch_seed (int or None): the seed of the epoch being (or last) iterated.
+    ``epoch_generator()`` draws one 64-bit seed from torch's global generator (or, after
+    ``resume_epoch``, takes the checkpoint's without drawing) and returns a generator seeded with
+    it and the number of positions to skip. ``epoch_seed`` is the seed of the epoch being (or
+    last) iterated.
     """
 
-    def __init__(self, data_source):
-        super().__init__(data_source)
-        self.epoch_seed = None
-        self._resume = None
+    epoch_seed = None
+    _resume = None
 
-    def __iter__(self):
+    def epoch_generator(self):
+        """(torch.Generator seeded with this epoch's seed, positions already run)."""
         if self._resume is not None:
             (state, skip), self._resume = self._resume, None
             seed = state["seed"]
         else:
             seed, skip = int(torch.empty((), dtype=torch.int64).random_().item()), 0
         self.epoch_seed = seed
-        generator = torch.Generator()
-        generator.manual_seed(seed)
-        yield from torch.randperm(len(self.data_source), generator=generator).tolist()[skip:]
+        return torch.Generator().manual_seed(seed), skip
 
     def state_dict(self):
         """{"seed": the current epoch's seed} (plain ints, for checkpoints)."""
@@ -53,6 +48,19 @@ class ResumableRandomSampler(RandomSampler):
     def resume_epoch(self, state, skip):
         """Make the next iteration replay the epoch of ``state`` from position ``skip``, drawing nothing."""
         self._resume = (state, skip)
+
+
+class ResumableRandomSampler(SeededEpochs, RandomSampler):
+    """torch's RandomSampler (without replacement, global generator), resumable mid-epoch.
+
+    Each epoch draws one 64-bit seed from torch's global generator when iteration starts and
+    yields ``torch.randperm(N)`` of a generator seeded with it: the draws and the order of
+    torch's RandomSampler, so seeded runs keep Dassl's order.
+    """
+
+    def __iter__(self):
+        generator, skip = self.epoch_generator()
+        yield from torch.randperm(len(self.data_source), generator=generator).tolist()[skip:]
 
 
 class ResumableSequentialSampler(SequentialSampler):
