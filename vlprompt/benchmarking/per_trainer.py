@@ -191,7 +191,8 @@ def measure_case(case, settings):
         trainer = build_trainer(case, settings, output_dir)
         build_s = time.perf_counter() - start
         device = trainer.device
-        learnable = sum(param.numel() for param in trainer.model.parameters() if param.requires_grad)
+        learnable = (trainer.episode_learnable() if case.kind == TEST_TIME  # tuned inside each episode
+                     else sum(param.numel() for param in trainer.model.parameters() if param.requires_grad))
         calls, counts, references = case_calls(case, trainer, settings)
         memory_after_build = torch.cuda.memory_allocated() / 2**20 if device.type == "cuda" else current_rss_mib()
         reset_peak_memory(device)
