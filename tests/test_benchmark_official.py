@@ -161,14 +161,15 @@ def test_skip_tuning_benchmark_mask_keeps_the_expected_ranks():
     assert int(benchmark_keep_mask(50).sum()) == 27 and benchmark_keep_mask(3).tolist() == [True, True, False]
 
 
-def _side_workdir(tmp_path, config, size, views=None):
-    """A side's working folder: settings, the seeded batch (and views), the weights file."""
+def _side_workdir(tmp_path, config, size, views=None, method=None):
+    """A side's working folder: settings, the seeded batch (and a test-time method's views)."""
     inputs = {"images": torch.randn(2, 3, size, size), "labels": torch.tensor([0, 1])}
     if views:
         inputs["views"] = torch.randn(views + 2, 3, size, size)  # more than the method's (the largest of a run)
     torch.save(inputs, tmp_path / "inputs.pt")
     (tmp_path / "settings.json").write_text(json.dumps({"backbone": config, "threads": 1, "classes": 3, "rounds": 1,
-                                                         "warmup": 0, "classnames": ["a", "b", "c"]}))
+                                                         "warmup": 0, "classnames": ["a", "b", "c"],
+                                                         "views": {method: views} if views else {}}))
     return inputs
 
 
@@ -176,7 +177,7 @@ def test_official_step_side_times_the_hook_step(tiny_clip_files, tmp_path, monke
     """A spec's ``official_step_side`` gives the timed step and its optimizer; the learnable count is the
     optimizer's parameters that got a gradient; a test-time spec's step gets its ``views`` views."""
     config, _ = tiny_clip_files
-    inputs = _side_workdir(tmp_path, config, 8, views=4)
+    inputs = _side_workdir(tmp_path, config, 8, views=4, method="Episodic")
     seen = {}
 
     def official_step_side(request, weights_path, step_inputs):
@@ -217,9 +218,7 @@ def test_our_side_times_an_episode_or_a_cached_step(tiny_clip_files, tmp_path, m
     the tiny text width); LP's a step from the batch's cached features, its count the head [3, 32] + bias."""
     config, _ = tiny_clip_files
     size, _ = official_benchmark.oe.write_weights(config, 0, str(tmp_path / "weights.pt"))
-    inputs = _side_workdir(tmp_path, config, size, views=views)
-    spec = dict(official_benchmark.oe.METHODS[method], views=views) if views else official_benchmark.oe.METHODS[method]
-    monkeypatch.setitem(official_benchmark.oe.METHODS, method, spec)
+    inputs = _side_workdir(tmp_path, config, size, views=views, method=method)
     steps = []
 
     def timed(frozen, train, settings, learnable):

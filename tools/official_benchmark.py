@@ -35,8 +35,8 @@ and its unit, a frozen CLIP image forward of the same batch without autograd:
   again the official clip package's plain CLIP ``encode_image``.
 
 A test-time method (its case's kind "test-time"; its spec gives ``views``, the views of one test
-image) is timed per episode instead of per training step: both sides get the same ``views``
-seeded random images as one image's views; the "step" is one episode, its adaptation on the views
+image in its recipe, which ``--views`` overrides) is timed per episode instead of per training
+step: both sides get the same V seeded random images as one image's views; the "step" is one episode, its adaptation on the views
 and the prediction of view 0 (ours: ``adapt_and_predict``, as ``test()`` calls it; official: the
 official per-image loop body around its ``test_time_tuning``), and the unit is the frozen CLIP
 image forward of those views. Our learnable count there is what an episode tunes
@@ -109,6 +109,8 @@ def add_arguments(parser):
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--views", type=int, help="views of a test-time method's episode (default: its spec's "
+                        "views, the recipe's)")
 
 
 def repositories(args, methods):
@@ -151,7 +153,10 @@ def measure(args):
     settings = {key: getattr(args, key) for key in ("backbone", "batch", "classes", "rounds", "warmup", "threads",
                                                     "clock")}
     settings["methods"] = methods
-    settings["views"] = {method: oe.METHODS[method]["views"] for method in methods if "views" in oe.METHODS[method]}
+    if args.views is not None and args.views < 1:
+        raise SystemExit(f"error: --views must be at least 1, got {args.views}")
+    settings["views"] = {method: args.views or oe.METHODS[method]["views"] for method in methods
+                         if "views" in oe.METHODS[method]}
     with tempfile.TemporaryDirectory(prefix="benchmark_official_") as workdir:
         settings["image_size"], _ = oe.write_weights(args.backbone, WEIGHTS_SEED, os.path.join(workdir, "weights.pt"))
         generator = torch.Generator().manual_seed(IMAGES_SEED)
@@ -159,7 +164,7 @@ def measure(args):
         images = torch.randn((args.batch, 3, size, size), generator=generator)
         labels = torch.arange(args.batch) % args.classes
         inputs = {"images": images, "labels": labels}
-        views = max(oe.METHODS[method].get("views", 0) for method in methods)
+        views = max(settings["views"].values(), default=0)
         if views:  # one test image's views, for the test-time methods (each takes its first ``views``)
             inputs["views"] = torch.randn((views, 3, size, size), generator=generator)
         with atomic_write(os.path.join(workdir, "inputs.pt")) as f:
@@ -228,12 +233,12 @@ def method_record(method, official_code, ours, official, clock):
 
 def _side_inputs(workdir, method):
     """(settings, images [B, 3, R, R], labels [B]) of a method: the batch, or for a test-time method
-    (its spec's ``views``) the first ``views`` views of one test image, labelled 0."""
+    (its views in the settings) the first V views of one test image, labelled 0."""
     with open(os.path.join(workdir, "settings.json")) as f:
         settings = json.load(f)
     inputs = torch.load(os.path.join(workdir, "inputs.pt"), weights_only=True)
     torch.set_num_threads(settings["threads"])
-    views = oe.METHODS[method].get("views")
+    views = settings.get("views", {}).get(method)
     if views:
         return settings, inputs["views"][:views], torch.zeros(views, dtype=torch.long)
     return settings, inputs["images"], inputs["labels"]
