@@ -168,6 +168,11 @@ def test_learnable_parameters_are_those_the_trainer_optimises(tiny_run, tmp_path
         assert records[name]["learnable_params"] == sum(optimised.values()) > 0
     assert records["CoOp"]["learnable_params"] == 4 * 32  # 4 context vectors of the tiny text width
     assert records["ZeroshotCLIP"]["learnable_params"] == 0
+    # a test-time case counts what an episode tunes (its model's parameters stay frozen): RAda-TTT's generator
+    case = next(case for case in CASES if case.name == "RAdaTTT")
+    trainer = trainer_cases.build_trainer(case, settings, str(tmp_path))
+    generator = sum(param.numel() for param in trainer.model.mask_generator.parameters())
+    assert records["RAdaTTT"]["learnable_params"] == trainer.episode_learnable() == generator > 0
 
 
 def test_table_marks_targets(tiny_run):

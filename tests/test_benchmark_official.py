@@ -159,3 +159,86 @@ def test_skip_tuning_benchmark_mask_keeps_the_expected_ranks():
         kept = top + round(float(keep_probabilities(classes, top, NODE["LAMBDA"])[top:].sum()))
         assert torch.equal(benchmark_keep_mask(classes), torch.arange(classes) < kept)
     assert int(benchmark_keep_mask(50).sum()) == 27 and benchmark_keep_mask(3).tolist() == [True, True, False]
+
+
+def _side_workdir(tmp_path, config, size, views=None, method=None):
+    """A side's working folder: settings, the seeded batch (and a test-time method's views)."""
+    inputs = {"images": torch.randn(2, 3, size, size), "labels": torch.tensor([0, 1])}
+    if views:
+        inputs["views"] = torch.randn(views + 2, 3, size, size)  # more than the method's (the largest of a run)
+    torch.save(inputs, tmp_path / "inputs.pt")
+    (tmp_path / "settings.json").write_text(json.dumps({"backbone": config, "threads": 1, "classes": 3, "rounds": 1,
+                                                         "warmup": 0, "classnames": ["a", "b", "c"],
+                                                         "views": {method: views} if views else {}}))
+    return inputs
+
+
+def test_official_step_side_times_the_hook_step(tiny_clip_files, tmp_path, monkeypatch):
+    """A spec's ``official_step_side`` gives the timed step and its optimizer; the learnable count is the
+    optimizer's parameters that got a gradient; a test-time spec's step gets its ``views`` views."""
+    config, _ = tiny_clip_files
+    inputs = _side_workdir(tmp_path, config, 8, views=4, method="Episodic")
+    seen = {}
+
+    def official_step_side(request, weights_path, step_inputs):
+        seen.update(request=request, weights=weights_path, images=step_inputs["images"])
+        used, unused = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)  # unused: in the optimizer, never a gradient
+        optimizer = torch.optim.AdamW(list(used.parameters()) + list(unused.parameters()))
+
+        def step():
+            optimizer.zero_grad()
+            used(torch.ones(1, 3)).sum().backward()
+            optimizer.step()
+            seen["steps"] = seen.get("steps", 0) + 1
+
+        return step, optimizer
+
+    class PlainCLIP:
+        def encode_image(self, images):
+            seen["frozen"] = images
+
+    spec = {"repository": "x/y", "code_dir": "", "dassl": False, "views": 4, "official_step_side": official_step_side}
+    monkeypatch.setitem(official_benchmark.oe.METHODS, "Episodic", spec)
+    monkeypatch.setattr(official_benchmark, "_plain_official_clip", lambda official_clip, state_dict, spec: PlainCLIP())
+    monkeypatch.setitem(sys.modules, "clip", SimpleNamespace(clip=None))  # the official tree's clip package
+    monkeypatch.setattr(official_benchmark.torch, "load", lambda path, weights_only: inputs if "inputs" in str(path)
+                        else {})
+    result = official_benchmark.official_side(str(tmp_path), "Episodic")
+    assert result["learnable"] == 3 * 2 + 2 and seen["steps"] == 1
+    assert seen["request"] == {"method": "Episodic", "backbone": config, "classnames": ["a", "b", "c"]}
+    assert seen["weights"] == str(tmp_path / "weights.pt")
+    assert torch.equal(seen["images"], inputs["views"][:4]) and seen["frozen"] is seen["images"]
+    assert set(result) == {"train", "frozen", "learnable"} and result["train"]["cpu"] > 0
+    assert official_benchmark.oe.needs_dassl(spec) is False
+
+
+@pytest.mark.parametrize("method, views, learnable", [("TPT", 10, 4 * 32), ("LP", None, 3 * 32 + 3)])
+def test_our_side_times_an_episode_or_a_cached_step(tiny_clip_files, tmp_path, monkeypatch, method, views, learnable):
+    """TPT's step is one episode (adapt_and_predict) on the views, its count the tuned context (4 tokens of
+    the tiny text width); LP's a step from the batch's cached features, its count the head [3, 32] + bias."""
+    config, _ = tiny_clip_files
+    size, _ = official_benchmark.oe.write_weights(config, 0, str(tmp_path / "weights.pt"))
+    inputs = _side_workdir(tmp_path, config, size, views=views, method=method)
+    steps = []
+
+    def timed(frozen, train, settings, learnable):
+        train()
+        steps.append(learnable)
+        return {}
+
+    monkeypatch.setattr(official_benchmark, "_timed", timed)
+    if views:
+        from trainers.tpt import TPT
+
+        original = TPT.adapt_and_predict
+        monkeypatch.setattr(TPT, "adapt_and_predict", lambda self, images: steps.append(images) or original(self, images))
+    else:
+        from trainers.lp import LP
+
+        monkeypatch.setattr(LP, "forward_backward", lambda self, batch: steps.append(batch))
+    official_benchmark.our_side(str(tmp_path), method)
+    if views:
+        assert torch.equal(steps[0], inputs["views"][:views])
+    else:
+        assert set(steps[0]) == {"features", "label"} and steps[0]["features"].shape == (2, 32)
+    assert steps[-1] == learnable

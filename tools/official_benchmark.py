@@ -25,7 +25,23 @@ and its unit, a frozen CLIP image forward of the same batch without autograd:
   build_model reads), ``official_after_build(trainer)`` (what its ``before_train`` sets up) and
   ``official_step(trainer, batch)`` (the step itself, e.g. a cache pass before
   ``forward_backward``); ``our_prepare(workdir, image size)`` (files our trainer reads; returns
-  more KEY VALUE options) and ``our_after_build(trainer)`` do the same for our trainer.
+  more KEY VALUE options) and ``our_after_build(trainer)`` do the same for our trainer;
+* official code without a Dassl trainer class (wise-ft's FT / LP, FLYP) and the test-time methods
+  (TPT, PromptAlign) give instead ``official_step_side(request, weights_path, inputs)``, run in the
+  same subprocess with the stand-ins installed: it builds the official model its own way and
+  returns the official recipe's step (a zero-argument callable) and its optimizer; the learnable
+  count is then the optimizer's parameters that the timed steps gave a gradient (upstream may hand
+  its optimizer parameters that never get one, e.g. wise-ft's unused text embedding). The unit is
+  again the official clip package's plain CLIP ``encode_image``.
+
+A test-time method (its case's kind "test-time"; its spec gives ``views``, the views of one test
+image in its recipe, which ``--views`` overrides) is timed per episode instead of per training
+step: both sides get the same V seeded random images as one image's views; the "step" is one episode, its adaptation on the views
+and the prediction of view 0 (ours: ``adapt_and_predict``, as ``test()`` calls it; official: the
+official per-image loop body around its ``test_time_tuning``), and the unit is the frozen CLIP
+image forward of those views. Our learnable count there is what an episode tunes
+(``episode_learnable``). A cached case (its kind "cached", e.g. LP) trains from the batch's
+image features, computed once before the rounds, as its feature cache gives them.
 
 Both sides get the batch as their data loaders give it: ``--batch`` images, as a list of
 K_TRANSFORMS views when the side's config has DATALOADER.K_TRANSFORMS > 1 (the same images for
@@ -35,8 +51,8 @@ Both sides read one weights file (tools/official_equivalence.py's seeded random 
 of ``--batch`` seeded random images with labels 0, 1, ... modulo ``--classes``, and the class
 names "class number i" of the per-trainer benchmark. A side's cost ratio is its step over its
 unit (same process, same rounds), so the two sides' ratios compare across processes and load;
-"ours / official" is our cost ratio over the official one, which issue 18's contract wants at most
-0.5 (flagged otherwise); the table also gives the quotient of the two steps' times alone and the
+"ours / official" is our cost ratio over the official one, which issue 18's contract (and item 6
+of rivals.md's, for the rivals of issues 14-16) wants at most 0.5 (flagged otherwise); the table also gives the quotient of the two steps' times alone and the
 learnable parameters each side's optimizer updates. Under ``--clock cpu`` both processes run with
 OMP_WAIT_POLICY=PASSIVE (unless set), as the per-trainer family's do.
 
@@ -65,6 +81,11 @@ IMAGES_SEED = oe.DEFAULT_SEEDS["images"]
 CONTRACT_RATIO = 0.5  # issue 18: our train cost ratio at most half of the official one
 
 
+def timed_by_the_tool(spec):
+    """Whether the tool can time the method's official side: an official Dassl trainer class or a step hook."""
+    return "official_trainer" in spec or "official_step_side" in spec
+
+
 def class_names(count):
     """The per-trainer benchmark's stand-in class names."""
     return [f"class number {index}" for index in range(count)]
@@ -74,8 +95,9 @@ def class_names(count):
 
 def add_arguments(parser):
     parser.add_argument("--methods", nargs="+", metavar="METHOD",
-                        help="methods of tools/official_methods/ (default: all with an official_trainer: "
-                        f"{', '.join(m for m, spec in oe.METHODS.items() if 'official_trainer' in spec)})")
+                        help="methods of tools/official_methods/ (default: all with an official_trainer or "
+                        "official_step_side: "
+                        f"{', '.join(m for m, spec in oe.METHODS.items() if timed_by_the_tool(spec))})")
     parser.add_argument("--official-git", action="append", default=[], metavar="OWNER/NAME=PATH",
                         help="clone (or git directory) of an official repository, e.g. KaiyangZhou/CoOp=CoOp; "
                              "one per repository the methods need")
@@ -87,6 +109,8 @@ def add_arguments(parser):
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--views", type=int, help="views of a test-time method's episode (default: its spec's "
+                        "views, the recipe's)")
 
 
 def repositories(args, methods):
@@ -102,9 +126,9 @@ def repositories(args, methods):
     if missing:
         raise SystemExit(f"error: the methods {methods} need --official-git for {', '.join(missing)} "
                          "(OWNER/NAME=PATH each)")
-    if not args.dassl_git and any("dassl_dir" not in oe.METHODS[method] for method in methods):
-        raise SystemExit("error: --dassl-git is needed (a Dassl.pytorch clone) for "
-                         + ", ".join(method for method in methods if "dassl_dir" not in oe.METHODS[method]))
+    dassl = [method for method in methods if oe.needs_dassl(oe.METHODS[method])]
+    if not args.dassl_git and dassl:
+        raise SystemExit("error: --dassl-git is needed (a Dassl.pytorch clone) for " + ", ".join(dassl))
     return given
 
 
@@ -112,30 +136,39 @@ def check_methods(methods):
     unknown = [method for method in methods if method not in oe.METHODS]
     if unknown:
         raise SystemExit(f"error: unknown method(s) {unknown}; tools/official_methods/ has {sorted(oe.METHODS)}")
-    lacking = [method for method in methods if "official_trainer" not in oe.METHODS[method]]
+    lacking = [method for method in methods if not timed_by_the_tool(oe.METHODS[method])]
     if lacking:
         raise SystemExit(f"error: the spec of {', '.join(lacking)} has no official_trainer (the official trainer "
-                         "class to time); see tools/official_methods/__init__.py")
+                         "class to time) nor official_step_side (the official step); see "
+                         "tools/official_methods/__init__.py")
 
 
 # --------------------------------------------------------------------------- measuring
 
 def measure(args):
     """(settings, one record per method): both sides' medians, cost ratios and their quotient."""
-    methods = list(args.methods or [method for method, spec in oe.METHODS.items() if "official_trainer" in spec])
+    methods = list(args.methods or [method for method, spec in oe.METHODS.items() if timed_by_the_tool(spec)])
     check_methods(methods)
     given = repositories(args, methods)
     settings = {key: getattr(args, key) for key in ("backbone", "batch", "classes", "rounds", "warmup", "threads",
                                                     "clock")}
     settings["methods"] = methods
+    if args.views is not None and args.views < 1:
+        raise SystemExit(f"error: --views must be at least 1, got {args.views}")
+    settings["views"] = {method: args.views or oe.METHODS[method]["views"] for method in methods
+                         if "views" in oe.METHODS[method]}
     with tempfile.TemporaryDirectory(prefix="benchmark_official_") as workdir:
         settings["image_size"], _ = oe.write_weights(args.backbone, WEIGHTS_SEED, os.path.join(workdir, "weights.pt"))
         generator = torch.Generator().manual_seed(IMAGES_SEED)
         size = settings["image_size"]
         images = torch.randn((args.batch, 3, size, size), generator=generator)
         labels = torch.arange(args.batch) % args.classes
+        inputs = {"images": images, "labels": labels}
+        views = max(settings["views"].values(), default=0)
+        if views:  # one test image's views, for the test-time methods (each takes its first ``views``)
+            inputs["views"] = torch.randn((views, 3, size, size), generator=generator)
         with atomic_write(os.path.join(workdir, "inputs.pt")) as f:
-            torch.save({"images": images, "labels": labels}, f)
+            torch.save(inputs, f)
         with atomic_write(os.path.join(workdir, "settings.json"), "w") as f:
             json.dump(dict(settings, classnames=class_names(args.classes)), f)
         with atomic_write(os.path.join(workdir, "request.json"), "w") as f:  # read by a spec's prepare_official
@@ -198,22 +231,28 @@ def method_record(method, official_code, ours, official, clock):
     return record
 
 
-def _side_inputs(workdir):
+def _side_inputs(workdir, method):
+    """(settings, images [B, 3, R, R], labels [B]) of a method: the batch, or for a test-time method
+    (its views in the settings) the first V views of one test image, labelled 0."""
     with open(os.path.join(workdir, "settings.json")) as f:
         settings = json.load(f)
     inputs = torch.load(os.path.join(workdir, "inputs.pt"), weights_only=True)
     torch.set_num_threads(settings["threads"])
+    views = settings.get("views", {}).get(method)
+    if views:
+        return settings, inputs["views"][:views], torch.zeros(views, dtype=torch.long)
     return settings, inputs["images"], inputs["labels"]
 
 
 def _timed(frozen, train, settings, learnable):
-    """{"train"/"frozen": {clock: median s}, "learnable": n} of interleaved rounds."""
+    """{"train"/"frozen": {clock: median s}, "learnable": n} of interleaved rounds; ``learnable`` is
+    the count, or a function giving it after the rounds."""
     from vlprompt.benchmarking.measure import medians, time_interleaved
 
     with contextlib.redirect_stdout(io.StringIO()):
         times = time_interleaved({"frozen": frozen, "train": train}, torch.device("cpu"), settings["rounds"],
                                  settings["warmup"])
-    return dict(medians(times), learnable=learnable)
+    return dict(medians(times), learnable=learnable() if callable(learnable) else learnable)
 
 
 def loader_batch(images, labels, dataloader_cfg):
@@ -240,14 +279,14 @@ def _set_official_train_cfg(cfg, values):
 
 def our_side(workdir, method):
     """Our trainer's step and the frozen CLIP forward (run in the subprocess)."""
-    from vlprompt.benchmarking.trainer_cases import CASES, build_trainer
+    from vlprompt.benchmarking.trainer_cases import CACHED, CASES, TEST_TIME, build_trainer
     from vlprompt.project import import_project_package
 
     import_project_package("trainers")
-    settings, images, labels = _side_inputs(workdir)
+    settings, images, labels = _side_inputs(workdir, method)
     spec = oe.METHODS[method]
     case = {case.name: case for case in CASES}[spec.get("benchmark_case", method)]
-    nodes = spec.get("our_nodes", {f"TRAINER.{case.trainer.upper()}": spec["our_node"]})
+    nodes = spec["our_nodes"] if "our_nodes" in spec else {f"TRAINER.{case.trainer.upper()}": spec["our_node"]}
     opts = [item for node, values in nodes.items() for key, value in values.items()
             for item in (f"{node}.{key}", repr(value))]
     if "dataset" in spec:
@@ -262,11 +301,26 @@ def our_side(workdir, method):
         if "our_after_build" in spec:
             spec["our_after_build"](trainer)
         trainer.batch_idx, trainer.num_batches = 0, len(trainer.train_loader_x)
-        batch = loader_batch(images, labels, trainer.cfg.DATALOADER)
 
         def frozen():
             with torch.no_grad():
                 trainer.model.clip.encode_image_plain(images)
+
+        if case.kind == TEST_TIME:  # one episode on the views, as test() runs it per image
+            trainer.start_episodes()
+
+            def train():
+                with trainer.model.evaluation(), torch.no_grad():
+                    trainer.adapt_and_predict(images)
+
+            return _timed(frozen, train, settings, trainer.episode_learnable())
+        if case.kind == CACHED:  # the features the feature cache gives, computed once
+            with torch.no_grad():
+                batch = {"features": trainer.model.encode_image_features(images), "label": labels}
+        else:
+            batch = loader_batch(images, labels, trainer.cfg.DATALOADER)
+            if case.batch_keys is not None:
+                batch.update(case.batch_keys(len(images)))
 
         def train():
             trainer.set_model_mode("train")
@@ -292,10 +346,13 @@ def _plain_official_clip(official_clip, state_dict, spec):
 
 
 def official_side(workdir, method):
-    """The official trainer's step and the official frozen CLIP forward (run in the subprocess,
-    the official tree first on ``PYTHONPATH``)."""
-    settings, images, labels = _side_inputs(workdir)
+    """The official step (its trainer's, or the spec's ``official_step_side``) and the official
+    frozen CLIP forward (run in the subprocess, the official tree first on ``PYTHONPATH``)."""
+    settings, images, labels = _side_inputs(workdir, method)
     weights_path = os.path.join(workdir, "weights.pt")
+    spec = oe.METHODS[method]
+    if "official_step_side" in spec:
+        return _official_step_side(spec, settings, weights_path, images, labels, method)
     request = {"method": method, "backbone": settings["backbone"]}
     spec, cfg, module, official_clip = oe.official_setup(request, images.shape[-1], weights_path)
     from dassl.engine.trainer import TrainerBase
@@ -336,6 +393,26 @@ def official_side(workdir, method):
     return _timed(frozen, train, settings, learnable)
 
 
+def _official_step_side(spec, settings, weights_path, images, labels, method):
+    """The step of the spec's ``official_step_side`` and the official clip package's frozen forward."""
+    oe._install_stand_ins()
+    request = {"method": method, "backbone": settings["backbone"], "classnames": settings["classnames"]}
+    with contextlib.redirect_stdout(io.StringIO()):
+        train, optimizer = spec["official_step_side"](request, weights_path, {"images": images, "labels": labels})
+    from clip import clip as official_clip
+
+    clip_model = _plain_official_clip(official_clip, torch.load(weights_path, weights_only=True), spec)
+
+    def frozen():
+        with torch.no_grad():
+            clip_model.encode_image(images)
+
+    def learnable():  # the optimizer's parameters the timed steps gave a gradient (those it updates)
+        return sum(p.numel() for group in optimizer.param_groups for p in group["params"] if p.grad is not None)
+
+    return _timed(frozen, train, settings, learnable)
+
+
 # --------------------------------------------------------------------------- report
 
 HEADERS = ["method", "official code", "learnable ours", "learnable official", "ours train ms", "ours frozen ms",
@@ -358,7 +435,11 @@ def _row(r):
 
 
 def header_line(settings):
-    return (f"One training step (forward, loss, backward, optimizer step), ours and the official code's: "
+    episodes = settings.get("views")
+    episode = (" (for a test-time method one test image's episode: adaptation on its views, prediction of view "
+               f"0; frozen = the views' forward; views {', '.join(f'{m} {v}' for m, v in episodes.items())})"
+               if episodes else "")
+    return (f"One training step (forward, loss, backward, optimizer step), ours and the official code's{episode}: "
             f"{settings['backbone']} random weights, batch {settings['batch']}, {settings['classes']} classes, "
             f"{settings['image_size']} px, fp32, CPU, {settings['threads']} threads; median of {settings['rounds']} "
             f"rounds after {settings['warmup']}; {settings['clock']} clock")

@@ -326,8 +326,9 @@ def _export_present_files(git_dir, target):
 
 def needs_dassl(spec):
     """Whether the method's official side needs a Dassl clone (--dassl-git): not when the repository
-    holds its own fork (``dassl_dir``) or the method runs its official code without Dassl (``official_side``)."""
-    return "dassl_dir" not in spec and "official_side" not in spec
+    holds its own fork (``dassl_dir``) or the method runs its official code without Dassl (``official_side``,
+    or ``dassl`` False)."""
+    return "dassl_dir" not in spec and "official_side" not in spec and spec.get("dassl", True)
 
 
 def export_trees(spec, official_git, dassl_git, folder):
@@ -355,6 +356,9 @@ def export_trees(spec, official_git, dassl_git, folder):
 def compare(method, official_git, dassl_git, backbone, seeds, classnames, batch):
     """Run both sides; return the fixture dict (with the measured differences)."""
     spec = METHODS[method]
+    if "outputs" not in spec:
+        raise SystemExit(f"{method}'s spec only times its official step (tools/benchmark.py official); its "
+                         f"official comparison is {spec['compared_by']}.")
     with tempfile.TemporaryDirectory(prefix="official_equivalence_") as workdir:
         official_commit, dassl_commit, paths = export_trees(spec, official_git, dassl_git, workdir)
         request = {"method": method, "backbone": backbone, "classnames": classnames, "seeds": seeds, "batch": batch}

@@ -63,6 +63,9 @@ class RAdaTTT(TestTimeTrainer):
         """Every episode starts from the current generator (zero-output, or a RAda run's)."""
         self.episode_start = copy.deepcopy(self.model.mask_generator.state_dict())
 
+    def episode_learnable(self):
+        return sum(parameter.numel() for parameter in self.model.mask_generator.parameters())
+
     def adapt_and_predict(self, views):
         """One episode: logits [K] for the test view (views[0]) after adapting on views [V, 3, H, W].
 

@@ -237,3 +237,11 @@ class TPT(TestTimeTrainer):
 
     def adapt_and_predict(self, views):
         return self.tuning(views)
+
+    def episode_learnable(self):
+        """The tuned prompt's values: the context (CoCoOp: the image's context, of the context's shape)
+        or every prompt-learner parameter (MaPLe)."""
+        prompts = self.model.prompt_learner
+        if self.cfg.TRAINER.TPT.PROMPT == "maple":
+            return sum(parameter.numel() for parameter in prompts.parameters())
+        return prompts.ctx.numel()

@@ -58,6 +58,14 @@ of each side:
   ``plain_design`` (optional): the design dict under which the official clip package's
   ``build_model`` gives the unprompted CLIP timed as the official frozen unit (for packages whose
   build_model takes one and rejects the default trainer name "CoOp", e.g. IVLP-derived ones);
+* official code without a Dassl trainer class to build (or a test-time method, whose unit is one
+  image's episode): ``official_step_side(request, weights_path, inputs)`` instead of
+  ``official_trainer``, run in the subprocess with the stand-ins installed (``request``: method,
+  backbone, classnames; ``inputs``: {"images", "labels"}, the batch or the views) -> (the official
+  recipe's step, a zero-argument callable; its optimizer); ``views`` (a test-time method): the
+  views of one test image its episode adapts on; ``dassl`` (optional, default True): False for
+  official code that runs without Dassl (no ``--dassl-git``); a spec made only for the timing (its
+  outputs are compared by another tool) has no ``outputs`` and names that tool in ``compared_by``;
 * ``benchmark_case`` (optional, default the method's name): our case in
   vlprompt/benchmarking/trainer_cases.py (the trainer and its config file); ``our_nodes``
   (optional, default {"TRAINER.<the case's trainer in capitals>": ``our_node``}): {our config
@@ -65,9 +73,10 @@ of each side:
 """
 from . import (
     atprompt, coop, dept, flyp, maple, mma, mmrl, prograd, promptalign, promptkd, provp, skip_tuning, tac, tcp, tpt,
+    wiseft,
 )
 
 METHODS = {name: spec
            for module in (coop, prograd, tcp, mma, mmrl, maple, dept, provp, promptkd, atprompt, skip_tuning, tac,
-                          flyp, tpt, promptalign)
+                          flyp, tpt, promptalign, wiseft)
            for name, spec in module.SPECS.items()}

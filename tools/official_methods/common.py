@@ -1,4 +1,7 @@
 """Steps several methods share, on either side of the comparison."""
+import sys
+import types
+
 import torch
 import torch.nn.functional as F
 
@@ -16,3 +19,34 @@ def run_ours_logits_and_ce(model, node, images, labels):
 
 def run_official_logits_and_ce(module, cfg, request, model, images, labels):
     return logits_and_ce(model, images, labels)
+
+
+def stand_in_datasets(classnames):
+    """``src.datasets`` (and ``src.datasets.common``) of wise-ft / FLYP holding one dataset class,
+    ``FixtureClasses``, with ``classnames``: what ``get_zeroshot_classifier`` reads (the real package
+    imports every dataset and the evaluation helpers, which need the data sets)."""
+
+    class FixtureClasses:
+        def __init__(self, preprocess, location=None, batch_size=None, **kwargs):
+            self.classnames = list(classnames)
+
+    datasets = types.ModuleType("src.datasets")
+    datasets.FixtureClasses = FixtureClasses
+    common = types.ModuleType("src.datasets.common")
+    common.get_dataloader = common.maybe_dictionarize = None
+    sys.modules["src.datasets"], sys.modules["src.datasets.common"] = datasets, common
+
+
+def official_dassl_model(request, weights_path, resolution):
+    """In the official subprocess: the method's official model built as tools/official_equivalence.py
+    builds it (``official_setup``, the official ``load_clip_to_cpu`` in fp32, the spec's
+    ``build_official``), for a step hook (``official_step_side``) of Dassl-based code.
+
+    Returns:
+        (official module, Dassl config, model).
+    """
+    import official_equivalence as oe  # tools/, on sys.path in the benchmark's subprocess
+
+    spec, cfg, module, _ = oe.official_setup(request, resolution, weights_path)
+    clip_model = module.load_clip_to_cpu(cfg).float()
+    return module, cfg, spec["build_official"](module, cfg, request["classnames"], clip_model)

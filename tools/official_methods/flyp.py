@@ -16,12 +16,21 @@ by FLYP, is drawn away from log(100) so that a fixed temperature shows):
 ``get_zeroshot_classifier`` reads the class names from a dataset class of src.datasets; that
 package (and the evaluation helpers it imports, which need the data sets) is stood in by a module
 whose one dataset class holds the fixture's class names.
+
+For tools/benchmark.py official, ``official_step_side`` is the body of upstream's training loop
+(src/models/flyp_loss.py): ``CLIPEncoder`` (``clip.load`` of the weights file, fp32), AdamW (lr
+1e-5, weight decay 0.1, every parameter) with its ``cosine_lr`` schedule; per step the schedule,
+``zero_grad``, the encoder's forward of the batch's images and captions (image i captioned with
+template i mod 80 of its class, as our case's loader rows; tokenised once, as the loader does),
+``ClipLoss``, backward and the AdamW step. Upstream wraps the encoder in ``DataParallel``, which on
+one device calls it directly; its ``logit_scale2[0]`` indexes the scale that ``DataParallel``
+gathers over GPUs, on one process the scalar itself.
 """
-import sys
-import types
 from argparse import Namespace
 
 import torch
+
+from .common import stand_in_datasets
 
 ROW_TEMPLATES = [3, 41]  # the rows' template indices into the 80 ImageNet templates
 
@@ -41,23 +50,9 @@ def run_ours(model, node, images, labels):
     return {"loss": loss, "logits": logits}
 
 
-def _stand_in_datasets(classnames):
-    """src.datasets (and src.datasets.common) holding one dataset class, ``FixtureClasses``."""
-
-    class FixtureClasses:
-        def __init__(self, preprocess, location=None, batch_size=None, **kwargs):
-            self.classnames = list(classnames)
-
-    datasets = types.ModuleType("src.datasets")
-    datasets.FixtureClasses = FixtureClasses
-    common = types.ModuleType("src.datasets.common")
-    common.get_dataloader = common.maybe_dictionarize = None
-    sys.modules["src.datasets"], sys.modules["src.datasets.common"] = datasets, common
-
-
 def official_side(request, weights_path, inputs):
     """In the subprocess (the official tree on PYTHONPATH): {"loss", "logits"} of the official code."""
-    _stand_in_datasets(request["classnames"])
+    stand_in_datasets(request["classnames"])
     from open_clip import tokenize  # what upstream's CsvDataset tokenises captions with
 
     from clip import clip as official_clip
@@ -82,6 +77,38 @@ def official_side(request, weights_path, inputs):
     return {"loss": loss, "logits": logits}
 
 
+def official_step_side(request, weights_path, inputs):
+    """In the benchmark's subprocess: (FLYP's training step, its optimizer); see the module docstring."""
+    from open_clip import tokenize
+
+    from clip.loss import ClipLoss
+    from src.models.modeling import CLIPEncoder
+    from src.models.utils import cosine_lr
+    from src.templates import openai_imagenet_template
+
+    images, labels = inputs["images"], inputs["labels"]
+    args = Namespace(model=weights_path, device="cpu", cache_dir=None)
+    model = CLIPEncoder(args, keep_lang=True)
+    model.train()
+    captions = [openai_imagenet_template[i % len(openai_imagenet_template)](request["classnames"][y])
+                for i, y in enumerate(labels.tolist())]
+    texts = tokenize(captions)
+    loss_fn = ClipLoss(local_loss=False, gather_with_grad=False, cache_labels=True, rank=0, world_size=1,
+                       use_horovod=False)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-5, weight_decay=0.1)
+    scheduler = cosine_lr(optimizer, 1e-5, 500, 10 * 1000, 0)
+
+    def step():
+        scheduler(0)
+        optimizer.zero_grad()
+        image_features, text_features, scale = model(images, texts)
+        loss_fn(image_features, text_features, scale).backward()
+        optimizer.step()
+
+    return step, optimizer
+
+
 SPECS = {
     "FLYP": {
         "repository": "locuslab/FLYP",
@@ -96,5 +123,7 @@ SPECS = {
         "build_ours": build_ours,
         "run_ours": run_ours,
         "official_side": official_side,
+        "official_step_side": official_step_side,
+        "our_nodes": {},  # the case's config: the recipe (80 templates)
     },
 }

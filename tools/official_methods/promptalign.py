@@ -19,7 +19,17 @@ and distr_align_loss, with the TPT config node of its DG config but 8 views and 
 views are kept) called on a trainer object holding only the statistics; its loss terms are read by
 wrapping those two methods. The official trainer module imports TPT's ``dassl.utils.tpt_tools`` (from
 its own Dassl fork, not public) and ``fvcore`` for names this comparison never calls: stand-ins.
+
+For tools/benchmark.py official, the unit of cost is one test image's episode on ``BENCHMARK_VIEWS``
+(64) views with the recipe's thresholds (0.1: 6 views kept), ``official_step_side``: the body of
+``PromptAlign.test_time_adapt_eval`` for one image (``model.reset()``, the optimizer's initial
+state loaded, ``test_time_tuning``: the prompted model's forward of every view with autograd, the
+entropy and the alignment of the kept views' block statistics, backward through the image tower,
+AdamW; then ``model(image)`` of view 0), on stand-in source statistics (zero means, unit
+variances, as our case's). Ours: the case's trainer (configs/trainers/PromptAlign/vit_b16.yaml, fp32)
+and its ``adapt_and_predict`` of the same views.
 """
+import copy
 import sys
 import types
 
@@ -157,6 +167,38 @@ def run_official(module, cfg, request, model, images, labels):
                     torch.stack([prompts.ctx, *prompts.compound_prompts_text]), vision, logits)
 
 
+BENCHMARK_VIEWS, BENCHMARK_SELECTION = 64, 0.1  # the recipe's (upstream's DG config, our vit_b16.yaml)
+
+
+def official_step_side(request, weights_path, inputs):
+    """In the benchmark's subprocess: (one PromptAlign episode on the views, the episode's optimizer)."""
+    from .common import official_dassl_model
+
+    views = inputs["images"]
+    module, _, model = official_dassl_model(request, weights_path, views.shape[-1])
+    trainer = module.PromptAlign.__new__(module.PromptAlign)  # only its test-time methods are used
+    blocks = model.image_encoder.transformer.resblocks
+    tokens = model.image_encoder.positional_embedding.shape[0] + NODE["N_CTX"]
+    shape = (len(blocks), tokens, model.image_encoder.positional_embedding.shape[1])
+    trainer.visual_means, trainer.visual_vars = torch.zeros(shape), torch.ones(shape)
+    args = CN(dict(OFFICIAL_TPT, TPT_THRESHOLD=BENCHMARK_SELECTION, ALIGN_THRESHOLD=BENCHMARK_SELECTION,
+                   BATCH_SIZE=len(views)))
+    model.set_prompt_inits()
+    optimizer = torch.optim.AdamW(model.prompt_learner.parameters(), args.LR)
+    optim_state = copy.deepcopy(optimizer.state_dict())
+    scaler = torch.cuda.amp.GradScaler(init_scale=1000, enabled=False)  # fp32 on the CPU
+
+    def episode():
+        with torch.no_grad():
+            model.reset()
+        optimizer.load_state_dict(optim_state)
+        trainer.test_time_tuning(model, views, optimizer, scaler, args)
+        with torch.no_grad():
+            model(views[:1])
+
+    return episode, optimizer
+
+
 SPECS = {
     "PromptAlign": {
         "repository": "jameelhassan/PromptAlign",
@@ -173,5 +215,8 @@ SPECS = {
         "prepare_official": prepare_official,
         "build_official": build_official,
         "run_official": run_official,
+        "views": BENCHMARK_VIEWS,
+        "our_nodes": {},  # the case's config: the recipe
+        "official_step_side": official_step_side,
     },
 }

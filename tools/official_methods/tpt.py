@@ -16,9 +16,18 @@ The official tree's ``clip`` package imports its CoOp/CoCoOp modules and their c
 the official models load CLIP themselves with ``clip.load``, whose state-dict branch is broken
 upstream (``prepare_official`` gives them that branch as written: ``build_model`` + ``.float()``). The official main sets requires_grad only
 on the prompt learner (TPT) / nothing but the text encoder (CoCoOp); ``build_official`` does the same.
+
+For tools/benchmark.py official, TPT's unit of cost is one test image's episode on ``views`` (64,
+the recipe's) views, ``official_step_side``: the body of upstream's ``test_time_adapt_eval`` for
+one image: ``model.reset()``, the optimizer's initial state loaded, ``test_time_tuning`` (1 step;
+every view through the image tower, the 50 class prompts through the text tower, backward, AdamW)
+and the prediction ``model(image)`` of view 0 (image tower again, text tower with the tuned
+prompt). Ours is the case's trainer (configs/trainers/TPT/vit_b16.yaml, fp32) and its
+``adapt_and_predict`` of the same views.
 """
 import argparse
 import contextlib
+import copy
 
 import torch
 
@@ -119,6 +128,30 @@ def run_official_cocoop(module, cfg, request, model, images, labels):
     return {"kept": kept.float(), "loss": loss, "ctx": context.detach()[0], "logits": logits}
 
 
+def official_step_side(request, weights_path, inputs):
+    """In the benchmark's subprocess: (one TPT episode on the views, the episode's optimizer)."""
+    import tpt_classification as tpt
+
+    from .common import official_dassl_model
+
+    views = inputs["images"]
+    _, _, model = official_dassl_model(request, weights_path, views.shape[-1])
+    optimizer = torch.optim.AdamW(model.prompt_learner.parameters(), LR)
+    optim_state = copy.deepcopy(optimizer.state_dict())
+    scaler = torch.cuda.amp.GradScaler(init_scale=1000)  # disabled without CUDA
+    args = _episode_args(False)
+
+    def episode():
+        with torch.no_grad():
+            model.reset()
+        optimizer.load_state_dict(optim_state)
+        tpt.test_time_tuning(model, views, optimizer, scaler, args)
+        with torch.no_grad():
+            model(views[:1])
+
+    return episode, optimizer
+
+
 _COMMON = {
     "repository": "azshue/TPT",
     "code_dir": "",
@@ -139,6 +172,9 @@ SPECS = {
         run_ours=run_ours,
         build_official=build_official,
         run_official=run_official,
+        views=VIEWS,
+        our_nodes={},  # the case's config: the recipe
+        official_step_side=official_step_side,
     ),
     "TPT-CoCoOp": dict(
         _COMMON,

@@ -23,7 +23,8 @@ The cost ratio is a time divided by the frozen forward of the same batch, measur
 same rounds, so it transfers across machines; "text per eval" is ``eval first`` minus ``eval``
 in the same unit. RAdaTTT adapts at test time: its ``eval`` is ``test()`` on one test image
 (NUM_VIEWS views encoded, entropy selection, adaptation steps, prediction), compared with a
-frozen forward of those views.
+frozen forward of those views; its learnable count is what one episode tunes (``episode_learnable``:
+TPT's prompt, RAda-TTT's generator), since its model's parameters stay frozen between episodes.
 Peak memory is CUDA's max allocated memory, or on the CPU the peak resident set size of the
 process that measured the case (one fresh process per case; weights included).
 
@@ -191,7 +192,8 @@ def measure_case(case, settings):
         trainer = build_trainer(case, settings, output_dir)
         build_s = time.perf_counter() - start
         device = trainer.device
-        learnable = sum(param.numel() for param in trainer.model.parameters() if param.requires_grad)
+        learnable = (trainer.episode_learnable() if case.kind == TEST_TIME  # tuned inside each episode
+                     else sum(param.numel() for param in trainer.model.parameters() if param.requires_grad))
         calls, counts, references = case_calls(case, trainer, settings)
         memory_after_build = torch.cuda.memory_allocated() / 2**20 if device.type == "cuda" else current_rss_mib()
         reset_peak_memory(device)

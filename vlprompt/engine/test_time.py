@@ -179,7 +179,8 @@ class TestTimeTrainer(ClipTrainer):
 
     Subclasses set ``episode_node`` (the name of their TRAINER node), build ``self.model`` in
     ``build_model`` (registering the modules ``--model-dir`` loads) and implement
-    ``start_episodes()`` (snapshot the starting parameters) and ``adapt_and_predict(views)``.
+    ``start_episodes()`` (snapshot the starting parameters), ``adapt_and_predict(views)`` and
+    ``episode_learnable()``.
     Run with ``--eval-only``.
 
     Attributes:
@@ -224,6 +225,10 @@ class TestTimeTrainer(ClipTrainer):
 
     def adapt_and_predict(self, views):
         """One episode: logits [K] of views[0] after adapting on views [V, 3, H, W]; resets after."""
+        raise NotImplementedError
+
+    def episode_learnable(self):
+        """The number of values an episode tunes (the model's parameters stay frozen between episodes)."""
         raise NotImplementedError
 
     def model_inference(self, views):
