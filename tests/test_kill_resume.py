@@ -17,16 +17,15 @@ trial, and the first four trials cover each kind:
 import io
 import itertools
 import json
-import multiprocessing
 import os
 import random
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from forked_runs import enter_child, forkserver_context, launch
 
 ROOT = Path(__file__).resolve().parents[1]
 EPOCHS = 2
@@ -84,10 +83,7 @@ def _arm(kind, count):
 
 def _train_child(argv, kill):
     """Process target: run train.py with ``argv`` (output silenced), armed to die at ``kill``."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.dup2(devnull, 2)
-    os.chdir(ROOT)
+    enter_child()
     if kill is not None and kill[0] != "time":
         _arm(*kill)
     import train
@@ -97,10 +93,7 @@ def _train_child(argv, kill):
 
 @pytest.fixture(scope="module")
 def context():
-    """A forkserver that has imported train.py (torch, open_clip, trainers) once for all runs."""
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["train"])
-    return ctx
+    return forkserver_context()
 
 
 @pytest.fixture(scope="module")
@@ -128,16 +121,8 @@ def _argv(setup, output_dir):
 
 
 def _launch(context, argv, kill=None):
-    """Run train.py in a forked process; return (exit code, seconds). A "time" kill is sent from here."""
-    start = time.time()
-    process = context.Process(target=_train_child, args=(argv, kill))
-    process.start()
-    if kill is not None and kill[0] == "time":
-        process.join(kill[1])
-        if process.is_alive():
-            os.kill(process.pid, signal.SIGKILL)
-    process.join(600)
-    return process.exitcode, time.time() - start
+    """Run train.py in a forked process; return (exit code, seconds)."""
+    return launch(context, _train_child, argv, kill)
 
 
 def _final(output_dir):

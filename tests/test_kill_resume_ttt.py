@@ -10,15 +10,14 @@ a seeded random share of the uninterrupted run's time, whatever the run is doing
 kills once or twice before a last call finishes the grid.
 """
 import json
-import multiprocessing
 import os
 import random
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from forked_runs import enter_child, forkserver_context, launch
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_IMAGES = 3 * 4  # 3 classes x 4 test images
@@ -44,11 +43,7 @@ def _arm_episode_kill(count):
 
 def _grid_child(argv, kill):
     """Process target: run the grid (output silenced), armed to die at ``kill``."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.dup2(devnull, 2)
-    os.chdir(ROOT)
-    sys.path.insert(0, str(ROOT / "tools"))
+    enter_child()
     if kill is not None and kill[0] == "episode":
         _arm_episode_kill(kill[1])
     import run_protocol
@@ -58,9 +53,7 @@ def _grid_child(argv, kill):
 
 @pytest.fixture(scope="module")
 def context():
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["train"])
-    return ctx
+    return forkserver_context()
 
 
 @pytest.fixture(scope="module")
@@ -82,16 +75,8 @@ def _argv(setup, output):
 
 
 def _launch(context, argv, kill=None):
-    """Run the grid in a forked process; return (exit code, seconds). A "time" kill is sent from here."""
-    start = time.time()
-    process = context.Process(target=_grid_child, args=(argv, kill))
-    process.start()
-    if kill is not None and kill[0] == "time":
-        process.join(kill[1])
-        if process.is_alive():
-            os.kill(process.pid, signal.SIGKILL)
-    process.join(600)
-    return process.exitcode, time.time() - start
+    """Run the grid in a forked process; return (exit code, seconds)."""
+    return launch(context, _grid_child, argv, kill)
 
 
 def _run_folder(output):
