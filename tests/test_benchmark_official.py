@@ -242,3 +242,40 @@ def test_our_side_times_an_episode_or_a_cached_step(tiny_clip_files, tmp_path, m
     else:
         assert set(steps[0]) == {"features", "label"} and steps[0]["features"].shape == (2, 32)
     assert steps[-1] == learnable
+
+
+def test_official_episode_resets_reloads_tunes_then_predicts_every_call():
+    """The official per-image loop body (tools/official_methods/common.official_episode): every
+    call starts from the reset prompts and the optimizer's initial state, whatever the previous
+    episode left."""
+    from official_methods.common import official_episode
+
+    class Prompted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ctx = torch.nn.Parameter(torch.ones(3))
+            self.calls = []
+
+        def reset(self):
+            self.calls.append("reset")
+            self.ctx.copy_(torch.ones(3))
+
+        def forward(self, images):
+            self.calls.append(("predict", images.shape[0]))
+            return images.flatten(1)[:, :3] @ self.ctx
+
+    def tune(model, views, optimizer, scaler, args):
+        model.calls.append(("tune", len(optimizer.state), views.shape[0], args))
+        optimizer.zero_grad()
+        model(views).sum().backward()
+        optimizer.step()
+
+    model, views = Prompted(), torch.randn(8, 3, 2, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    episode = official_episode(model, tune, views, optimizer, None, "args")
+    episode()
+    first = model.ctx.detach().clone()
+    episode()
+    assert torch.equal(model.ctx, first) and not torch.equal(first, torch.ones(3))  # same step from the same start
+    assert model.calls[:4] == ["reset", ("tune", 0, 8, "args"), ("predict", 8), ("predict", 1)]
+    assert model.calls[4:] == model.calls[:4]  # the optimizer's moments were dropped before the second tuning

@@ -1,4 +1,5 @@
 """Steps several methods share, on either side of the comparison."""
+import copy
 import sys
 import types
 
@@ -50,3 +51,21 @@ def official_dassl_model(request, weights_path, resolution):
     spec, cfg, module, _ = oe.official_setup(request, resolution, weights_path)
     clip_model = module.load_clip_to_cpu(cfg).float()
     return module, cfg, spec["build_official"](module, cfg, request["classnames"], clip_model)
+
+
+def official_episode(model, test_time_tuning, views, optimizer, scaler, args):
+    """The body of upstream TPT's per-image loop (shared by PromptAlign's) as a zero-argument step:
+    reset the prompts, reload the optimizer's initial state, ``test_time_tuning(model, views,
+    optimizer, scaler, args)`` (its steps on the kept views), then the prediction of the test view
+    ``views[:1]``."""
+    initial_state = copy.deepcopy(optimizer.state_dict())
+
+    def episode():
+        with torch.no_grad():
+            model.reset()
+        optimizer.load_state_dict(initial_state)
+        test_time_tuning(model, views, optimizer, scaler, args)
+        with torch.no_grad():
+            model(views[:1])
+
+    return episode

@@ -29,7 +29,6 @@ AdamW; then ``model(image)`` of view 0), on stand-in source statistics (zero mea
 variances, as our case's). Ours: the case's trainer (configs/trainers/PromptAlign/vit_b16.yaml, fp32)
 and its ``adapt_and_predict`` of the same views.
 """
-import copy
 import sys
 import types
 
@@ -172,7 +171,7 @@ BENCHMARK_VIEWS, BENCHMARK_SELECTION = 64, 0.1  # the recipe's (upstream's DG co
 
 def official_step_side(request, weights_path, inputs):
     """In the benchmark's subprocess: (one PromptAlign episode on the views, the episode's optimizer)."""
-    from .common import official_dassl_model
+    from .common import official_dassl_model, official_episode
 
     views = inputs["images"]
     module, _, model = official_dassl_model(request, weights_path, views.shape[-1])
@@ -185,18 +184,9 @@ def official_step_side(request, weights_path, inputs):
                    BATCH_SIZE=len(views)))
     model.set_prompt_inits()
     optimizer = torch.optim.AdamW(model.prompt_learner.parameters(), args.LR)
-    optim_state = copy.deepcopy(optimizer.state_dict())
     scaler = torch.cuda.amp.GradScaler(init_scale=1000, enabled=False)  # fp32 on the CPU
 
-    def episode():
-        with torch.no_grad():
-            model.reset()
-        optimizer.load_state_dict(optim_state)
-        trainer.test_time_tuning(model, views, optimizer, scaler, args)
-        with torch.no_grad():
-            model(views[:1])
-
-    return episode, optimizer
+    return official_episode(model, trainer.test_time_tuning, views, optimizer, scaler, args), optimizer
 
 
 SPECS = {

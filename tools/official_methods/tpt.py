@@ -27,7 +27,6 @@ prompt). Ours is the case's trainer (configs/trainers/TPT/vit_b16.yaml, fp32) an
 """
 import argparse
 import contextlib
-import copy
 
 import torch
 
@@ -132,24 +131,15 @@ def official_step_side(request, weights_path, inputs):
     """In the benchmark's subprocess: (one TPT episode on the views, the episode's optimizer)."""
     import tpt_classification as tpt
 
-    from .common import official_dassl_model
+    from .common import official_dassl_model, official_episode
 
     views = inputs["images"]
     _, _, model = official_dassl_model(request, weights_path, views.shape[-1])
     optimizer = torch.optim.AdamW(model.prompt_learner.parameters(), LR)
-    optim_state = copy.deepcopy(optimizer.state_dict())
     scaler = torch.cuda.amp.GradScaler(init_scale=1000)  # disabled without CUDA
     args = _episode_args(False)
 
-    def episode():
-        with torch.no_grad():
-            model.reset()
-        optimizer.load_state_dict(optim_state)
-        tpt.test_time_tuning(model, views, optimizer, scaler, args)
-        with torch.no_grad():
-            model(views[:1])
-
-    return episode, optimizer
+    return official_episode(model, tpt.test_time_tuning, views, optimizer, scaler, args), optimizer
 
 
 _COMMON = {
