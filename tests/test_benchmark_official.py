@@ -201,6 +201,8 @@ def test_official_step_side_times_the_hook_step(tiny_clip_files, tmp_path, monke
     monkeypatch.setitem(official_benchmark.oe.METHODS, "Episodic", spec)
     monkeypatch.setattr(official_benchmark, "_plain_official_clip", lambda official_clip, state_dict, spec: PlainCLIP())
     monkeypatch.setitem(sys.modules, "clip", SimpleNamespace(clip=None))  # the official tree's clip package
+    # the stand-ins (an empty torch.utils.tensorboard, ...) are for the side's own process, not this one
+    monkeypatch.setattr(official_benchmark.oe, "_install_stand_ins", lambda: seen.update(stand_ins=True))
     monkeypatch.setattr(official_benchmark.torch, "load", lambda path, weights_only: inputs if "inputs" in str(path)
                         else {})
     result = official_benchmark.official_side(str(tmp_path), "Episodic")
@@ -209,7 +211,7 @@ def test_official_step_side_times_the_hook_step(tiny_clip_files, tmp_path, monke
     assert seen["weights"] == str(tmp_path / "weights.pt")
     assert torch.equal(seen["images"], inputs["views"][:4]) and seen["frozen"] is seen["images"]
     assert set(result) == {"train", "frozen", "learnable"} and result["train"]["cpu"] > 0
-    assert official_benchmark.oe.needs_dassl(spec) is False
+    assert official_benchmark.oe.needs_dassl(spec) is False and seen["stand_ins"]
 
 
 @pytest.mark.parametrize("method, views, learnable", [("TPT", 10, 4 * 32), ("LP", None, 3 * 32 + 3)])
