@@ -33,7 +33,7 @@ setup(
         "roles": ROLES_EXTRA,
         # tests also exercise the optional paths: .mat split building, Slurm backend, plots,
         # the head-role tool's default embedder and clustering
-        "test": ["pytest>=7", "scipy", "submitit", *ROLES_EXTRA],
+        "test": ["pytest>=7", "pytest-xdist>=3", "scipy", "submitit", *ROLES_EXTRA],
         # tools/plot_results.py: few-shot curves, fusion-weight heat map
         "plots": ["matplotlib"],
         # tools/run_protocol.py --backend slurm
