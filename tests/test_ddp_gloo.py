@@ -20,6 +20,11 @@ which softmax is invariant) takes +-lr steps driven by the sign of rounding nois
 change of summation order moves it by about lr per step (5e-4 measured with AdamW). The
 logged per-step loss is averaged over the processes, so both logs show the same losses.
 
+FLYP's contrastive loss needs every row of the global batch: its test trains 2 Gloo processes of
+4 (image, template) rows, which gather their features, against one process of 8 rows, both
+under torchrun (FLYP's epoch order under torchrun comes from (SEED, epoch), not from the
+single-process sampler), with the same tolerances.
+
 The other tests: the DDP loader augments an item the same whichever process reads it (and
 leaves the global generator alone), a global batch the processes do not divide and a
 trainer without DDP support are refused, run_protocol's ``--nproc-per-node`` (torchrun for
@@ -68,19 +73,21 @@ def data_root(tmp_path_factory):
 TRAINERS = [("RAdaFFT", "configs/trainers/RAdaFFT/toy_stage2.yaml"), ("FT", "configs/trainers/FT/synthetic.yaml")]
 
 
-def train_argv(data_root, output_dir, clip_files, trainer="RAdaFFT", config="configs/trainers/RAdaFFT/toy_stage2.yaml"):
+def train_argv(data_root, output_dir, clip_files, trainer="RAdaFFT", config="configs/trainers/RAdaFFT/toy_stage2.yaml",
+               extra=()):
     return ("--root", data_root, "--trainer", trainer, "--seed", "1",
             "--dataset-config-file", "configs/datasets/oxford_pets.yaml",
             "--config-file", config, "--output-dir", str(output_dir),
             "MODEL.BACKBONE.NAME", clip_files[0], "MODEL.BACKBONE.WEIGHTS", clip_files[1], "USE_CUDA", "False",
             "DATALOADER.TRAIN_X.BATCH_SIZE", str(GLOBAL_BATCH), "DATALOADER.TRAIN_X.SAMPLER", "SequentialSampler",
-            "INPUT.TRANSFORMS", "['normalize']", "OPTIM.NAME", "sgd", "OPTIM.LR", "0.05")
+            "INPUT.TRANSFORMS", "['normalize']", "OPTIM.NAME", "sgd", "OPTIM.LR", "0.05", *extra)
 
 
 def launch(launcher, data_root, output_dir, clip_files, trainer="RAdaFFT",
-           config="configs/trainers/RAdaFFT/toy_stage2.yaml"):
+           config="configs/trainers/RAdaFFT/toy_stage2.yaml", extra=()):
     """Run train.py with ``launcher`` like a grid run; return the run folder."""
-    run = Run(str(output_dir), train_argv(data_root, output_dir, clip_files, trainer, config), None, output_dir.name)
+    run = Run(str(output_dir), train_argv(data_root, output_dir, clip_files, trainer, config, extra), None,
+              output_dir.name)
     (outcome,) = execute_chain(Chain((run,)), launcher, {"OMP_NUM_THREADS": "1"})
     assert outcome.status == OK, (output_dir / "console.txt").read_text()[-3000:]
     return output_dir
@@ -95,23 +102,18 @@ def weights(run_dir, epoch, trainer="RAdaFFT"):
     return load_checkpoint(str(run_dir / trainer / f"model.pth.tar-{epoch}"))["state_dict"]
 
 
-@pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
-                    reason="torch.distributed with the Gloo backend is not available in this torch build")
-@pytest.mark.parametrize("trainer, config", TRAINERS)
-def test_two_gloo_processes_train_as_one_process_with_the_same_global_batch(data_root, tiny_clip_files, tmp_path,
-                                                                             trainer, config):
-    single = launch(Launcher(str(ROOT / "train.py"), cwd=str(ROOT)), data_root, tmp_path / "single", tiny_clip_files,
-                    trainer, config)
-    ddp = launch(Launcher(str(ROOT / "train.py"), cwd=str(ROOT), nproc_per_node=2), data_root, tmp_path / "ddp",
-                 tiny_clip_files, trainer, config)
+needs_gloo = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
+                                reason="torch.distributed with the Gloo backend is not available in this torch build")
 
+
+def assert_trained_alike(single, ddp, trainer, steps=4):
+    """The 2-process run ``ddp`` logged the losses, saved the weights and got the results of ``single``."""
     log = (ddp / "log.txt").read_text()
     assert f"DistributedDataParallel: 2 processes x {GLOBAL_BATCH // 2} images per step" in log
-    assert "DistributedDataParallel" not in (single / "log.txt").read_text()
     assert "Checkpoint saved" not in (ddp / "log-rank1.txt").read_text()  # only rank 0 writes files
 
     single_losses, ddp_losses = logged_losses(single / "log.txt"), logged_losses(ddp / "log.txt")
-    assert len(single_losses) == 4  # 16 images / global batch 8 = 2 steps per epoch, 2 epochs
+    assert len(single_losses) == steps  # 16 images / global batch 8 = 2 steps per epoch, 2 epochs
     assert ddp_losses == pytest.approx(single_losses, abs=2e-4)  # 4 printed decimals
 
     final_single, final_ddp = weights(single, 2, trainer), weights(ddp, 2, trainer)
@@ -123,6 +125,41 @@ def test_two_gloo_processes_train_as_one_process_with_the_same_global_batch(data
 
     results = [json.loads((run / "results.json").read_text()) for run in (single, ddp)]
     assert results[0]["metrics"] == pytest.approx(results[1]["metrics"], abs=1e-9)
+
+
+@needs_gloo
+@pytest.mark.parametrize("trainer, config", TRAINERS)
+def test_two_gloo_processes_train_as_one_process_with_the_same_global_batch(data_root, tiny_clip_files, tmp_path,
+                                                                             trainer, config):
+    single = launch(Launcher(str(ROOT / "train.py"), cwd=str(ROOT)), data_root, tmp_path / "single", tiny_clip_files,
+                    trainer, config)
+    ddp = launch(Launcher(str(ROOT / "train.py"), cwd=str(ROOT), nproc_per_node=2), data_root, tmp_path / "ddp",
+                 tiny_clip_files, trainer, config)
+    assert "DistributedDataParallel" not in (single / "log.txt").read_text()
+    assert_trained_alike(single, ddp, trainer)
+
+
+class TorchrunLauncher(Launcher):
+    """Starts every training run with torchrun, also with one process."""
+
+    def command(self, run):
+        return [self.python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                str(self.nproc_per_node), self.train_script, *run.argv]
+
+
+@needs_gloo
+def test_flyp_contrasts_the_gathered_rows_of_all_processes(data_root, tiny_clip_files, tmp_path):
+    """FLYP's loss contrasts every (image, caption) row of the global batch with every other: two
+    processes of 4 rows gather their features, so they train as one process of 8 rows (both under
+    torchrun, whose epoch order comes from (SEED, epoch)); 80 templates, so rows are (image, template)
+    pairs. Without the gather each process would contrast 4 x 4 rows and the losses would differ."""
+    config, extra = "configs/trainers/FLYP/synthetic.yaml", ("TRAINER.FLYP.TEMPLATE_ENSEMBLE", "True", "OPTIM.LR", "0.01",
+                                                           "OPTIM.MAX_EPOCH", "2")
+    runs = {n: launch(TorchrunLauncher(str(ROOT / "train.py"), cwd=str(ROOT), nproc_per_node=n), data_root,
+                      tmp_path / f"nproc{n}", tiny_clip_files, "FLYP", config, extra) for n in (1, 2)}
+    assert f"DistributedDataParallel: 1 processes x {GLOBAL_BATCH} images per step" in (runs[1] / "log.txt").read_text()
+    assert "FLYP captions: 80 template(s) x 4 classes" in (runs[2] / "log.txt").read_text()
+    assert_trained_alike(runs[1], runs[2], "FLYP")
 
 
 def test_an_item_is_augmented_by_its_epoch_and_index_whichever_process_reads_it(data_root, tiny_clip_files, tmp_path):
@@ -159,7 +196,7 @@ def test_a_trainer_without_ddp_support_refuses_several_processes(monkeypatch):
     extend_cfg(cfg)
     cfg.TRAINER.NAME = "CoOp"
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ConfigError, match="Trainer 'CoOp' runs as one process, but 2 processes .*supported by: FT, L2SP, LPFT, RAdaFFT, WiSEFT\."):
+    with pytest.raises(ConfigError, match=r"Trainer 'CoOp' runs as one process, but 2 processes .*supported by: FLYP, FT, L2SP, LPFT, RAdaFFT, WiSEFT\."):
         build_trainer(cfg)
 
 

@@ -7,11 +7,12 @@ import torch
 import torch.nn.functional as F
 from baseline_setup import runner_and_tokenizer, toy_pets_cfg
 
-from trainers.flyp import CaptionRows, CaptionRowSampler, FLYPCLIP, contrastive_loss
+from trainers.flyp import CaptionRows, CaptionRowSampler, DistributedCaptionRowSampler, FLYPCLIP, contrastive_loss
 from vlprompt.clip import fill_template
 from vlprompt.config import ConfigError
 from vlprompt.data.samplers import ResumableRandomSampler
 from vlprompt.engine import build_trainer
+from vlprompt.engine.distributed import DistributedContext
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
 from vlprompt.utils import load_checkpoint
 
@@ -100,6 +101,26 @@ def test_row_sampler_draws_n_distinct_rows_per_epoch_and_resumes():
     single = list(CaptionRowSampler(num_images=10, num_templates=1))
     torch.manual_seed(5)
     assert single == list(ResumableRandomSampler(range(10)))
+
+
+def test_distributed_row_sampler_gives_each_process_its_share_of_every_global_batch():
+    """22 images x 3 templates, global batch 8: 2 steps; per process 4 (W = 2) or 8 (W = 1) rows."""
+    def shares(world, epoch):
+        samplers = [DistributedCaptionRowSampler(22, 3, 8 // world, DistributedContext(r, world, r), seed=1)
+                    for r in range(world)]
+        for sampler in samplers:
+            sampler.set_epoch(epoch)
+        return [list(sampler) for sampler in samplers]
+
+    (alone,) = shares(1, epoch=0)
+    first, second = shares(2, epoch=0)
+    assert len(alone) == 16 and len(first) == len(second) == 8
+    assert first[:4] + second[:4] + first[4:] + second[4:] == alone  # step i: rank 0's rows, then rank 1's
+    rows = [row for row, _ in alone]
+    assert len(set(rows)) == 16 and all(0 <= r < 66 for r in rows)
+    seed = alone[0][1] - rows[0]
+    assert all(item_seed == (seed + row) % 2**63 for row, item_seed in alone)  # one epoch seed + the row
+    assert [row for row, _ in shares(1, epoch=1)[0]] != rows  # a new order every epoch
 
 
 def test_caption_rows_map_a_row_to_its_image_and_template():

@@ -45,9 +45,14 @@ src/args.py (warmup_length 500, min_lr 0) and the README's ImageNet command. Whe
   engine's training loaders drop it (⌊N / B⌋).
 * Parallelism: upstream runs torch.nn.DataParallel on all GPUs, so the loss sees the whole batch
   of 512 (one replica's features gathered on GPU 0; ClipLoss with world_size 1 gathers nothing).
-  This trainer runs as one process: DistributedDataParallel would split the batch and each
-  process would contrast only its own B / N rows unless the features were all-gathered, which is
-  not built (supports_distributed stays False, so torchrun with N > 1 is refused).
+  Here, under torchrun with W processes (DistributedDataParallel, vlprompt/engine/distributed.py),
+  process r encodes b = B / W rows of each global batch (``DistributedCaptionRowSampler``), the
+  normalised features of all processes are gathered in rank order with their gradients
+  (``all_gather_rows``) and every process computes the loss of the whole B x B matrix, so the
+  loss, its gradient and the update are those of one process with batch B. Epoch orders under
+  torchrun are drawn from (SEED, epoch) rather than from torch's global generator, so they differ
+  from a run without torchrun; a killed torchrun run resumes from its last finished epoch.
+  tests/test_ddp_gloo.py trains 2 Gloo processes against one process through the same sampler.
 
 Run side by side with the official code (tools/official_equivalence.py FLYP, locuslab/FLYP @
 215d5bb6: its clip.load on the weights file, CLIP.forward + ClipLoss on the rows' captions as its
@@ -69,12 +74,11 @@ from vlprompt.clip.templates import check_template
 from vlprompt.config import check_choice, check_range, register_cfg_extension
 from vlprompt.data.data_manager import SeededItems, SeededSampler
 from vlprompt.data.samplers import SeededEpochs
-from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.amp import PRECISIONS
-from vlprompt.engine.fine_tuning import (
-    LR_SCHEDULES, add_fine_tuning_keys, check_iteration_schedule, head_templates, iteration_cosine_schedule,
-)
-from vlprompt.optim import build_lr_scheduler, build_optimizer
+from vlprompt.engine.distributed import RestoringSeededItems, all_gather_rows, epoch_seed
+from vlprompt.engine.fine_tuning import FullFineTuningTrainer, add_fine_tuning_keys
+from vlprompt.optim import build_optimizer
 from vlprompt.utils import count_num_param, load_pretrained_weights
 
 
@@ -107,6 +111,38 @@ class CaptionRowSampler(SeededEpochs, Sampler):
         yield from rows[skip:].tolist()
 
 
+class DistributedCaptionRowSampler(Sampler):
+    """This process's (row, item seed) pairs of each epoch's caption rows under torchrun.
+
+    Epoch e uses the first S·B entries of ``torch.randperm(N·T)`` of a generator seeded with
+    h(seed, e) (``epoch_seed``, the same on every process; S = ⌊N / B⌋ steps of the global batch
+    B). Step i's global batch is entries [i·B, (i+1)·B), of which process r takes the b = B / W
+    consecutive entries starting at i·B + r·b: the rows of all processes, gathered in rank order,
+    are the global batch in its order. Row k is read with the seed (h(seed, e) + k) mod 2**63
+    (``RestoringSeededItems``), whichever process reads it. Call ``set_epoch`` before each epoch.
+    """
+
+    def __init__(self, num_images, num_templates, batch_size, context, seed):
+        self.num_images, self.num_templates = num_images, num_templates
+        self.batch_size, self.context, self.seed, self.epoch = batch_size, context, seed, 0
+        self.steps = num_images // (batch_size * context.world_size)
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __len__(self):
+        return self.steps * self.batch_size
+
+    def __iter__(self):
+        seed = epoch_seed(self.seed, self.epoch)
+        generator = torch.Generator().manual_seed(seed)
+        rows = torch.randperm(self.num_images * self.num_templates, generator=generator)
+        world, rank, size = self.context.world_size, self.context.rank, self.batch_size
+        mine = rows[: self.steps * world * size].view(self.steps, world, size)[:, rank].flatten()
+        for row in mine.tolist():
+            yield row, (seed + row) % 2**63
+
+
 class CaptionRows(TorchDataset):
     """Row r of the caption table: item r // T of the image dataset with "template": r % T."""
 
@@ -135,6 +171,22 @@ def caption_row_loader(loader, num_templates):
         extra = {"persistent_workers": True, "generator": torch.Generator()}
     return DataLoader(rows, batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
                       drop_last=loader.drop_last, pin_memory=loader.pin_memory, **extra)
+
+
+def distributed_caption_row_loader(loader, num_templates, context, batch_size, seed):
+    """This process's training loader over (image, template) rows under torchrun: ``batch_size``
+    (the global batch / W) rows per step from ``DistributedCaptionRowSampler``, built on the
+    dataset wrapper of the engine's image loader ``loader``."""
+    images = loader.dataset
+    while not hasattr(images, "data_source"):  # the worker-seeding wrapper of build_data_loader
+        images = images.dataset
+    sampler = DistributedCaptionRowSampler(len(images), num_templates, batch_size, context, seed)
+    workers = loader.num_workers
+    return DataLoader(  # its per-iterator seed from a private generator: items carry their own seeds
+        RestoringSeededItems(CaptionRows(images, num_templates)), batch_size=batch_size, sampler=sampler,
+        num_workers=workers, drop_last=True, pin_memory=loader.pin_memory, persistent_workers=workers > 0,
+        generator=torch.Generator(),
+    )
 
 
 def contrastive_loss(image_features, text_features, scale):
@@ -168,12 +220,15 @@ class FLYPCLIP(PromptedCLIP):
         """Token ids [B, L] of the rows' captions t_b(name(y_b)) for labels [B] and templates [B]."""
         return self.token_ids[templates, labels]
 
-    def loss(self, images, labels, templates):
-        """(L, Z [B, B], {"scale": s}) of images [B, 3, H, W] and their captions (labels, templates [B])."""
-        image_features = F.normalize(self.clip.encode_image_plain(images).float(), dim=-1)
-        text_features = F.normalize(self.clip.encode_text(self.captions(labels, templates)).float(), dim=-1)
-        scale = self.logit_scale.float()
-        loss, logits = contrastive_loss(image_features, text_features, scale)
+    def loss(self, images, labels, templates, network=None):
+        """(L, Z [B, B], {"scale": s}) of images [b, 3, H, W] and their captions (labels, templates [b]).
+
+        ``network`` runs the forward (default: this model; under torchrun its DistributedDataParallel
+        wrapper). In a process group the W processes' features are gathered first (B = W·b), so
+        every process computes the loss of the whole global batch; otherwise B = b.
+        """
+        image_features, text_features, scale = (network or self)(images, self.captions(labels, templates))
+        loss, logits = contrastive_loss(all_gather_rows(image_features), all_gather_rows(text_features), scale)
         return loss, logits, {"scale": scale.detach()}
 
     def compute_text_features(self):
@@ -184,34 +239,44 @@ class FLYPCLIP(PromptedCLIP):
                               for chunk in sentences.split(self.head_batch_size)])
         return features.view(*self.token_ids.shape[:2], -1).mean(dim=0)
 
-    def forward(self, images):
-        """s·f̂·wᵀ [B, C] of images [B, 3, H, W] against the head rebuilt from the current text tower."""
+    def forward(self, images, captions=None):
+        """s·f̂·wᵀ [B, C] of images [B, 3, H, W] against the head rebuilt from the current text tower;
+        with ``captions`` (token ids [B, L]) the training step's (f̂ [B, E], ĝ [B, E], s), the
+        normalised features of the B (image, caption) rows and the temperature."""
         image_features = F.normalize(self.clip.encode_image_plain(images).float(), dim=-1)
-        return self.cosine_logits(image_features, self.class_text_features())
+        if captions is None:
+            return self.cosine_logits(image_features, self.class_text_features())
+        text_features = F.normalize(self.clip.encode_text(captions).float(), dim=-1)
+        return image_features, text_features, self.logit_scale.float()
 
 
 @TRAINER_REGISTRY.register()
-class FLYP(ClipTrainer):
-    """FLYP trainer; the checkpointed module ("FLYP") is the whole CLIP."""
+class FLYP(FullFineTuningTrainer):
+    """FLYP trainer; the checkpointed module ("FLYP") is the whole CLIP. Runs as one process or
+    under torchrun (see "Parallelism" above)."""
+
+    node_name = "FLYP"
 
     def check_cfg(self, cfg):
         node = cfg.TRAINER.FLYP
         check_choice("TRAINER.FLYP.PREC", node.PREC, PRECISIONS)
         check_template(node.TEMPLATE, "TRAINER.FLYP.TEMPLATE")
-        check_choice("TRAINER.FLYP.LR_SCHEDULE", node.LR_SCHEDULE, LR_SCHEDULES)
-        check_range("TRAINER.FLYP.WARMUP_ITERS", node.WARMUP_ITERS, minimum=0)
         check_range("TRAINER.FLYP.HEAD_BATCH_SIZE", node.HEAD_BATCH_SIZE, minimum=1)
-        if node.LR_SCHEDULE == "iteration":
-            check_iteration_schedule(cfg.OPTIM, "TRAINER.FLYP")
+        self.check_fine_tuning_cfg(cfg)
 
     @property
     def templates(self):
         """The T caption and head templates (TRAINER.FLYP.TEMPLATE_ENSEMBLE / TEMPLATE)."""
-        return list(head_templates(self.cfg.TRAINER.FLYP, self.dm.dataset))
+        return list(self.head_templates())
 
     def build_data_loader(self):
         super().build_data_loader()
-        self.train_loader_x = caption_row_loader(self.dm.train_loader_x, len(self.templates))
+        if self.distributed is None:
+            self.train_loader_x = caption_row_loader(self.dm.train_loader_x, len(self.templates))
+
+    def build_distributed_train_loader(self, batch_size):
+        return distributed_caption_row_loader(self.dm.train_loader_x, len(self.templates), self.distributed,
+                                              batch_size, max(self.cfg.SEED, 0))
 
     def build_model(self):
         cfg, node = self.cfg, self.cfg.TRAINER.FLYP
@@ -224,25 +289,19 @@ class FLYP(ClipTrainer):
         self.model = model.to(self.device)
         params = list(model.parameters())
         print(f"Learnable parameters of FLYP: {count_num_param(params=params):,}")
-        optim = build_optimizer(params, cfg.OPTIM)
-        if node.LR_SCHEDULE == "iteration":
-            sched = iteration_cosine_schedule(optim, node.WARMUP_ITERS, cfg.OPTIM.MAX_EPOCH * len(self.train_loader_x))
-        else:
-            sched = build_lr_scheduler(optim, cfg.OPTIM)
-        self.register_model("FLYP", self.model, optim, sched)
+        self.register_fine_tuned("FLYP", self.model, build_optimizer(params, cfg.OPTIM))
 
     def parse_batch_train(self, batch):
         return batch["img"].to(self.device), batch["label"].to(self.device), batch["template"].to(self.device)
 
     def forward_backward(self, batch):
         """One step; logs the loss, the temperature s ("scale") and the in-batch image-to-caption
-        accuracy ("acc": row b's best caption is its own; a same-class row's identical caption ties)."""
+        accuracy ("acc": row b's best caption is its own; a same-class row's identical caption ties),
+        all of the global batch."""
         images, labels, templates = self.parse_batch_train(batch)
         with self.autocast():
-            loss, logits, terms = self.model.loss(images, labels, templates)
+            loss, logits, terms = self.model.loss(images, labels, templates, self.network)
         self.model_backward_and_update(loss, terms=terms)
-        if self.cfg.TRAINER.FLYP.LR_SCHEDULE == "iteration" or (self.batch_idx + 1) == self.num_batches:
-            self.update_lr()
         targets = torch.arange(logits.shape[0], device=logits.device)
-        return {"loss": loss.item(), "scale": float(terms["scale"]),
-                "acc": (logits.argmax(dim=1) == targets).float().mean().item() * 100}
+        return self.finish_step({"loss": loss.item(), "scale": float(terms["scale"]),
+                                 "acc": (logits.argmax(dim=1) == targets).float().mean().item() * 100})

@@ -21,6 +21,7 @@ from typing import Optional
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.nn.functional as dist_nn
 from torch.utils.data import DataLoader, DistributedSampler
 
 from vlprompt.config import ConfigError
@@ -28,7 +29,8 @@ from vlprompt.data.data_manager import SeededItems
 
 __all__ = [
     "DistributedContext", "init_distributed", "is_main_process", "world_size_from_env", "check_world_size",
-    "distributed_train_loader", "ItemSeededDistributedSampler", "RestoringSeededItems", "mean_over_processes",
+    "distributed_train_loader", "epoch_seed", "ItemSeededDistributedSampler", "RestoringSeededItems",
+    "mean_over_processes", "all_gather_rows",
 ]
 
 
@@ -132,17 +134,22 @@ def distributed_train_loader(loader, context, batch_size, seed, shuffle=True):
     )
 
 
+def epoch_seed(seed, epoch):
+    """h(seed, epoch): a 64-bit hash of the pair, the same on every process."""
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1, np.uint64)[0])
+
+
 class ItemSeededDistributedSampler(DistributedSampler):
     """A DistributedSampler that yields (index, item seed) pairs for :class:`RestoringSeededItems`.
 
-    The seed of item i in epoch e is (h(seed, e) + i) mod 2**63, h a hash of the pair: the same
+    The seed of item i in epoch e is (h(seed, e) + i) mod 2**63 (:func:`epoch_seed`): the same
     on every process, different for every item of the epoch and from epoch to epoch.
     """
 
     def __iter__(self):
-        epoch_seed = int(np.random.SeedSequence([self.seed, self.epoch]).generate_state(1, np.uint64)[0])
+        seed = epoch_seed(self.seed, self.epoch)
         for index in super().__iter__():
-            yield index, (epoch_seed + index) % 2**63
+            yield index, (seed + index) % 2**63
 
 
 class RestoringSeededItems(SeededItems):
@@ -178,3 +185,17 @@ def mean_over_processes(summary, device):
     dist.all_reduce(values)
     values /= dist.get_world_size()
     return dict(zip(names, values.tolist()))
+
+
+def all_gather_rows(tensor):
+    """The processes' ``tensor`` [b, ...] concatenated in rank order, [W·b, ...] (unchanged
+    outside a process group), differentiable: the gradient of every process's loss with respect
+    to rows r·b..(r+1)·b - 1 is summed and sent back to process r
+    (``torch.distributed.nn.functional.all_gather``). So when every process computes the same
+    loss of the gathered rows, process r's parameters receive W times the gradient through its own
+    rows, and DistributedDataParallel's average over the W processes gives each parameter the
+    gradient of one process holding the whole batch.
+    """
+    if not dist.is_initialized():
+        return tensor
+    return torch.cat(dist_nn.all_gather(tensor), dim=0)

@@ -161,13 +161,16 @@ class FullFineTuningTrainer(ClipTrainer):
     def build_data_loader(self):
         super().build_data_loader()
         if self.distributed is not None:
-            cfg = self.cfg
-            per_process = cfg.DATALOADER.TRAIN_X.BATCH_SIZE // self.distributed.world_size
-            self.train_loader_x = distributed_train_loader(
-                self.dm.train_loader_x, self.distributed, per_process, max(cfg.SEED, 0),
-                shuffle=cfg.DATALOADER.TRAIN_X.SAMPLER != "SequentialSampler",
-            )
+            per_process = self.cfg.DATALOADER.TRAIN_X.BATCH_SIZE // self.distributed.world_size
+            self.train_loader_x = self.build_distributed_train_loader(per_process)
             print(f"DistributedDataParallel: {self.distributed.world_size} processes x {per_process} images per step")
+
+    def build_distributed_train_loader(self, batch_size):
+        """This process's training loader under torchrun, ``batch_size`` (global batch / W) items
+        per step (default: its shard of the engine's training loader)."""
+        cfg = self.cfg
+        return distributed_train_loader(self.dm.train_loader_x, self.distributed, batch_size, max(cfg.SEED, 0),
+                                        shuffle=cfg.DATALOADER.TRAIN_X.SAMPLER != "SequentialSampler")
 
     def register_fine_tuned(self, name, model, optim):
         """Register ``model`` (on the device) under ``name`` with ``optim`` and the node's schedule."""
@@ -179,7 +182,10 @@ class FullFineTuningTrainer(ClipTrainer):
         self.network = model
         if self.distributed is not None:
             device_ids = [self.distributed.local_rank] if self.device.type == "cuda" else None
-            self.network = DistributedDataParallel(model, device_ids=device_ids)
+            # Buffers are not broadcast: every process builds them alike from the config and none
+            # changes in training (no batch norm); FLYP's caption token ids [T, C, L] would
+            # otherwise be sent at every step.
+            self.network = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
         self.register_model(name, self.network, optim, sched)
 
     def before_epoch(self):
