@@ -28,7 +28,7 @@ from torch import nn
 from yacs.config import CfgNode as CN
 
 from vlprompt.clip import PromptedCLIP
-from vlprompt.config import ConfigError, register_cfg_extension
+from vlprompt.config import check_choice, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.amp import PRECISIONS
 from vlprompt.engine.fine_tuning import FullFineTuningTrainer, add_fine_tuning_keys
@@ -119,10 +119,8 @@ class FT(FullFineTuningTrainer):
 
     def check_cfg(self, cfg):
         node, name = cfg.TRAINER[self.node_name], f"TRAINER.{self.node_name}"
-        if node.PREC not in PRECISIONS:
-            raise ConfigError(f"{name}.PREC must be one of {list(PRECISIONS)}, got '{node.PREC}'.")
-        if node.GRAD_CLIP < 0:
-            raise ConfigError(f"{name}.GRAD_CLIP must be >= 0 (0 = no clipping), got {node.GRAD_CLIP}.")
+        check_choice(f"{name}.PREC", node.PREC, PRECISIONS)
+        check_range(f"{name}.GRAD_CLIP", node.GRAD_CLIP, minimum=0, why="(0 = no clipping)")
         self.check_fine_tuning_cfg(cfg)
 
     def build_model(self):

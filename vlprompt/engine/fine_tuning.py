@@ -21,7 +21,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from vlprompt.clip import IMAGENET_TEMPLATES
 from vlprompt.clip.templates import DEFAULT_TEMPLATE, dataset_template
-from vlprompt.config import ConfigError
+from vlprompt.config import ConfigError, check_choice, check_range
 from vlprompt.optim import build_lr_scheduler
 from vlprompt.utils import load_checkpoint
 
@@ -142,10 +142,8 @@ class FullFineTuningTrainer(ClipTrainer):
     def check_fine_tuning_cfg(self, cfg):
         """ConfigError for the shared keys: LR_SCHEDULE, WARMUP_ITERS, the global batch."""
         node, name = cfg.TRAINER[self.node_name], f"TRAINER.{self.node_name}"
-        if node.LR_SCHEDULE not in LR_SCHEDULES:
-            raise ConfigError(f"{name}.LR_SCHEDULE must be one of {list(LR_SCHEDULES)}, got '{node.LR_SCHEDULE}'.")
-        if node.WARMUP_ITERS < 0:
-            raise ConfigError(f"{name}.WARMUP_ITERS must be >= 0, got {node.WARMUP_ITERS}.")
+        check_choice(f"{name}.LR_SCHEDULE", node.LR_SCHEDULE, LR_SCHEDULES)
+        check_range(f"{name}.WARMUP_ITERS", node.WARMUP_ITERS, minimum=0)
         if node.LR_SCHEDULE == "iteration":
             check_iteration_schedule(cfg.OPTIM, name)
         world = self.distributed.world_size if self.distributed else 1
