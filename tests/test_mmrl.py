@@ -6,28 +6,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 from baseline_setup import (  # noqa: F401
-    build_seeded, runner_and_tokenizer, toy_world, toy_world_cfg, trainer_node,
+    build_seeded, deeper_runner, runner_and_tokenizer, toy_world, toy_world_cfg, trainer_node,
 )
 from trainer_checks import assert_fusion_and_class_token_inference, one_step_changes_only_the_learnable
 
 from trainers.mmrl import DATASET_SETTINGS, INFERENCE_RULE, MMRLCLIP, check_mmrl_config, dataset_setting
 from vlprompt.clip import fill_template
 from vlprompt.config import ConfigError
-from vlprompt.testing import TINY_CLIP_CONFIG, write_tiny_clip
 
 CLASSNAMES = ["abyssinian", "american_bulldog", "bengal"]
 TEMPLATE = "a photo of a {}, a type of pet."
 K = 3
 TOL = dict(rtol=1e-5, atol=1e-5)
-# 4 image and 3 text blocks: representation layers 2..3 leave a frozen block before them in both towers.
-DEEPER_CLIP = dict(TINY_CLIP_CONFIG, vision_cfg=dict(TINY_CLIP_CONFIG["vision_cfg"], layers=4),
-                   text_cfg=dict(TINY_CLIP_CONFIG["text_cfg"], layers=3))
 
 
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory):
-    files = write_tiny_clip(str(tmp_path_factory.mktemp("mmrl")), name="tiny-clip-mmrl", config=DEEPER_CLIP)
-    return runner_and_tokenizer(files)
+    return deeper_runner(tmp_path_factory.mktemp("mmrl"), "tiny-clip-mmrl")  # representation layers 2..3
 
 
 def mmrl_node(**changes):

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from baseline_setup import (  # noqa: F401
-    build_seeded, runner_and_tokenizer, toy_world, toy_world_cfg, trainer_node,
+    build_seeded, deeper_runner, runner_and_tokenizer, toy_world, toy_world_cfg, trainer_node,
 )
 from trainer_checks import assert_fusion_and_class_token_inference, one_step_changes_only_the_learnable
 
@@ -16,21 +16,16 @@ from trainers.mmrlpp import (
     BASE2NEW_SETTINGS, INFERENCE_RULE, TARGET_BETA, MMRLppCLIP, check_mmrlpp_config, dataset_setting, resolved_node,
 )
 from vlprompt.config import ConfigError
-from vlprompt.testing import TINY_CLIP_CONFIG, write_tiny_clip
 
 CLASSNAMES = ["abyssinian", "american_bulldog", "bengal"]
 TEMPLATE = "a photo of a {}, a type of pet."
 K, BETA, RANK, PROJ_RANK, REP_DIM = 3, 0.7, 2, 4, 16
 TOL = dict(rtol=1e-5, atol=1e-5)
-# 4 image and 3 text blocks: representation layers 2..3 leave a frozen block before them in both towers.
-DEEPER_CLIP = dict(TINY_CLIP_CONFIG, vision_cfg=dict(TINY_CLIP_CONFIG["vision_cfg"], layers=4),
-                   text_cfg=dict(TINY_CLIP_CONFIG["text_cfg"], layers=3))
 
 
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory):
-    files = write_tiny_clip(str(tmp_path_factory.mktemp("mmrlpp")), name="tiny-clip-mmrlpp", config=DEEPER_CLIP)
-    return runner_and_tokenizer(files)
+    return deeper_runner(tmp_path_factory.mktemp("mmrlpp"), "tiny-clip-mmrlpp")  # representation layers 2..3
 
 
 def build_model(runner, inference="fusion", perturb=True, **changes):
