@@ -76,7 +76,7 @@ from vlprompt.data.data_manager import SeededItems, SeededSampler
 from vlprompt.data.samplers import SeededEpochs
 from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.amp import PRECISIONS
-from vlprompt.engine.distributed import RestoringSeededItems, all_gather_rows, epoch_seed
+from vlprompt.engine.distributed import all_gather_rows, dataset_wrapper, epoch_seed, item_seeded_loader
 from vlprompt.engine.fine_tuning import FullFineTuningTrainer, add_fine_tuning_keys
 from vlprompt.optim import build_optimizer
 from vlprompt.utils import count_num_param, load_pretrained_weights
@@ -177,16 +177,9 @@ def distributed_caption_row_loader(loader, num_templates, context, batch_size, s
     """This process's training loader over (image, template) rows under torchrun: ``batch_size``
     (the global batch / W) rows per step from ``DistributedCaptionRowSampler``, built on the
     dataset wrapper of the engine's image loader ``loader``."""
-    images = loader.dataset
-    while not hasattr(images, "data_source"):  # the worker-seeding wrapper of build_data_loader
-        images = images.dataset
+    images = dataset_wrapper(loader)
     sampler = DistributedCaptionRowSampler(len(images), num_templates, batch_size, context, seed)
-    workers = loader.num_workers
-    return DataLoader(  # its per-iterator seed from a private generator: items carry their own seeds
-        RestoringSeededItems(CaptionRows(images, num_templates)), batch_size=batch_size, sampler=sampler,
-        num_workers=workers, drop_last=True, pin_memory=loader.pin_memory, persistent_workers=workers > 0,
-        generator=torch.Generator(),
-    )
+    return item_seeded_loader(CaptionRows(images, num_templates), sampler, batch_size, loader)
 
 
 def contrastive_loss(image_features, text_features, scale):

@@ -29,7 +29,7 @@ from vlprompt.data.data_manager import SeededItems
 
 __all__ = [
     "DistributedContext", "init_distributed", "is_main_process", "world_size_from_env", "check_world_size",
-    "distributed_train_loader", "epoch_seed", "ItemSeededDistributedSampler", "RestoringSeededItems",
+    "distributed_train_loader", "dataset_wrapper", "item_seeded_loader", "epoch_seed", "ItemSeededDistributedSampler", "RestoringSeededItems",
     "mean_over_processes", "all_gather_rows",
 ]
 
@@ -120,13 +120,26 @@ def distributed_train_loader(loader, context, batch_size, seed, shuffle=True):
         seed: shuffling and augmentation seed (the same on every process).
         shuffle: False for DATALOADER.TRAIN_X.SAMPLER "SequentialSampler".
     """
-    dataset = loader.dataset
-    while not hasattr(dataset, "data_source"):  # the worker-seeding wrapper of build_data_loader
-        dataset = dataset.dataset
+    dataset = dataset_wrapper(loader)
     sampler = ItemSeededDistributedSampler(
         dataset, num_replicas=context.world_size, rank=context.rank, shuffle=shuffle, seed=seed,
         drop_last=True,
     )
+    return item_seeded_loader(dataset, sampler, batch_size, loader)
+
+
+def dataset_wrapper(loader):
+    """The DatasetWrapper (image reading and transform) of a loader built by ``build_data_loader``."""
+    dataset = loader.dataset
+    while not hasattr(dataset, "data_source"):  # the worker-seeding wrapper of build_data_loader
+        dataset = dataset.dataset
+    return dataset
+
+
+def item_seeded_loader(dataset, sampler, batch_size, loader):
+    """A DataLoader of ``dataset`` whose ``sampler`` yields (index, item seed) pairs, each item read
+    by :class:`RestoringSeededItems`; workers and pinning as ``loader``; the last incomplete batch
+    dropped."""
     workers = loader.num_workers
     return DataLoader(  # its per-iterator seed from a private generator: items carry their own seeds
         RestoringSeededItems(dataset), batch_size=batch_size, sampler=sampler, num_workers=workers,
