@@ -92,3 +92,19 @@ def test_bad_input_ends_with_one_clear_message(setup, capsys, tmp_path, extra, m
     status = head_roles.run(_args(folder, corpus, clip_files, tmp_path / "out", *extra))
     assert status == 2
     assert message in capsys.readouterr().err
+
+
+def test_weighted_scoring_ranks_heads_by_the_variance_weighted_entropy(setup, capsys):
+    folder, corpus, clip_files = setup
+    out = folder / "weighted"
+    status = head_roles.run(_args(folder, corpus, clip_files, out, "--embedder", "clip", "--concepts", "labels",
+                                  "--quantile", "0.25", "--scoring", "weighted", "--no-heatmap"))
+    assert status == 0, capsys.readouterr().err
+    with open(out / "heads.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    order = sorted(rows, key=lambda r: (float(r["weighted_entropy"]), float(r["entropy"])))
+    assert [r["role"].split()[0] for r in order[:2]] in (["A", "A"], ["A", "O"], ["O", "A"], ["O", "O"])
+    assert [r["role"].split()[0] for r in order[-2:]] == ["G", "G"]
+    assert all(r["role"] == "M" for r in order[2:-2])
+    assert "| scoring | weighted |" in (out / "report.md").read_text()
+    assert "scoring weighted" in load_role_map(str(out / "head_roles.yaml")).notes

@@ -153,6 +153,11 @@ def test_dominant_concept_breaks_count_ties_by_similarity():
     assert dominant_concept([0, 1], [0.5, 0.5]) == 0
 
 
+def test_weighted_dominant_concept_is_the_one_with_the_largest_variance_share():
+    assert dominant_concept([2, 2, 1], [0.1, 0.1, 0.9], weights=[0.1, 0.1, 0.6]) == 1
+    assert dominant_concept([2, 2, 1], [0.1, 0.1, 0.9], weights=[0.3, 0.3, 0.6]) == 2  # tie: the count
+
+
 def test_concept_space_merges_clusters_by_name_and_assigns_nearest():
     phrases = ["red", "crimson", "blue", "paris", "tokyo", "odd"]
     embeddings = torch.tensor([

@@ -48,7 +48,7 @@ from vlprompt.data import build_data_loader
 from vlprompt.data.datasets import DatasetLayoutError, build_dataset
 from vlprompt.data.transforms import build_transform
 from vlprompt.interpret import (
-    CONCEPT_NAMES, DEAR_ATTRIBUTES, ConceptError, CorpusError, OptionalDependencyError, clip_text_embeddings,
+    CONCEPT_NAMES, DEAR_ATTRIBUTES, SCORINGS, ConceptError, CorpusError, OptionalDependencyError, clip_text_embeddings,
     collect_head_contributions, discover_roles, load_corpus, load_sentence_embedder, role_counts,
     write_csv, write_heatmap, write_markdown,
 )
@@ -92,6 +92,9 @@ def build_parser():
     add("--attributes", nargs="+", default=list(DEAR_ATTRIBUTES),
         help="core attributes: specialised heads of these concepts become 'A' heads (default: DeAR's five)")
     add("--quantile", type=float, default=0.2, help="share of heads in each entropy tail (default 0.2)")
+    add("--scoring", default="count", choices=SCORINGS,
+        help="rank heads by the Concept Entropy of phrase counts (default, the paper) or of the phrases' "
+             "TEXTSPAN variance shares ('weighted', which also names the dominant concept by variance)")
     add("--batch-size", type=int, default=64, help="images per forward pass")
     add("--seed", type=int, default=0, help="seed of the image subset")
     add("--no-heatmap", action="store_true", help="do not draw heatmap.png")
@@ -190,12 +193,12 @@ def main(args):
     weights = model_file_label(info["weights"])
     notes = (f"Discovered by tools/head_roles.py: {num_images} images of {cfg.DATASET.NAME} ({args.split}), "
              f"corpus {corpus.source}, {args.texts_per_head} phrases per head, embedder {args.embedder}, "
-             f"concepts {args.concepts}, entropy quantile {args.quantile}.")
+             f"concepts {args.concepts}, entropy quantile {args.quantile}, scoring {args.scoring}.")
     discovery = discover_roles(
         contributions, list(range(first, depth + 1)), corpus, text_embeddings, embed, depth,
         num_texts=args.texts_per_head, concepts=args.concepts, min_cluster_size=args.min_cluster_size,
         min_samples=args.min_samples, concept_names=args.concept_names, attributes=args.attributes,
-        quantile=args.quantile, backbone=model_file_label(cfg.MODEL.BACKBONE.NAME), weights=weights, notes=notes,
+        quantile=args.quantile, scoring=args.scoring, backbone=model_file_label(cfg.MODEL.BACKBONE.NAME), weights=weights, notes=notes,
         progress=print,
     )
     times = (f"decomposition {decompose_seconds:.1f} s, corpus {embed_seconds:.1f} s, "
@@ -219,7 +222,8 @@ def describe_settings(args, cfg, weights, device, num_images, first, depth, num_
         "layers": f"{first}..{depth} (1-indexed) x {num_heads} heads",
         "corpus": f"{corpus.source} ({len(corpus)} descriptions)", "phrases per head": args.texts_per_head,
         "sentence embedder": args.embedder, "concepts": concepts,
-        "attributes": ", ".join(args.attributes), "entropy quantile": args.quantile, "time": times,
+        "attributes": ", ".join(args.attributes), "entropy quantile": args.quantile,
+        "scoring": args.scoring, "time": times,
         "command": "python tools/head_roles.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
     }
 

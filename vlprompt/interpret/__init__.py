@@ -12,7 +12,7 @@ from .concepts import (
 from .corpus import GENERIC_CORPUS_PATH, Corpus, CorpusError, load_corpus, synthetic_world_corpus
 from .decomposition import ImageDecomposition, class_token_head_outputs, decompose_image_features
 from .discovery import (
-    CONCEPT_NAMES, DEAR_ATTRIBUTES, HeadSummary, RoleDiscovery, collect_head_contributions, discover_roles,
+    CONCEPT_NAMES, DEAR_ATTRIBUTES, SCORINGS, HeadSummary, RoleDiscovery, collect_head_contributions, discover_roles,
 )
 from .embedders import PACKAGED_MINILM, OptionalDependencyError, clip_text_embeddings, load_sentence_embedder
 from .report import role_counts, write_csv, write_heatmap, write_markdown

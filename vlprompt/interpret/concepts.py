@@ -147,14 +147,16 @@ def concept_entropy(distribution):
     return float(-(p * p.log()).sum())
 
 
-def dominant_concept(assignments, similarities):
-    """The most frequent concept of a head's phrases.
+def dominant_concept(assignments, similarities, weights=None):
+    """The most frequent concept of a head's phrases (or the heaviest, given ``weights``).
 
     Ties go to the concept with the larger summed similarity of its assigned phrases.
 
     Args:
         assignments: [m] concept index per phrase.
         similarities: [m] cosine similarity of each phrase to its assigned centroid.
+        weights: optional [m] phrase weights (e.g. TEXTSPAN variance shares); the concept
+            with the largest summed weight wins, the phrase count breaks ties.
 
     Returns:
         concept index.
@@ -162,10 +164,14 @@ def dominant_concept(assignments, similarities):
     assignments = torch.as_tensor(assignments, dtype=torch.long).tolist()
     similarities = torch.as_tensor(similarities, dtype=torch.float64).tolist()
     counts: Counter = Counter(assignments)
-    weight: Counter = Counter()
+    closeness: Counter = Counter()
     for concept, similarity in zip(assignments, similarities):
-        weight[concept] += similarity
-    return max(counts, key=lambda concept: (counts[concept], weight[concept], -concept))
+        closeness[concept] += similarity
+    mass: Counter = Counter()
+    if weights is not None:
+        for concept, weight in zip(assignments, torch.as_tensor(weights, dtype=torch.float64).tolist()):
+            mass[concept] += weight
+    return max(counts, key=lambda concept: (mass[concept], counts[concept], closeness[concept], -concept))
 
 
 def phrase_concepts(space: ConceptSpace, embeddings) -> Tuple[List[int], List[float]]:

@@ -22,7 +22,7 @@ from .textspan import textspan
 
 __all__ = [
     "CONCEPT_NAMES", "DEAR_ATTRIBUTES", "HeadSummary", "RoleDiscovery", "collect_head_contributions",
-    "discover_roles",
+    "SCORINGS", "discover_roles",
 ]
 
 # The twelve concept clusters the DeAR paper reports, and its five core attributes.
@@ -114,11 +114,14 @@ def _group_phrases(embeddings, labels, concepts, min_cluster_size, min_samples, 
     return cluster_ids, names
 
 
+SCORINGS = ("count", "weighted")
+
+
 def discover_roles(contributions, layers: Sequence[int], corpus: Corpus, text_embeddings,
                    embed: Callable[[List[str]], torch.Tensor], num_layers_total: int,
                    num_texts=20, concepts="hdbscan", min_cluster_size=3, min_samples=1,
                    concept_names: Sequence[str] = CONCEPT_NAMES,
-                   attributes: Sequence[str] = DEAR_ATTRIBUTES, quantile=0.2,
+                   attributes: Sequence[str] = DEAR_ATTRIBUTES, quantile=0.2, scoring="count",
                    backbone="", weights="", notes="", progress: Optional[Callable[[str], None]] = None):
     """Roles of every analysed head.
 
@@ -133,12 +136,19 @@ def discover_roles(contributions, layers: Sequence[int], corpus: Corpus, text_em
         min_cluster_size, min_samples: HDBSCAN parameters.
         concept_names: names given to clusters when the corpus has no labels.
         attributes: core attributes (A roles); quantile: share of heads in each tail.
+        scoring: what ranks the heads and names their dominant concept. "count" (the
+            paper): Concept Entropy of the phrase counts, ties broken by the weighted
+            entropy; the most frequent concept. "weighted": the entropy of the concept
+            shares weighted by each phrase's TEXTSPAN variance share, ties broken by the
+            count entropy; the concept with the largest variance share.
         backbone, weights, notes: informative fields of the role map.
         progress: optional callable receiving one-line progress messages.
 
     Returns:
         RoleDiscovery.
     """
+    if scoring not in SCORINGS:
+        raise ValueError(f"Unknown head scoring {scoring!r}; expected one of {', '.join(SCORINGS)}.")
     say = progress or (lambda message: None)
     num_heads = contributions.shape[2]
     spans = {}
@@ -164,7 +174,8 @@ def discover_roles(contributions, layers: Sequence[int], corpus: Corpus, text_em
         assigned = [nearest[r] for r in rows]
         distribution = concept_distribution(assigned, len(space.names))
         weighted = concept_distribution(assigned, len(space.names), weights=span.explained)
-        dominant = space.names[dominant_concept(assigned, [similarity[r] for r in rows])]
+        dominant = space.names[dominant_concept(assigned, [similarity[r] for r in rows],
+                                                weights=span.explained if scoring == "weighted" else None)]
         heads.append(HeadSummary(
             layer=layer, head=head, phrases=[corpus.texts[i] for i in span.indices],
             explained=list(span.explained), phrase_concepts=[space.names[a] for a in assigned],
@@ -172,8 +183,11 @@ def discover_roles(contributions, layers: Sequence[int], corpus: Corpus, text_em
             entropy=concept_entropy(distribution), weighted_entropy=concept_entropy(weighted),
             dominant=dominant,
         ))
-    roles = quantile_roles([h.entropy for h in heads], [h.dominant for h in heads], attributes, quantile,
-                           tie_breaks=[h.weighted_entropy for h in heads])
+    scores = [(h.entropy, h.weighted_entropy) for h in heads]
+    if scoring == "weighted":
+        scores = [(weighted, count) for count, weighted in scores]
+    roles = quantile_roles([primary for primary, _ in scores], [h.dominant for h in heads], attributes, quantile,
+                           tie_breaks=[secondary for _, secondary in scores])
     for summary, role in zip(heads, roles):
         summary.role = role
     role_map = RoleMap(
