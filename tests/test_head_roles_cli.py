@@ -103,7 +103,7 @@ def test_weighted_scoring_ranks_heads_by_the_variance_weighted_entropy(setup, ca
     with open(out / "heads.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     order = sorted(rows, key=lambda r: (float(r["weighted_entropy"]), float(r["entropy"])))
-    assert [r["role"].split()[0] for r in order[:2]] in (["A", "A"], ["A", "O"], ["O", "A"], ["O", "O"])
+    assert {r["role"].split()[0] for r in order[:2]} <= {"A", "O"}
     assert [r["role"].split()[0] for r in order[-2:]] == ["G", "G"]
     assert all(r["role"] == "M" for r in order[2:-2])
     assert "| scoring | weighted |" in (out / "report.md").read_text()

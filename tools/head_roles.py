@@ -198,8 +198,8 @@ def main(args):
         contributions, list(range(first, depth + 1)), corpus, text_embeddings, embed, depth,
         num_texts=args.texts_per_head, concepts=args.concepts, min_cluster_size=args.min_cluster_size,
         min_samples=args.min_samples, concept_names=args.concept_names, attributes=args.attributes,
-        quantile=args.quantile, scoring=args.scoring, backbone=model_file_label(cfg.MODEL.BACKBONE.NAME), weights=weights, notes=notes,
-        progress=print,
+        quantile=args.quantile, scoring=args.scoring, backbone=model_file_label(cfg.MODEL.BACKBONE.NAME),
+        weights=weights, notes=notes, progress=print,
     )
     times = (f"decomposition {decompose_seconds:.1f} s, corpus {embed_seconds:.1f} s, "
              f"TEXTSPAN + concepts {time.time() - tic:.1f} s, total {time.time() - start:.1f} s")

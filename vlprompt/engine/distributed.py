@@ -29,7 +29,8 @@ from vlprompt.data.data_manager import SeededItems
 
 __all__ = [
     "DistributedContext", "init_distributed", "is_main_process", "world_size_from_env", "check_world_size",
-    "distributed_train_loader", "dataset_wrapper", "item_seeded_loader", "epoch_seed", "ItemSeededDistributedSampler", "RestoringSeededItems",
+    "distributed_train_loader", "dataset_wrapper", "item_seeded_loader", "epoch_seed",
+    "ItemSeededDistributedSampler", "RestoringSeededItems",
     "mean_over_processes", "all_gather_rows",
 ]
 

@@ -41,8 +41,9 @@ class HeadSummary:
         phrase_concepts: the concept each phrase was assigned to.
         distribution: concept -> fraction of the phrases (every concept of the space).
         entropy: Concept Entropy (nats); weighted_entropy: entropy of the concept shares
-            weighted by each phrase's variance share (breaks entropy ties between heads).
-        dominant: most frequent concept.
+            weighted by each phrase's variance share. The scoring (``discover_roles``) ranks
+            heads by one and breaks ties by the other.
+        dominant: most frequent concept (scoring "weighted": the largest variance share).
         role: HeadRole, assigned once the entropies of all heads are known.
     """
 

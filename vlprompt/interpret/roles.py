@@ -3,10 +3,10 @@
 Of the n analysed heads, the k = min(floor(q n + 1/2), floor(n / 2)) with the lowest
 entropy are specialised and the k with the highest are generalization heads; the rest
 are mixed. Concept Entropy over m phrases takes few distinct values, so ties are common;
-they are broken by a secondary score (the discovery passes the entropy of the concept
-distribution weighted by each phrase's TEXTSPAN variance share: among equally mixed
-heads, the one whose strongest directions agree is the more specialised), then by head
-order. A specialised head is a core attribute head (``A``) when its dominant concept is
+they are broken by a secondary score (under the paper's count scoring the discovery passes
+the entropy of the concept distribution weighted by each phrase's TEXTSPAN variance share:
+among equally mixed heads, the one whose strongest directions agree is the more
+specialised; its "weighted" scoring swaps the two), then by head order. A specialised head is a core attribute head (``A``) when its dominant concept is
 one of the attributes, otherwise an other-specialised head (``O``). Generalization heads
 keep their dominant concept for the record (``G style``).
 """
