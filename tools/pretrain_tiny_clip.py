@@ -21,6 +21,7 @@ import hashlib
 import math
 import os
 import platform
+import resource
 import shlex
 import sys
 import time
@@ -43,6 +44,12 @@ def from_root(path):
     absolute = os.path.abspath(path)
     root = str(repository_root())
     return os.path.relpath(absolute, root) if absolute.startswith(root + os.sep) else path
+
+
+def _children_cpu():
+    """CPU seconds (user + system) of this process's finished child processes."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def build_parser():
@@ -106,7 +113,7 @@ def main(argv=None):
         PairBatches(args.seed, 0, args.steps, args.batch_size, tokenizer),
         batch_size=None, num_workers=args.workers, prefetch_factor=4 if args.workers else None,
     )
-    start = time.time()
+    start, cpu_start, children_start, load_start = time.time(), time.process_time(), _children_cpu(), os.getloadavg()[0]
     running = None
     model.train()
     for step, batch in enumerate(loader):
@@ -130,6 +137,9 @@ def main(argv=None):
             print(f"  probe: {format_probe(attribute_probe(model, tokenizer, args.seed + 1, args.probe_images))}", flush=True)
             model.train()
     wall = time.time() - start
+    del loader  # its rendering workers exit, so that their CPU time is counted below
+    cpu, children = time.process_time() - cpu_start, _children_cpu() - children_start
+    load_end = os.getloadavg()[0]
 
     model.eval()
     probe = attribute_probe(model, tokenizer, args.seed + 1, args.probe_images)
@@ -149,7 +159,10 @@ def main(argv=None):
         f"weight decay {args.weight_decay}, warm-up {args.warmup:.0%} then cosine, multi-positive contrastive loss\n"
         f"wall time: {wall / 60:.1f} min ({args.steps / wall:.2f} steps/s) with {args.threads} torch threads "
         f"and {args.workers} rendering worker(s) on {platform.processor() or platform.machine()} "
-        f"({os.cpu_count()} logical CPUs)\n"
+        f"({os.cpu_count()} logical CPUs), load average {load_start:.1f} at the start and {load_end:.1f} at the end\n"
+        f"CPU time: {cpu / 60:.1f} min for the training process and {children / 60:.1f} min for the rendering "
+        f"worker(s) ({(cpu + children) / args.steps:.2f} s per step; on {args.threads} otherwise idle cores about "
+        f"{(cpu + children) / args.threads / 60:.0f} min of wall time)\n"
         f"versions: python {platform.python_version()}, torch {torch.__version__}, open_clip {open_clip.__version__}\n"
         f"final loss (running mean): {running:.4f}; logit scale {model.logit_scale.exp().item():.1f}\n"
         f"zero-shot attribute probe (pretraining style, held-out seed {args.seed + 1}): {format_probe(probe)}\n"

@@ -106,6 +106,30 @@ def assign_roles(rows, attributes, dominance=0.4, generalization_share=0.2):
     return roles
 
 
+def specialists(rows, own=0.5, other=0.1):
+    """{attribute: [(layer, head)]} of the strict specialists: heads whose eta squared of that
+    attribute is at least ``own`` while every other attribute's is at most ``other``."""
+    found = {name: [] for name in ATTRIBUTES}
+    for layer, head, shares in rows:
+        k = int(np.argmax(shares))
+        if shares[k] >= own and np.delete(shares, k).max() <= other:
+            found[ATTRIBUTES[k]].append((layer, head))
+    return found
+
+
+def summary_lines(rows, dominance):
+    """Strict specialists per attribute and the heads without a dominant attribute (issue 21's measure)."""
+    found = specialists(rows)
+    lines = ["strict specialists (eta^2 >= 0.50, every other <= 0.10):"]
+    for name, heads in found.items():
+        where = ", ".join(f"L{layer}H{head}" for layer, head in heads) or "none"
+        lines.append(f"  {name:<10} {len(heads):>2}  {where}")
+    undominated = sum(dominant(shares)[1] < dominance for _, _, shares in rows)
+    lines.append(f"heads without a dominant attribute (dominant < {dominance:.0%} of the row's sum): "
+                 f"{undominated} of {len(rows)}")
+    return lines
+
+
 def table_lines(rows, roles):
     """The eta squared table with each head's role, for the printout and the map's header."""
     lines = ["layer head  " + " ".join(f"{a:>10}" for a in ATTRIBUTES) + "   entropy  dominant"
@@ -176,7 +200,7 @@ def main(argv=None):
     depth, num_heads, rows = head_statistics(args.config, args.weights, args.layers, args.num_images, args.seed)
     roles = assign_roles(rows, args.attributes, args.dominance, args.generalization_share) if args.output else {}
     print(f"eta^2 of each head's direct contribution per attribute ({args.num_images} pretraining-style images)")
-    for line in table_lines(rows, roles):
+    for line in table_lines(rows, roles) + summary_lines(rows, args.dominance):
         print(line)
     if args.output:
         write_role_map(args.output, args, depth, num_heads, rows, roles)

@@ -12,9 +12,11 @@ needed, in the layout of the real CoOp datasets::
 
 Image ``n`` of split ``s`` of class ``c`` is drawn from ``default_rng([seed, c, s, n])``,
 so a set is the same on every machine. Labels follow the class list: the first half of
-each class list is the base classes, the second half the new ones. For the main set the
-two halves form a checkerboard over colour x shape, so every colour and every shape
-occurs in both halves and the new classes are unseen compositions of seen words.
+each class list is the base classes, the second half the new ones. The halves split the
+shapes: base classes have the even-numbered shapes of ``SHAPES``, new classes the odd ones,
+with every colour (texture) in both halves. So, as in a real base-to-novel split, a new
+class's object is never seen in training, and a prompt fitted to the base shapes can lose
+what the pretrained model knew of the others.
 """
 import json
 import os
@@ -27,14 +29,14 @@ import numpy as np
 from vlprompt.data.datasets.base_dataset import DatasetLayoutError
 from vlprompt.utils import atomic_write
 
-from .world import COLORS, SHAPES, TEXTURES, RenderStyle, render, sample_scene
+from .world import COLORS, PRETRAIN_STYLE, SHAPES, TEXTURES, RenderStyle, render, sample_scene
 
 __all__ = [
     "GENERATOR_VERSION", "SynthClass", "SetSpec", "SETS", "DOWNSTREAM_STYLE", "ensure_dataset",
     "StaleSyntheticDataError",
 ]
 
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3
 SPLITS = ("train", "val", "test")
 META_FILE = "synthetic.json"
 
@@ -89,17 +91,17 @@ class SetSpec:
         return f"split_zhou_{self.name}.json"
 
 
-def _checkerboard(first, second, name, attributes):
-    """Classes first x second, base half ((i + j) even) then new half, each in grid order."""
+def _split_by_second(first, second, name, attributes):
+    """Classes first x second: base half (even index into ``second``) then new half (odd), each in grid order."""
     grid = [(i, j) for i in range(len(first)) for j in range(len(second))]
-    ordered = [c for c in grid if sum(c) % 2 == 0] + [c for c in grid if sum(c) % 2 == 1]
+    ordered = [c for c in grid if c[1] % 2 == 0] + [c for c in grid if c[1] % 2 == 1]
     return tuple(
         SynthClass(name(first[i], second[j]), dict(zip(attributes, (first[i], second[j])))) for i, j in ordered
     )
 
 
-COLOR_SHAPE_CLASSES = _checkerboard(tuple(COLORS), SHAPES, lambda c, s: f"{c} {s}", ("color", "shape"))
-TEXTURE_SHAPE_CLASSES = _checkerboard(TEXTURES, SHAPES, lambda t, s: f"{t} {s}", ("texture", "shape"))
+COLOR_SHAPE_CLASSES = _split_by_second(tuple(COLORS), SHAPES, lambda c, s: f"{c} {s}", ("color", "shape"))
+TEXTURE_SHAPE_CLASSES = _split_by_second(TEXTURES, SHAPES, lambda t, s: f"{t} {s}", ("texture", "shape"))
 
 SETS = {
     spec.name: spec
@@ -115,6 +117,11 @@ SETS = {
                 DOWNSTREAM_STYLE.evolve(backgrounds=("paper",), textures=("solid",), outline=True),
                 counts=(0, 0, 15), seed=4, test_only=True,
                 description="main set drawn as coloured outlines on paper"),
+        SetSpec("SyntheticScenes", "synthetic_scenes",
+                tuple(SynthClass(shape, {"shape": shape}) for shape in SHAPES), PRETRAIN_STYLE,
+                counts=(0, 0, 200), seed=5, test_only=True,
+                description="scenes drawn as in pretraining (every size, background, texture and location), "
+                            "the images head-role discovery decomposes"),
     )
 }
 

@@ -157,22 +157,37 @@ def _outline(mask):
     return mask & ~inner
 
 
-def _texture_mask(texture, x, y, rng):
-    """Pixels of the object drawn in the second (darker) colour of the texture."""
+# Shade of a texture's dark tone, and of a solid object (the mean shade of a patterned one:
+# every pattern darkens half of the object's pixels), so an object's mean colour says
+# nothing about its texture and texture can only be read from the pattern.
+DARK_SHADE = 0.38
+SOLID_SHADE = (1.0 + DARK_SHADE) / 2
+# Patterns are printed on a lattice fixed to the image, one cell per 8x8-pixel patch of the
+# tiny CLIP (16 canvas pixels): every patch an object covers holds the same piece of its
+# pattern wherever the object lies, so a patch's pattern is a fixed template.
+TEXTURE_CELL = 16.0
+
+
+def _texture_mask(texture, x, y):
+    """Pixels of the object drawn in the texture's dark tone (half of each lattice cell for every pattern).
+
+    Args:
+        texture: one of TEXTURES.
+        x, y: canvas pixel-centre coordinates [H, W].
+
+    Returns:
+        [H, W] bool.
+    """
     if texture == "solid":
         return np.zeros(x.shape, dtype=bool)
-    period = rng.uniform(6.5, 8.5)
-    if texture == "striped":
-        angle = rng.uniform(0.0, np.pi)
-        return ((x * np.cos(angle) + y * np.sin(angle)) / period) % 1.0 < 0.5
-    if texture == "dotted":
-        ox, oy = rng.uniform(0.0, period, size=2)
-        dx = ((x + ox) % period) - period / 2
-        dy = ((y + oy) % period) - period / 2
-        return dx * dx + dy * dy <= (0.3 * period) ** 2
-    if texture == "checkered":
-        ox, oy = rng.uniform(0.0, period, size=2)
-        return (np.floor((x + ox) / period) + np.floor((y + oy) / period)) % 2 == 1
+    u = (x % TEXTURE_CELL) / TEXTURE_CELL  # position inside the cell, in [0, 1)
+    v = (y % TEXTURE_CELL) / TEXTURE_CELL
+    if texture == "striped":  # horizontal stripes, two per cell
+        return (2.0 * v) % 1.0 < 0.5
+    if texture == "dotted":  # one dot per cell, covering half of it
+        return (u - 0.5) ** 2 + (v - 0.5) ** 2 <= 1.0 / (2.0 * np.pi)
+    if texture == "checkered":  # 2 x 2 checks per cell
+        return (np.floor(2.0 * u) + np.floor(2.0 * v)) % 2 == 1
     raise ValueError(f"Unknown texture '{texture}'; expected one of {TEXTURES}.")
 
 
@@ -261,9 +276,9 @@ def render(scene, rng, style=PRETRAIN_STYLE):
         inside = mask & ~border
         image[inside] = (1.0 - style.wash) * image[inside] + style.wash * color
         mask = border
-    dark = _texture_mask(scene.texture, x, y, rng) & mask
-    image[mask] = color
-    image[dark] = color * 0.38
+    dark = _texture_mask(scene.texture, x, y) & mask
+    image[mask] = color * SOLID_SHADE if scene.texture == "solid" else color
+    image[dark] = color * DARK_SHADE
 
     factor = CANVAS // IMAGE_SIZE
     small = image.reshape(IMAGE_SIZE, factor, IMAGE_SIZE, factor, 3).sum(axis=(1, 3)) / (factor * factor)
