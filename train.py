@@ -18,7 +18,6 @@ one paragraph on stderr and exit status 2, before any data is loaded where possi
 non-finite loss stops training with exit status 3 (see TRAIN.NONFINITE_LOSS).
 """
 import argparse
-import os
 import re
 import shlex
 import sys

@@ -2,7 +2,6 @@
 import re
 
 import pytest
-import torch
 
 from vlprompt.clip.head_roles import HeadRole, RoleMapError, load_role_map, parse_role_map, role_attention_mask
 from vlprompt.config import ConfigError

@@ -17,7 +17,6 @@ Prompts and mask generator share one optimizer. At step 0 the mask is all ones, 
 is IVLP at its initialisation with the class features above (exactly IVLP when w = 0).
 """
 import torch
-import torch.nn.functional as F
 from yacs.config import CfgNode as CN
 
 from vlprompt.clip import IMAGENET_TEMPLATES, fill_template
