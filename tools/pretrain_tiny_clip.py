@@ -113,7 +113,8 @@ def main(argv=None):
         PairBatches(args.seed, 0, args.steps, args.batch_size, tokenizer),
         batch_size=None, num_workers=args.workers, prefetch_factor=4 if args.workers else None,
     )
-    start, cpu_start, children_start, load_start = time.time(), time.process_time(), _children_cpu(), os.getloadavg()[0]
+    start, load_start = time.time(), os.getloadavg()[0]
+    cpu_start, children_start = time.process_time(), _children_cpu()
     running = None
     model.train()
     for step, batch in enumerate(loader):

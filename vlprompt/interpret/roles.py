@@ -6,9 +6,10 @@ are mixed. Concept Entropy over m phrases takes few distinct values, so ties are
 they are broken by a secondary score (under the paper's count scoring the discovery passes
 the entropy of the concept distribution weighted by each phrase's TEXTSPAN variance share:
 among equally mixed heads, the one whose strongest directions agree is the more
-specialised; its "weighted" scoring swaps the two), then by head order. A specialised head is a core attribute head (``A``) when its dominant concept is
-one of the attributes, otherwise an other-specialised head (``O``). Generalization heads
-keep their dominant concept for the record (``G style``).
+specialised; its "weighted" scoring swaps the two), then by head order. A specialised
+head is a core attribute head (``A``) when its dominant concept is one of the attributes,
+otherwise an other-specialised head (``O``). Generalization heads keep their dominant
+concept for the record (``G style``).
 """
 import math
 from typing import Optional, Sequence
