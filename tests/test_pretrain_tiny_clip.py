@@ -1,5 +1,6 @@
 """tools/pretrain_tiny_clip.py: a few steps write a checkpoint that loads like real CLIP weights."""
 import os
+import re
 import sys
 
 import torch
@@ -26,6 +27,11 @@ def test_pretraining_writes_a_loadable_fp16_checkpoint_and_its_record(tmp_path, 
     torch.testing.assert_close(model.state_dict()["visual.proj"], stored["visual.proj"].float())
     record = (tmp_path / "weights" / "tiny.txt").read_text()
     assert "--seed 3 --steps 3" in record and "seed: 3\n" in record and "sha256" in record
+    # CPU time of the trainer and of the rendering workers (none here), so the cost reads right on a loaded machine.
+    cpu = re.search(r"CPU time: [\d.]+ min for the training process and ([\d.]+) min for the rendering "
+                    r"worker\(s\) \(([\d.]+) s per step", record)
+    assert cpu and cpu.group(1) == "0.0" and float(cpu.group(2)) > 0, record
+    assert re.search(r"load average [\d.]+ at the start and [\d.]+ at the end", record), record
 
 
 def test_learning_rate_warms_up_then_decays_to_zero():
