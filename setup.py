@@ -1,8 +1,8 @@
-"""Installable core of the project: the ``vlprompt`` package.
+"""Installable packages of the project: ``vlprompt`` (the library) and ``vlprompt_app`` (the application).
 
 ``trainers/`` and ``datasets/`` stay plain folders beside ``train.py`` (as in the
 CoOp family), so installing the project never shadows a site-packages module
-called ``datasets``.
+called ``datasets``; ``vlprompt_app.project`` loads them from the checkout.
 """
 from setuptools import find_packages, setup
 
@@ -15,7 +15,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
-    packages=find_packages(include=["vlprompt", "vlprompt.*"]),
+    packages=find_packages(include=["vlprompt", "vlprompt.*", "vlprompt_app", "vlprompt_app.*"]),
     include_package_data=True,
     package_data={"vlprompt.interpret": ["data/*.tsv"]},
     install_requires=[

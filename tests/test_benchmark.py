@@ -10,8 +10,8 @@ import sys
 import pytest
 
 import trainers  # noqa: F401  (registers the trainers)
-from vlprompt.benchmarking import per_trainer, trainer_cases
-from vlprompt.benchmarking.trainer_cases import CASES, Case
+from vlprompt_app.benchmarking import per_trainer, trainer_cases
+from vlprompt_app.benchmarking.trainer_cases import CASES, Case
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
@@ -92,7 +92,7 @@ def test_a_registered_trainer_without_a_case_stops_the_benchmark(monkeypatch, ca
     assert benchmark.main(["trainers", "--trainers", "CoOp"]) == 2
     error = capsys.readouterr().err
     assert "without a benchmark case: UncoveredBenchmarkTrainer" in error
-    assert "CASES of vlprompt/benchmarking/trainer_cases.py" in error
+    assert "CASES of vlprompt_app/benchmarking/trainer_cases.py" in error
 
 
 def test_a_case_for_an_unregistered_trainer_is_reported():

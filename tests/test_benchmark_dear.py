@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-from vlprompt.benchmarking import dear
-from vlprompt.benchmarking.report import format_report
+from vlprompt_app.benchmarking import dear
+from vlprompt_app.benchmarking.report import format_report
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
 import benchmark  # noqa: E402  (tools/benchmark.py, the command line)

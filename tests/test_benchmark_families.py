@@ -4,7 +4,7 @@ import json
 import os
 import sys
 
-from vlprompt.benchmarking import cocoop, feature_cache
+from vlprompt_app.benchmarking import cocoop, feature_cache
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
 import benchmark  # noqa: E402  (tools/benchmark.py, the command line)

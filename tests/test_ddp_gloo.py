@@ -48,8 +48,8 @@ from vlprompt.config import ConfigError, extend_cfg, get_cfg_default
 from vlprompt.data import DataManager
 from vlprompt.engine import build_trainer
 from vlprompt.engine.distributed import DistributedContext, distributed_train_loader
-from vlprompt.protocols.execute import OK, Launcher, execute_chain
-from vlprompt.protocols.grid import Chain, Run
+from vlprompt_app.protocols.execute import OK, Launcher, execute_chain
+from vlprompt_app.protocols.grid import Chain, Run
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
 from vlprompt.utils import load_checkpoint
 

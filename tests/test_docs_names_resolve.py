@@ -2,11 +2,11 @@
 
 * Each ``--trainers`` list of a command in README.md, DATASETS.md, PERFORMANCE.md, the
   docstrings and other texts of train.py and the Python sources, and configs/*.yaml resolves the way the command's tool resolves it:
-  run_protocol.py (also called through ``$RUN``) with ``vlprompt.protocols.grid.resolve_methods`` (every stage of a staged TRAINER:CFG1@E:CFG2)
+  run_protocol.py (also called through ``$RUN``) with ``vlprompt_app.protocols.grid.resolve_methods`` (every stage of a staged TRAINER:CFG1@E:CFG2)
   (``NAME:cfg`` -> configs/trainers/NAME/cfg.yaml, a bare NAME takes the command's
   ``--config``, a value ending in .yaml is a path); parse_results.py / plot_results.py need a
   registered trainer and, with ``:CFG``, an existing config; benchmark.py needs one of its
-  trainer cases (vlprompt.benchmarking.trainer_cases).
+  trainer cases (vlprompt_app.benchmarking.trainer_cases).
   A shell loop variable (``for K in 1 2; do ... ${K}shot``) is expanded.
 * Every ``configs/...yaml`` path mentioned there exists, except files the README tells the
   reader to create and paths with a placeholder name (``configs/trainers/TRAINER/...``, ``configs/published/PROTOCOL.yaml``).
@@ -98,7 +98,7 @@ def test_documented_trainers_resolve(document, tool, specs, config, monkeypatch)
     import run_protocol
     import trainers  # noqa: F401  (registers the trainers, as run_protocol.py does)
 
-    from vlprompt.protocols.grid import resolve_methods
+    from vlprompt_app.protocols.grid import resolve_methods
 
     assert specs, f"{document}: an empty --trainers list"
     for spec in specs:
@@ -111,7 +111,7 @@ def test_documented_trainers_resolve(document, tool, specs, config, monkeypatch)
                 path = Path(cfg) if cfg.endswith(".yaml") else ROOT / "configs" / "trainers" / trainer / f"{cfg}.yaml"
                 assert path.is_file(), f"{document}: {spec} names a config that does not exist ({path})"
         else:
-            from vlprompt.benchmarking.trainer_cases import select_cases
+            from vlprompt_app.benchmarking.trainer_cases import select_cases
 
             select_cases([spec])
 

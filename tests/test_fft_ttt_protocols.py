@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from vlprompt.config import ConfigError
-from vlprompt.protocols import GridSpec, Method, build_grid, load_benchmark
-from vlprompt.protocols.benchmark import ProtocolDatasets
-from vlprompt.protocols.grid import StageInit, resolve_methods
-from vlprompt.protocols.layout import parse_run_path
-from vlprompt.protocols.published import load_published
+from vlprompt_app.protocols import GridSpec, Method, build_grid, load_benchmark
+from vlprompt_app.protocols.benchmark import ProtocolDatasets
+from vlprompt_app.protocols.grid import StageInit, resolve_methods
+from vlprompt_app.protocols.layout import parse_run_path
+from vlprompt_app.protocols.published import load_published
 from vlprompt.synthetic.downstream import SETS, ensure_dataset
 
 ROOT = Path(__file__).resolve().parents[1]

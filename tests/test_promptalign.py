@@ -20,8 +20,8 @@ from vlprompt.data import DataManager
 from vlprompt.engine import build_trainer
 from vlprompt.engine.results import write_run_config
 from vlprompt.engine.test_time import average_prediction_entropy, entropy_per_view
-from vlprompt.protocols.layout import parse_run_path, source_model_name, ttt_run_dir
-from vlprompt.protocols.published import find_published, load_published, published_path
+from vlprompt_app.protocols.layout import parse_run_path, source_model_name, ttt_run_dir
+from vlprompt_app.protocols.published import find_published, load_published, published_path
 from vlprompt.utils import read_image
 
 ROOT = Path(__file__).resolve().parents[1]

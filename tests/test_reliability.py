@@ -725,18 +725,18 @@ def test_a_write_that_fails_midway_keeps_the_previous_file(tmp_path, monkeypatch
 _RAW_WRITES_ALLOWED = {  # (file, start of the call's source)
     # Logs, written line by line while a run goes on (a torn last line is expected after a kill).
     ("vlprompt/utils/logger.py", "open(fpath, 'w', encoding='utf-8')"),
-    ("vlprompt/protocols/execute.py", "open(console_path, 'a', encoding='utf-8')"),
+    ("vlprompt_app/protocols/execute.py", "open(console_path, 'a', encoding='utf-8')"),
     # The test-time episode log: one fixed-size record appended and fsynced per adapted image; a
     # torn last record after a kill is cut off on reading (r+b truncates it before appending).
     ("vlprompt/engine/test_time.py", "open(self.path, 'r+b')"),
     ("vlprompt/engine/test_time.py", "open(self.path, 'ab')"),
     # Benchmark scratch files, rewritten by every benchmark run: the loader benchmark's synthetic
     # split and the CoCoOp benchmark's logits (compared between its two processes).
-    ("vlprompt/benchmarking/loader.py", "open(split_path, 'w')"),
-    ("vlprompt/benchmarking/loader.py", "json.dump({'train': train, 'val': train[:1], 'test': train[:1]}, f)"),
-    ("vlprompt/benchmarking/cocoop.py", "torch.save(output, job['logits'])"),
+    ("vlprompt_app/benchmarking/loader.py", "open(split_path, 'w')"),
+    ("vlprompt_app/benchmarking/loader.py", "json.dump({'train': train, 'val': train[:1], 'test': train[:1]}, f)"),
+    ("vlprompt_app/benchmarking/cocoop.py", "torch.save(output, job['logits'])"),
     # A kernel control file, not data: resets the peak-memory counter.
-    ("vlprompt/benchmarking/measure.py", "open('/proc/self/clear_refs', 'w')"),
+    ("vlprompt_app/benchmarking/measure.py", "open('/proc/self/clear_refs', 'w')"),
 }
 _SERIALISERS = {"torch.save": 1, "json.dump": 1, "pickle.dump": 1, "yaml.safe_dump": 1, "yaml.dump": 1, "np.save": 0}
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from vlprompt.protocols.published import PublishedError, load_published
-from vlprompt.protocols.tables import Cell, Measurements, format_cell, harmonic_mean, method_groups
+from vlprompt_app.protocols.published import PublishedError, load_published
+from vlprompt_app.protocols.tables import Cell, Measurements, format_cell, harmonic_mean, method_groups
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))

@@ -1,4 +1,4 @@
-"""tools/run_protocol.py and vlprompt.protocols: grid expansion, skipping, failures, backends.
+"""tools/run_protocol.py and vlprompt_app.protocols: grid expansion, skipping, failures, backends.
 
 The end-to-end grid is ZeroshotCLIP + CoOp x the synthetic benchmark's two base-to-novel
 sets (synthetic_shapes, synthetic_patterns, rendered into a temporary root) x seeds 1, 2,
@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from vlprompt.config import ConfigError
-from vlprompt.protocols import BenchmarkError, GridSpec, Method, build_grid, load_benchmark
-from vlprompt.protocols.benchmark import ProtocolDatasets
-from vlprompt.protocols.execute import (
+from vlprompt_app.protocols import BenchmarkError, GridSpec, Method, build_grid, load_benchmark
+from vlprompt_app.protocols.benchmark import ProtocolDatasets
+from vlprompt_app.protocols.execute import (
     BLOCKED, FAILED, OK, SKIPPED, Launcher, execute_chain, is_completed, run_queue, summarize,
 )
-from vlprompt.protocols.grid import Chain, Run, resolve_method
-from vlprompt.protocols.layout import parse_run_path
+from vlprompt_app.protocols.grid import Chain, Run, resolve_method
+from vlprompt_app.protocols.layout import parse_run_path
 from vlprompt.synthetic.downstream import SETS, ensure_dataset
 
 ROOT = Path(__file__).resolve().parents[1]

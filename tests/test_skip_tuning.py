@@ -18,7 +18,7 @@ from trainers.skip_tuning import (
 )
 from vlprompt.clip import Tokenizer
 from vlprompt.config import ConfigError
-from vlprompt.protocols.grid import Method, merged_max_epoch
+from vlprompt_app.protocols.grid import Method, merged_max_epoch
 from vlprompt.utils import load_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

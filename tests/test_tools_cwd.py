@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vlprompt import project
+from vlprompt_app import project
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = sorted(path.name for path in (ROOT / "tools").glob("*.py"))

@@ -14,15 +14,15 @@ Every family times with the same clocks (``--clock wall`` or ``cpu``: the proces
 time, for a CPU shared with other jobs; images/s always use the wall clock) and prints one
 table: a header line (settings, commit, load average), one row per case, then the figures
 derived from the rows. ``--json PATH`` writes the same report as JSON; ``show`` prints a saved
-one. What each family measures: vlprompt/benchmarking/<family>.py (``official``: our trainers
+one. What each family measures: vlprompt_app/benchmarking/<family>.py (``official``: our trainers
 against their official code, tools/official_benchmark.py, next to this file) and PERFORMANCE.md.
 """
 import argparse
 import sys
 
-from vlprompt.benchmarking import cocoop, dear, feature_cache, loader, per_trainer
-from vlprompt.benchmarking.report import finish_report, format_report, read_report, start_report, write_report
-from vlprompt.benchmarking.trainer_cases import BenchmarkCoverageError
+from vlprompt_app.benchmarking import cocoop, dear, feature_cache, loader, per_trainer
+from vlprompt_app.benchmarking.report import finish_report, format_report, read_report, start_report, write_report
+from vlprompt_app.benchmarking.trainer_cases import BenchmarkCoverageError
 from vlprompt.clip import CLIPLoadError
 from vlprompt.config import ConfigError
 

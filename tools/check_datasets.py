@@ -31,7 +31,8 @@ from vlprompt.config import get_cfg_default
 from vlprompt.data.checks import IMAGE_CHECKS, find_unreadable_images
 from vlprompt.data.datasets import DATASET_REGISTRY, DatasetLayoutError
 from vlprompt.data.splits import FEWSHOT_DIRNAME
-from vlprompt.project import import_project_package, repository_root
+from vlprompt.paths import repository_root
+from vlprompt_app.project import import_project_package
 
 REPO = str(repository_root())
 import_project_package("datasets")  # registers the dataset classes

@@ -53,7 +53,7 @@ from vlprompt.interpret import (
     write_csv, write_heatmap, write_markdown,
 )
 from vlprompt.fileio import write_text
-from vlprompt.project import import_project
+from vlprompt_app.project import import_project
 
 import_project()  # registers the datasets and the trainers' config nodes (used by --config-file)
 

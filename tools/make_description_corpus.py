@@ -17,7 +17,7 @@ import random
 import re
 
 from vlprompt.fileio import write_text
-from vlprompt.project import repository_root
+from vlprompt.paths import repository_root
 
 DEFAULT_OUT = str(repository_root() / "vlprompt" / "interpret" / "data" / "generic_image_descriptions.tsv")
 PER_CONCEPT = 300

@@ -5,7 +5,7 @@ For every method of tools/official_methods/ (or ``--methods``), two fresh proces
 in interleaved rounds (median of ``--rounds`` after ``--warmup`` untimed ones) its training step
 and its unit, a frozen CLIP image forward of the same batch without autograd:
 
-* ours: the method's trainer (its case in vlprompt/benchmarking/trainer_cases.py, built through
+* ours: the method's trainer (its case in vlprompt_app/benchmarking/trainer_cases.py, built through
   its own class from its config file with the spec's ``our_nodes`` set over it, fp32): the unit is
   ``encode_image_plain``; the step is ``set_model_mode("train")`` and ``forward_backward`` of the
   batch (forward, loss, backward, optimizer step on the trainable parameters of its recipe), as
@@ -247,7 +247,7 @@ def _side_inputs(workdir, method):
 def _timed(frozen, train, settings, learnable):
     """{"train"/"frozen": {clock: median s}, "learnable": n} of interleaved rounds; ``learnable`` is
     the count, or a function giving it after the rounds."""
-    from vlprompt.benchmarking.measure import medians, time_interleaved
+    from vlprompt_app.benchmarking.measure import medians, time_interleaved
 
     with contextlib.redirect_stdout(io.StringIO()):
         times = time_interleaved({"frozen": frozen, "train": train}, torch.device("cpu"), settings["rounds"],
@@ -279,8 +279,8 @@ def _set_official_train_cfg(cfg, values):
 
 def our_side(workdir, method):
     """Our trainer's step and the frozen CLIP forward (run in the subprocess)."""
-    from vlprompt.benchmarking.trainer_cases import CACHED, CASES, TEST_TIME, build_trainer
-    from vlprompt.project import import_project_package
+    from vlprompt_app.benchmarking.trainer_cases import CACHED, CASES, TEST_TIME, build_trainer
+    from vlprompt_app.project import import_project_package
 
     import_project_package("trainers")
     settings, images, labels = _side_inputs(workdir, method)

@@ -181,7 +181,7 @@ def our_outputs(method, backbone, weights_path, classnames, learnables, images, 
     from yacs.config import CfgNode as CN
 
     from vlprompt.clip import CLIPRunner, Tokenizer
-    from vlprompt.project import import_project_package
+    from vlprompt_app.project import import_project_package
 
     import_project_package("trainers")  # our trainers/ (the official side has its own of that name)
     spec = METHODS[method]

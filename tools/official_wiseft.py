@@ -64,7 +64,7 @@ def our_outputs(zs_path, ft_path, classnames, images, labels, noise, alpha=ALPHA
     import torch.nn.functional as F
 
     from vlprompt.clip import IMAGENET_TEMPLATES, CLIPRunner, Tokenizer, load_clip
-    from vlprompt.project import import_project_package
+    from vlprompt_app.project import import_project_package
 
     trainers = import_project_package("trainers")
     ft, wiseft = trainers.ft, trainers.wiseft

@@ -13,9 +13,9 @@ Usage::
     python tools/parse_results.py output --protocol fft ttt --published   # RAda's Tables 1 and 3
 
 ``--protocol`` prints the paper tables of the protocol runner's output root
-(``tools/run_protocol.py``, layout in ``vlprompt/protocols/layout.py``): methods side by
+(``tools/run_protocol.py``, layout in ``vlprompt_app/protocols/layout.py``): methods side by
 side, mean ± std over seeds, missing seeds flagged, optionally the published numbers
-(``configs/published/*.yaml``) with our difference; see ``vlprompt/protocols/tables.py``.
+(``configs/published/*.yaml``) with our difference; see ``vlprompt_app/protocols/tables.py``.
 
 A *run folder* is a folder that directly holds ``log.txt``, timestamped logs of later
 runs (``log.txt-YYYY-MM-DD-HH-MM-SS``) or a ``results.json``. Run folders named
@@ -54,12 +54,12 @@ from tabulate import tabulate
 
 REPO = Path(__file__).resolve().parents[1]
 
-from vlprompt.protocols.benchmark import PROTOCOLS, BenchmarkError, load_benchmark  # noqa: E402
-from vlprompt.protocols.layout import BASE2NEW_DIR, TTT_DIR, parse_run_path  # noqa: E402
-from vlprompt.protocols.published import (  # noqa: E402
+from vlprompt_app.protocols.benchmark import PROTOCOLS, BenchmarkError, load_benchmark  # noqa: E402
+from vlprompt_app.protocols.layout import BASE2NEW_DIR, TTT_DIR, parse_run_path  # noqa: E402
+from vlprompt_app.protocols.published import (  # noqa: E402
     PUBLISHED_PROTOCOLS, PublishedError, load_published, published_path,
 )
-from vlprompt.protocols.tables import (  # noqa: E402
+from vlprompt_app.protocols.tables import (  # noqa: E402
     BASE, BASE_RELEASED, FORMATS, NOVEL, Measurements, Table, base2new_table, fewshot_table,
     harmonic_mean, mean_std, render, transfer_table,
 )
@@ -641,7 +641,7 @@ def collect_measurements(directory, protocol: str, scope: ProtocolScope = Protoc
 
 def protocol_table(results: ProtocolResults, seeds: Sequence[str], scope: ProtocolScope = ProtocolScope(),
                    select: Optional[Sequence[str]] = None, published=None) -> Table:
-    """The paper table of ``results`` (conventions in vlprompt/protocols/tables.py).
+    """The paper table of ``results`` (conventions in vlprompt_app/protocols/tables.py).
 
     Args:
         seeds: the expected seeds (cells with fewer are flagged).
@@ -923,7 +923,7 @@ def _run_protocols(args) -> int:
         print(format_incomplete(incomplete), file=sys.stderr)
     if not tables:
         raise NoResultsError(f"No completed run of {', '.join(args.protocol)} under "
-                             f"'{args.directory}' (see the layout in vlprompt/protocols/layout.py).")
+                             f"'{args.directory}' (see the layout in vlprompt_app/protocols/layout.py).")
     text = render(tables, args.format, args.decimals)
     if args.output:
         write_text(text + "\n", args.output)

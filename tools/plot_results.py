@@ -36,9 +36,9 @@ REPO = Path(__file__).resolve().parents[1]
 import parse_results  # noqa: E402  (tools/parse_results.py: this script's folder is first on sys.path)
 from vlprompt.engine.results import WISEFT_SWEEP_FILENAME  # noqa: E402
 from vlprompt.fileio import save_figure  # noqa: E402
-from vlprompt.protocols.benchmark import BenchmarkError, load_benchmark  # noqa: E402
-from vlprompt.protocols.layout import parse_run_path  # noqa: E402
-from vlprompt.protocols.tables import AVERAGE, mean_std, method_groups  # noqa: E402
+from vlprompt_app.protocols.benchmark import BenchmarkError, load_benchmark  # noqa: E402
+from vlprompt_app.protocols.layout import parse_run_path  # noqa: E402
+from vlprompt_app.protocols.tables import AVERAGE, mean_std, method_groups  # noqa: E402
 
 Curve = List[Tuple[int, float, float]]
 """(shots, mean, std) points of one method in one panel, by shots."""

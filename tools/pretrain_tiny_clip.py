@@ -32,7 +32,7 @@ import open_clip
 
 from vlprompt.synthetic.pretraining import PairBatches, attribute_probe, multi_positive_loss
 from vlprompt.fileio import atomic_write, write_text
-from vlprompt.project import repository_root
+from vlprompt.paths import repository_root
 
 DEFAULT_CONFIG = "configs/clip/tiny-synthetic-clip.json"  # from the repository root
 # Environment variables that change threading (recorded with the command; no effect on the data).

@@ -18,7 +18,7 @@ import argparse
 import os.path as osp
 import sys
 
-from vlprompt.project import import_project
+from vlprompt_app.project import import_project
 
 import_project()  # the project's trainers/ and datasets/ (registers them)
 from trainers.promptalign import (  # noqa: E402

@@ -13,7 +13,7 @@ Protocols (``--protocol``, several allowed): ``base2new``, ``fewshot``, ``cross_
 staged method TRAINER:CFG1@E:CFG2 runs both stages), ``ttt`` (test-time methods on each
 target; ``--source-model`` trains the model they start from); their datasets, shots and seeds come from ``--benchmark`` (configs/benchmarks/*.yaml,
 default ``paper``) unless given. Runs write to the reference repositories' folders under
-``--output`` (vlprompt/protocols/layout.py). Each run is given its evaluation role
+``--output`` (vlprompt_app/protocols/layout.py). Each run is given its evaluation role
 (``--eval-role`` base, new, source or target; vlprompt/engine/roles.py), so methods whose
 inference depends on it (DeAR's INFERENCE auto) need no per-protocol test options. A run
 whose results.json says it completed is skipped, so the same command resumes a grid;
@@ -32,15 +32,15 @@ from typing import List, Optional, Sequence
 REPO = Path(__file__).resolve().parents[1]
 
 from vlprompt.config import ConfigError  # noqa: E402
-from vlprompt.protocols import PROTOCOLS, BenchmarkError, GridSpec, build_grid, load_benchmark  # noqa: E402
-from vlprompt.protocols.benchmark import ProtocolDatasets  # noqa: E402
-from vlprompt.protocols.execute import (  # noqa: E402
+from vlprompt_app.protocols import PROTOCOLS, BenchmarkError, GridSpec, build_grid, load_benchmark  # noqa: E402
+from vlprompt_app.protocols.benchmark import ProtocolDatasets  # noqa: E402
+from vlprompt_app.protocols.execute import (  # noqa: E402
     Launcher, Progress, SlurmOptions, pending_runs, run_queue, run_sequential, submit_slurm,
     summarize, wait_for_jobs,
 )
-from vlprompt.protocols.benchmark import TRANSFER  # noqa: E402
-from vlprompt.protocols.grid import resolve_method, resolve_methods  # noqa: E402
-from vlprompt.project import import_project_package  # noqa: E402
+from vlprompt_app.protocols.benchmark import TRANSFER  # noqa: E402
+from vlprompt_app.protocols.grid import resolve_method, resolve_methods  # noqa: E402
+from vlprompt_app.project import import_project_package  # noqa: E402
 
 CONFIGS = REPO / "configs"
 TRAIN_SCRIPT = REPO / "train.py"

@@ -34,7 +34,7 @@ from vlprompt.fileio import write_text
 from vlprompt.interpret.concepts import concept_entropy
 from vlprompt.interpret.decomposition import decompose_image_features
 from vlprompt.interpret.discovery import DEAR_ATTRIBUTES
-from vlprompt.project import repository_root
+from vlprompt.paths import repository_root
 from vlprompt.synthetic.captions import attribute_ids
 from vlprompt.synthetic.pretraining import images_to_tensor
 from vlprompt.synthetic.world import ATTRIBUTES, render, sample_scene

@@ -60,7 +60,7 @@ from vlprompt.clip import InsertTokens, Plan, PromptedCLIP, ReplaceTokens
 from vlprompt.config import ConfigError, check_choice, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.amp import PRECISIONS
-from vlprompt.project import repository_root
+from vlprompt.paths import repository_root
 
 from .coop import CoOp, CoOpCLIP
 from .maple import MaPLe, MaPLeCLIP

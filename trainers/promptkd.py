@@ -101,7 +101,7 @@ from vlprompt.data.checks import check_images
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.amp import PRECISIONS
 from vlprompt.engine.results import RESULTS_FILENAME, RUN_CONFIG_FILENAME, write_run_config
-from vlprompt.project import repository_root
+from vlprompt.paths import repository_root
 from vlprompt.utils import load_checkpoint, save_checkpoint
 
 from .ivlp import IVLPCLIP

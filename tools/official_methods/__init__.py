@@ -67,7 +67,7 @@ of each side:
   official code that runs without Dassl (no ``--dassl-git``); a spec made only for the timing (its
   outputs are compared by another tool) has no ``outputs`` and names that tool in ``compared_by``;
 * ``benchmark_case`` (optional, default the method's name): our case in
-  vlprompt/benchmarking/trainer_cases.py (the trainer and its config file); ``our_nodes``
+  vlprompt_app/benchmarking/trainer_cases.py (the trainer and its config file); ``our_nodes``
   (optional, default {"TRAINER.<the case's trainer in capitals>": ``our_node``}): {our config
   node: values} set over that config, so that both sides train the model the fixture compares.
 """

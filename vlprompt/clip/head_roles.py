@@ -40,7 +40,7 @@ import torch
 import yaml
 
 from vlprompt.config import ConfigError
-from vlprompt.project import repository_root
+from vlprompt.paths import repository_root
 from vlprompt.utils import write_text
 
 __all__ = [

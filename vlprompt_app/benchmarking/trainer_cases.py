@@ -17,7 +17,7 @@ import torch
 
 from vlprompt.config import extend_cfg, get_cfg_default, merge_from_file, merge_from_list
 from vlprompt.engine import TRAINER_REGISTRY
-from vlprompt.project import repository_root
+from vlprompt.paths import repository_root
 
 ROOT = str(repository_root())
 
@@ -180,7 +180,7 @@ def check_coverage(registered, cases=CASES):
             problems.append(f"case(s) for trainer(s) that are not registered: {', '.join(stale)}")
         raise BenchmarkCoverageError(
             "tools/benchmark.py trainers covers every registered trainer, but found " + "; ".join(problems)
-            + ". Add (or remove) an entry in CASES of vlprompt/benchmarking/trainer_cases.py: "
+            + ". Add (or remove) an entry in CASES of vlprompt_app/benchmarking/trainer_cases.py: "
             "the trainer's ViT-B/16 config, "
             "its kind (train, cached, eval-only or test-time) and issue 10's targets if any."
         )

@@ -6,9 +6,9 @@ rendered as terminal text, Markdown, LaTeX (booktabs) or CSV by :func:`render`.
 
 This module builds the three kinds of table (:func:`base2new_table`, :func:`fewshot_table`,
 :func:`transfer_table`); the cells, rows and method grouping are in
-:mod:`vlprompt.protocols.table_model`, the output formats in
-:mod:`vlprompt.protocols.table_render`, the published numbers in
-:mod:`vlprompt.protocols.published`. The names tools import from here are re-exported.
+:mod:`vlprompt_app.protocols.table_model`, the output formats in
+:mod:`vlprompt_app.protocols.table_render`, the published numbers in
+:mod:`vlprompt_app.protocols.published`. The names tools import from here are re-exported.
 
 Conventions (baselines spec §2.5):
 
@@ -20,7 +20,7 @@ Conventions (baselines spec §2.5):
   averaged cell has all expected seeds;
 * a value computed from incomplete inputs (a partial cell, or a missing dataset) is
   marked ``†``;
-* published numbers (:mod:`vlprompt.protocols.published`) add "pub." and "Δ" (ours −
+* published numbers (:mod:`vlprompt_app.protocols.published`) add "pub." and "Δ" (ours −
   published) columns (base-to-novel) or rows (cross-dataset, DG). A published method without
   runs here (no trainer of that name measured, and picked by ``select`` when given) gets
   its published columns or row alone, after the measured methods (in ``select``'s order, else

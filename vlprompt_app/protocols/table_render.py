@@ -1,6 +1,6 @@
 """Output formats of the paper tables: terminal text, Markdown, LaTeX (booktabs) and CSV.
 
-:func:`render` turns :class:`~vlprompt.protocols.table_model.Table` objects into one string
+:func:`render` turns :class:`~vlprompt_app.protocols.table_model.Table` objects into one string
 in a format of ``FORMATS``; :func:`format_cell` writes one cell (``81.17 ± 1.03``,
 ``80.50 ± 0.50 [2/3]``, ``65.73†``, ``+1.20`` or ``-``). CSV is long format: one line per
 cell (``CSV_HEADER``), numbers with 4 decimals.

@@ -20,7 +20,7 @@ from typing import List, Optional
 import torch
 
 from vlprompt.fileio import write_text
-from vlprompt.project import repository_root
+from vlprompt.paths import repository_root
 
 
 def git_commit() -> str:

@@ -24,11 +24,12 @@ from pathlib import Path
 
 import torch
 
-from vlprompt.benchmarking.measure import medians, peak_memory_mib, reset_peak_memory, time_interleaved
+from vlprompt_app.benchmarking.measure import medians, peak_memory_mib, reset_peak_memory, time_interleaved
 from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
 from vlprompt.config import extend_cfg, get_cfg_default, merge_from_file
 from vlprompt.engine.amp import MixedPrecision
-from vlprompt.project import import_project_package, repository_root
+from vlprompt.paths import repository_root
+from vlprompt_app.project import import_project_package
 
 PAPER_CONFIG = str(repository_root() / "configs" / "trainers" / "DeAR" / "vit_b16_base2new.yaml")
 CASES = ("frozen", "dear", "dear_noreg", "reg_branch")

@@ -30,7 +30,7 @@ process that measured the case (one fresh process per case; weights included).
 
 The default setting is issue 10's comparison setting: batch 4 (CoCoOp 1), 50 classes, 224 px,
 fp32 on the CPU with 2 threads; the table lists the issue's targets next to the ratios. Each
-case is measured in a fresh process (``python -m vlprompt.benchmarking.per_trainer``) unless
+case is measured in a fresh process (``python -m vlprompt_app.benchmarking.per_trainer``) unless
 ``--in-process``. Under ``--clock cpu`` the case processes run with OMP_WAIT_POLICY=PASSIVE
 (unless set): spinning OpenMP threads would add CPU time without work (a RAdaAdapter step on
 cached features measured 0.05 CPU-s passive, 0.5-1.6 CPU-s spinning, on 2 threads of a loaded
@@ -51,12 +51,13 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-from vlprompt.benchmarking.measure import clocks, current_rss_mib, peak_memory_mib, reset_peak_memory
-from vlprompt.benchmarking.report import format_table
-from vlprompt.benchmarking.trainer_cases import (
+from vlprompt_app.benchmarking.measure import clocks, current_rss_mib, peak_memory_mib, reset_peak_memory
+from vlprompt_app.benchmarking.report import format_table
+from vlprompt_app.benchmarking.trainer_cases import (
     CACHED, CASES, TEST_TIME, TRAIN, build_trainer, case_batch, check_coverage, project_trainers, select_cases,
 )
-from vlprompt.project import import_project_package, repository_root
+from vlprompt.paths import repository_root
+from vlprompt_app.project import import_project_package
 
 ROOT = str(repository_root())
 
@@ -260,7 +261,7 @@ def timing_fields(case, clock, times, counts, references):
 
 def run_in_subprocess(case, settings):
     """measure_case in a fresh process (clean peak memory); the record, or {"case", "error"}."""
-    command = [sys.executable, "-m", "vlprompt.benchmarking.per_trainer", case.name, json.dumps(settings)]
+    command = [sys.executable, "-m", "vlprompt_app.benchmarking.per_trainer", case.name, json.dumps(settings)]
     environment = dict(os.environ, OMP_NUM_THREADS=str(settings["threads"] or os.cpu_count()))
     if settings["clock"] == "cpu":  # idle OpenMP threads sleep instead of spinning, which CPU time would count
         environment.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -385,7 +386,7 @@ def comparison_rows(before, after):
 
 
 def worker(argv):
-    """``python -m vlprompt.benchmarking.per_trainer CASE SETTINGS_JSON``: prints the case's record as JSON."""
+    """``python -m vlprompt_app.benchmarking.per_trainer CASE SETTINGS_JSON``: prints the case's record as JSON."""
     name, settings = argv
     import_project_package("trainers")
     case = next(case for case in CASES if case.name == name)

@@ -4,7 +4,7 @@ CoCoOp encodes B x C prompts per batch; CoCoOpCLIP encodes TRAINER.COCOOP.TEXT_C
 (image, class) prompts at a time (and recomputes chunks in the backward pass when training
 needs more than one). For one evaluation batch (no autograd), or with ``--train`` one
 training step, and for each chunk size (0: all B x C prompts in one pass), a fresh process
-(``python -m vlprompt.benchmarking.cocoop``) measures the extra resident memory at the peak
+(``python -m vlprompt_app.benchmarking.cocoop``) measures the extra resident memory at the peak
 and the time, and the rows check that the logits (evaluation) or the meta-net gradient
 (training) do not change (largest difference relative to the largest value).
 
@@ -26,8 +26,9 @@ import tempfile
 
 import torch
 
-from vlprompt.benchmarking.measure import clocks, current_rss_mib
-from vlprompt.project import import_project_package, repository_root
+from vlprompt_app.benchmarking.measure import clocks, current_rss_mib
+from vlprompt.paths import repository_root
+from vlprompt_app.project import import_project_package
 
 
 def clip_config(text_layers):
@@ -114,7 +115,7 @@ def measure(args):
     for chunk in args.chunks:
         job = {**settings, "chunk": chunk, "config": config, "weights": weights,
                "logits": os.path.join(folder, f"logits_{chunk}.pt")}
-        result = subprocess.run([sys.executable, "-m", "vlprompt.benchmarking.cocoop", json.dumps(job)], check=True,
+        result = subprocess.run([sys.executable, "-m", "vlprompt_app.benchmarking.cocoop", json.dumps(job)], check=True,
                                 capture_output=True, text=True, cwd=repository_root()).stdout
         record = json.loads(result.strip().splitlines()[-1])
         output = torch.load(job["logits"], weights_only=True)

@@ -19,10 +19,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vlprompt.benchmarking.measure import clocks
+from vlprompt_app.benchmarking.measure import clocks
 from vlprompt.config import extend_cfg, get_cfg_default, merge_from_file, merge_from_list
 from vlprompt.engine import build_trainer
-from vlprompt.project import import_project, repository_root
+from vlprompt.paths import repository_root
+from vlprompt_app.project import import_project
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
 from vlprompt.utils import set_random_seed
 

@@ -20,7 +20,7 @@ Staged methods are supported by the transfer protocols (cross_dataset, dg, fft).
 
 A method that learns nothing (a trainer class with ``learns = False``, e.g. ZeroshotCLIP)
 is evaluated with ``--eval-only`` and no ``--model-dir`` in every phase; in the few-shot
-protocol it is evaluated once (shot count 0, see :mod:`vlprompt.protocols.layout`).
+protocol it is evaluated once (shot count 0, see :mod:`vlprompt_app.protocols.layout`).
 
 Every run gets its evaluation role explicitly (``--eval-role``, see
 :mod:`vlprompt.engine.roles`): ``base`` for the base-to-novel training run, ``new`` for its

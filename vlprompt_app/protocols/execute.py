@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, TextIO
 
-from ..project import import_project
+from vlprompt_app.project import import_project
 from .grid import Chain, Run
 
 __all__ = [

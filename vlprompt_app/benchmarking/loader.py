@@ -18,12 +18,13 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vlprompt.benchmarking.measure import clocks
+from vlprompt_app.benchmarking.measure import clocks
 from vlprompt.config import get_cfg_default, merge_from_file, merge_from_list
 from vlprompt.data import build_data_loader
 from vlprompt.data.datasets import build_dataset
 from vlprompt.data.transforms import build_transform
-from vlprompt.project import import_project_package, repository_root
+from vlprompt.paths import repository_root
+from vlprompt_app.project import import_project_package
 
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 CLIP_STD = [0.26862954, 0.26130258, 0.27577711]

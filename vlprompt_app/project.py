@@ -19,16 +19,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Optional, Tuple
 
+from vlprompt.paths import repository_root
+
 PROJECT_PACKAGES = ("trainers", "datasets")
 
 
 class ProjectLayoutError(ImportError):
     """The repository root lacks a project package, or another module holds its name."""
-
-
-def repository_root() -> Path:
-    """The folder that holds the imported ``vlprompt`` package (the repository root)."""
-    return Path(__file__).resolve().parents[1]
 
 
 def import_project_package(name: str, root: Optional[Path] = None) -> ModuleType:
@@ -52,7 +49,7 @@ def import_project_package(name: str, root: Optional[Path] = None) -> ModuleType
             return loaded
         raise ProjectLayoutError(
             f"the module {name!r} is already imported from {origin}, not from the project's {init}: "
-            f"import vlprompt.project's packages before any other package called {name!r}"
+            f"import the project's packages (vlprompt_app.project) before any other package called {name!r}"
         )
     if not init.is_file():
         raise ProjectLayoutError(
