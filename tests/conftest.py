@@ -1,14 +1,12 @@
 """Shared fixtures: a tiny random CLIP saved to local files."""
 import os
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+from vlprompt.testing import TINY_CLIP_CONFIG, write_tiny_clip
+from vlprompt_app.project import import_project
 
-from vlprompt.testing import TINY_CLIP_CONFIG, write_tiny_clip  # noqa: E402
+import_project()  # the checkout's trainers/ and datasets/: test modules import them by name
 
 __all__ = ["TINY_CLIP_CONFIG", "write_tiny_clip"]
 

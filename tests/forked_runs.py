@@ -3,7 +3,6 @@ resume tests of train.py and of tools/run_protocol.py)."""
 import multiprocessing
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -13,17 +12,16 @@ ROOT = Path(__file__).resolve().parents[1]
 def forkserver_context():
     """A forkserver that imports train.py (torch, open_clip, trainers) once for all forked runs."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["train"])
+    context.set_forkserver_preload(["vlprompt_app.commands.train"])
     return context
 
 
 def enter_child():
-    """In a forked run: silence its output and work from the repository root, tools/ importable."""
+    """In a forked run: silence its output and work from the repository root."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
     os.chdir(ROOT)
-    sys.path.insert(0, str(ROOT / "tools"))
 
 
 def launch(context, target, argv, kill=None):

@@ -5,7 +5,6 @@ import copy
 import json
 import os
 import statistics
-import sys
 
 import pytest
 
@@ -14,8 +13,7 @@ from vlprompt_app.benchmarking import per_trainer, trainer_cases
 from vlprompt_app.benchmarking.trainer_cases import CASES, Case
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-import benchmark  # noqa: E402  (tools/benchmark.py, the command line)
+from vlprompt_app.commands import benchmark
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

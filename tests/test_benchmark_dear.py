@@ -3,7 +3,6 @@ that branch reuses the prompted pass's prefix and layer J's projections (issue 6
 printed figures are computed from the measured rounds."""
 import json
 import os
-import sys
 
 import pytest
 import torch
@@ -11,8 +10,7 @@ import torch
 from vlprompt_app.benchmarking import dear
 from vlprompt_app.benchmarking.report import format_report
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-import benchmark  # noqa: E402  (tools/benchmark.py, the command line)
+from vlprompt_app.commands import benchmark
 from toy_images import quietly  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

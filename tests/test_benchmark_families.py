@@ -2,12 +2,10 @@
 under their tables computed from those records."""
 import json
 import os
-import sys
 
 from vlprompt_app.benchmarking import cocoop, feature_cache
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-import benchmark  # noqa: E402  (tools/benchmark.py, the command line)
+from vlprompt_app.commands import benchmark
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

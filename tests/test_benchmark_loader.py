@@ -1,13 +1,11 @@
 """tools/benchmark.py loader prints one row of train-loader images/s per worker count."""
 import json
 import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
 
-import benchmark  # noqa: E402  (tools/benchmark.py, the command line)
+from vlprompt_app.commands import benchmark
 
 
 def test_benchmark_on_a_small_synthetic_dataset(tmp_path, capsys):

@@ -1,15 +1,13 @@
 """tools/check_datasets.py on a root with a complete, an incomplete and a corrupt dataset."""
 import os
-import sys
 
 import pytest
 
 from mini_datasets import write_dtd, write_eurosat, write_imagenet_a, write_objectnet, write_oxford_pets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
 
-import check_datasets  # noqa: E402
+from vlprompt_app.commands import check_datasets
 
 
 @pytest.fixture(scope="module")

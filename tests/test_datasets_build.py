@@ -351,7 +351,7 @@ def test_imagenet_r_missing_everywhere_names_both_folders(tmp_path):
     ("caltech-101/101_ObjectCategories/Leopards", "101_ObjectCategories/Leopards/image_0001.jpg"),  # partial
 ])
 def test_train_py_names_the_missing_path_and_datasets_md(tmp_path, tiny_clip_files, capsys, moved, named):
-    import train
+    from vlprompt_app.commands import train
 
     write_caltech101(str(tmp_path))
     os.rename(tmp_path / moved, tmp_path / "elsewhere")

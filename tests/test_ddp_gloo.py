@@ -34,7 +34,6 @@ commands resolve (configs merge, the grid expands).
 import json
 import re
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
@@ -54,10 +53,9 @@ from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
 from vlprompt.utils import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
 
-import run_protocol  # noqa: E402
-import train  # noqa: E402  (the repository root is on sys.path: tests/conftest.py)
+from vlprompt_app.commands import run_protocol
+from vlprompt_app.commands import train
 
 GLOBAL_BATCH = 8
 

@@ -95,7 +95,7 @@ def test_the_scan_finds_the_documented_lists():
 def test_documented_trainers_resolve(document, tool, specs, config, monkeypatch):
     monkeypatch.chdir(ROOT)
     monkeypatch.syspath_prepend(str(ROOT / "tools"))
-    import run_protocol
+    from vlprompt_app.commands import run_protocol
     import trainers  # noqa: F401  (registers the trainers, as run_protocol.py does)
 
     from vlprompt_app.protocols.grid import resolve_methods

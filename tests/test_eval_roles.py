@@ -8,13 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import train
+from vlprompt_app.commands import train
 from mini_datasets import write_caltech101
 from vlprompt.clip.head_roles import parse_role_map
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file, merge_from_list
 from vlprompt.config.validate import validate_cfg
 from vlprompt.engine import build_trainer
-from vlprompt.engine.results import write_run_config
+from vlprompt.engine.run_folder import RunFolder
 from vlprompt.engine.roles import EVAL_ROLES, RoleRule, eval_role, infer_eval_role, resolve_eval_role
 from vlprompt.testing import write_oxford_pets_tree, write_tiny_clip
 from vlprompt.utils import close_logger, set_random_seed
@@ -38,7 +38,7 @@ def trained_folder(tmp_path, name, subsample="base"):
     """A training run folder whose config.yaml says it trained on ``name``."""
     folder = tmp_path / f"trained_{name}"
     folder.mkdir()
-    write_run_config(cfg_of(name, subsample), str(folder))
+    RunFolder(folder).write_config(cfg_of(name, subsample))
     return str(folder)
 
 

@@ -3,7 +3,6 @@ methods, the ttt source model), a tiny end-to-end run of each through tools/run_
 with resumption, the Table 1 / Table 3 layouts of tools/parse_results.py, and the published
 files."""
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,10 +16,9 @@ from vlprompt_app.protocols.published import load_published
 from vlprompt.synthetic.downstream import SETS, ensure_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
 
-import parse_results as pr  # noqa: E402
-import run_protocol  # noqa: E402
+from vlprompt_app.commands import parse_results as pr
+from vlprompt_app.commands import run_protocol
 
 CONFIGS = ROOT / "configs"
 

@@ -1,7 +1,6 @@
 """tools/head_roles.py end to end on the tiny CLIP: a role map DeAR accepts, reports, bad input."""
 import csv
 import os
-import sys
 
 import pytest
 
@@ -10,8 +9,7 @@ from vlprompt.interpret import load_corpus
 from vlprompt.testing import write_oxford_pets_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-import head_roles  # noqa: E402
+from vlprompt_app.commands import head_roles
 
 
 @pytest.fixture(scope="module")

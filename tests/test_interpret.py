@@ -2,7 +2,6 @@
 import copy
 import math
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -215,11 +214,8 @@ def test_quantile_roles_ties_without_scores_follow_head_order_and_half_caps_the_
 # ----------------------------------------------------------------------------- corpora
 
 def test_shipped_generic_corpus_is_the_generator_output():
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    try:
-        import make_description_corpus
-    finally:
-        sys.path.remove(os.path.join(ROOT, "tools"))
+    from vlprompt_app.commands import make_description_corpus
+
     with open(GENERIC_CORPUS_PATH, encoding="utf-8") as f:
         assert f.read() == make_description_corpus.corpus_text(make_description_corpus.build_corpus())
 

@@ -86,7 +86,7 @@ def _train_child(argv, kill):
     enter_child()
     if kill is not None and kill[0] != "time":
         _arm(*kill)
-    import train
+    from vlprompt_app.commands import train
 
     sys.exit(train.run(argv))
 

@@ -46,7 +46,7 @@ def _grid_child(argv, kill):
     enter_child()
     if kill is not None and kill[0] == "episode":
         _arm_episode_kill(kill[1])
-    import run_protocol
+    from vlprompt_app.commands import run_protocol
 
     sys.exit(run_protocol.main(argv))
 

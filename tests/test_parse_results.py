@@ -9,9 +9,7 @@ from pathlib import Path
 import pytest
 
 TOOLS_DIR = Path(__file__).resolve().parents[1] / "tools"
-sys.path.insert(0, str(TOOLS_DIR))
-
-import parse_results as pr  # noqa: E402
+from vlprompt_app.commands import parse_results as pr
 
 SCRIPT = TOOLS_DIR / "parse_results.py"
 

@@ -8,10 +8,9 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
 
-import parse_results  # noqa: E402
-import plot_results as plots  # noqa: E402
+from vlprompt_app.commands import parse_results
+from vlprompt_app.commands import plot_results as plots
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -1,16 +1,14 @@
 """tools/pretrain_tiny_clip.py: a few steps write a checkpoint that loads like real CLIP weights."""
 import os
 import re
-import sys
 
 import torch
 
 from vlprompt.clip import load_clip
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
 
-import pretrain_tiny_clip  # noqa: E402
+from vlprompt_app.commands import pretrain_tiny_clip
 
 
 def test_pretraining_writes_a_loadable_fp16_checkpoint_and_its_record(tmp_path, tiny_clip_files):

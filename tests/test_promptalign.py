@@ -7,7 +7,7 @@ import torch
 from baseline_setup import build_seeded, make_cfg, tiny_node, tiny_runner, toy_world, toy_world_cfg  # noqa: F401
 from official_cases import oe  # noqa: F401  (puts tools/ on sys.path)
 
-import promptalign_stats  # tools/promptalign_stats.py
+from vlprompt_app.commands import promptalign_stats
 from trainers.maple import MaPLeCLIP
 from trainers.promptalign import (
     TokenStatistics, alignment_loss, image_features_and_block_inputs, load_source_statistics, read_run_config,
@@ -18,7 +18,7 @@ from vlprompt.clip import vision_prompt_plan
 from vlprompt.config import ConfigError
 from vlprompt.data import DataManager
 from vlprompt.engine import build_trainer
-from vlprompt.engine.results import write_run_config
+from vlprompt.engine.run_folder import RunFolder
 from vlprompt.engine.test_time import average_prediction_entropy, entropy_per_view
 from vlprompt_app.protocols.layout import parse_run_path, source_model_name, ttt_run_dir
 from vlprompt_app.protocols.published import find_published, load_published, published_path
@@ -100,7 +100,7 @@ def source_run(toy_world, tmp_path_factory):  # noqa: F811
     """A MaPLe run (1 epoch, prompts in 2 layers) on the toy world: its folder, as train.py writes it."""
     folder = tmp_path_factory.mktemp("maple_source")
     cfg = make_cfg(toy_world, "MaPLe", folder, subsample="all", OPTIM__MAX_EPOCH=1, OPTIM__WARMUP_EPOCH=0)
-    write_run_config(cfg, str(folder))
+    RunFolder(str(folder)).write_config(cfg)
     build_seeded(cfg).train()
     return str(folder)
 

@@ -17,7 +17,7 @@ from trainers.promptkd import (
 )
 from vlprompt.clip import CLIPRunner, Tokenizer, load_clip, vision_prompt_plan
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default
-from vlprompt.engine.results import write_run_config
+from vlprompt.engine.run_folder import RunFolder
 from vlprompt.utils import load_checkpoint
 
 ALL = ["abyssinian", "american bulldog", "bengal", "boxer", "persian"]
@@ -35,7 +35,7 @@ def teacher_dir(toy_world, tmp_path_factory):  # noqa: F811
         for param in learnable(trainer.model):
             dict(trainer.model.named_parameters())[param].mul_(10.0)
     trainer.save_model(cfg.OPTIM.MAX_EPOCH - 1, str(folder))
-    write_run_config(cfg, str(folder))
+    RunFolder(str(folder)).write_config(cfg)
     with open(folder / "results.json", "w", encoding="utf-8") as f:
         json.dump({"eval_only": False, "dataset": "OxfordPets", "num_classes": 3}, f)
     return str(folder)
@@ -168,7 +168,11 @@ def test_a_training_step_changes_only_the_student(toy_world, tmp_path, teacher_d
     trainer.batch_idx, trainer.num_batches = 0, 5
     trainer.forward_backward(next(iter(trainer.train_loader_x)))
     after = learnable(trainer.model)
-    assert all(not torch.equal(before[name], after[name]) for name in names)
+    # the projector's first bias feeds a training-mode BatchNorm, which subtracts the batch mean:
+    # its gradient is zero up to rounding, so whether it moves depends on the float kernels
+    cancelled = {"projector.0.bias"}
+    assert all(not torch.equal(before[name], after[name]) for name in names - cancelled)
+    torch.testing.assert_close(after["projector.0.bias"], before["projector.0.bias"], rtol=0, atol=1e-6)
     assert all(torch.equal(value, frozen(trainer.model)[name]) for name, value in frozen_before.items())
     assert all(torch.equal(value, frozen(teacher)[name]) for name, value in teacher_before.items())
 
@@ -236,7 +240,7 @@ def test_a_teacher_of_another_trainer_is_refused(toy_world, tmp_path, teacher_di
     other = tmp_path / "ivlp"
     os.makedirs(other)
     cfg = make_cfg(toy_world, "IVLP", other)
-    write_run_config(cfg, str(other))
+    RunFolder(str(other)).write_config(cfg)
     with pytest.raises(ConfigError, match="is a IVLP run.*must be a PromptSRC run"):
         read_teacher_run(str(other), "OxfordPets", (32, 32), 1, NODE)
 

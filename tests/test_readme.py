@@ -51,7 +51,7 @@ def test_main_job_commands_run(tmp_path):
 
 
 def test_adding_a_trainer_example_trains(tmp_path, tiny_clip_files, monkeypatch):
-    import train
+    from vlprompt_app.commands import train
     import vlprompt.config
     from vlprompt.engine import TRAINER_REGISTRY
     from vlprompt.testing import write_oxford_pets_tree

@@ -582,7 +582,7 @@ def test_a_torn_json_file_is_never_used_and_named(pets_root, torn):
 def _writers(tmp_path):
     """(name, write(version) -> path) for every file kind a run writes and later reads."""
     from vlprompt.data.splits import save_fewshot_cache, save_split
-    from vlprompt.engine.results import write_results
+    from vlprompt.engine.run_folder import RunFolder
 
     prefix = str(tmp_path / "images")
 
@@ -593,7 +593,7 @@ def _writers(tmp_path):
         ("split file", lambda v: save_split(items(v), items(v), items(v), str(tmp_path / "split.json"), prefix)
          or tmp_path / "split.json"),
         ("few-shot cache", lambda v: save_fewshot_cache(str(tmp_path), 1, 1, {"train": items(v), "val": items(v)})),
-        ("results file", lambda v: write_results({"metrics": {"accuracy": v}}, str(tmp_path))),
+        ("results file", lambda v: RunFolder(tmp_path).write_results({"metrics": {"accuracy": v}})),
         ("checkpoint", lambda v: save_checkpoint({"state_dict": {"w": torch.full((4,), float(v))}, "epoch": 1},
                                                  str(tmp_path / "model"))),
         *_tool_writers(tmp_path),
@@ -621,7 +621,6 @@ def _toy_discovery(version):
 
 def _tool_writers(tmp_path):
     """(name, write(version) -> path) for the files the tools write: head-role map and reports, tables, plots."""
-    import sys
 
     import matplotlib
 
@@ -631,10 +630,8 @@ def _tool_writers(tmp_path):
     from vlprompt.interpret import write_csv, write_heatmap, write_markdown
     from vlprompt.utils import save_figure
 
-    if str(ROOT / "tools") not in sys.path:
-        sys.path.insert(0, str(ROOT / "tools"))
-    import head_roles
-    import parse_results
+    from vlprompt_app.commands import head_roles
+    from vlprompt_app.commands import parse_results
 
     def role_map(version):
         path = tmp_path / "roles" / "head_roles.yaml"
@@ -889,7 +886,7 @@ def _cli_argv(clip_files, output_dir, *extra):
     ],
 )
 def test_config_faults_are_rejected_before_any_data_is_read(tiny_clip_files, tmp_path, capsys, extra, expected):
-    import train
+    from vlprompt_app.commands import train
 
     assert train.run(_cli_argv(tiny_clip_files, tmp_path / "run", *extra)) == 2
     error = capsys.readouterr().err
@@ -898,7 +895,7 @@ def test_config_faults_are_rejected_before_any_data_is_read(tiny_clip_files, tmp
 
 
 def test_novel_classes_may_be_evaluated(tiny_clip_files, tmp_path, capsys):
-    import train
+    from vlprompt_app.commands import train
 
     argv = _cli_argv(tiny_clip_files, tmp_path / "run", "--eval-only", "DATASET.SUBSAMPLE_CLASSES", "new")
     try:
@@ -909,7 +906,7 @@ def test_novel_classes_may_be_evaluated(tiny_clip_files, tmp_path, capsys):
 
 
 def test_a_diverging_run_exits_3_and_logs_the_step(tiny_clip_files, pets_root, tmp_path):
-    import train
+    from vlprompt_app.commands import train
 
     argv = _cli_argv(tiny_clip_files, tmp_path / "run", "--root", str(pets_root), "DATASET.NUM_SHOTS", "2",
                      "OPTIM.LR", "1e30", "OPTIM.WARMUP_EPOCH", "-1")

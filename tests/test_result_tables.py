@@ -6,7 +6,6 @@ HM of the seed means, Average = HM of the averaged Base and Novel).
 import csv
 import io
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,9 +14,8 @@ from vlprompt_app.protocols.published import PublishedError, load_published
 from vlprompt_app.protocols.tables import Cell, Measurements, format_cell, harmonic_mean, method_groups
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
 
-import parse_results as pr  # noqa: E402
+from vlprompt_app.commands import parse_results as pr
 
 EVAL_LOG = ("Loading trainer: CoOp\nEvaluate on the *test* set\n=> result\n* total: 100\n"
             "* correct: 54\n* accuracy: {acc:.1f}%\n* error: {err:.1f}%\n* macro_f1: 50.0%\n")

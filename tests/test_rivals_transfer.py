@@ -10,7 +10,6 @@ ImageNet model (EuroSAT would get a 2048-dimensional representation from MMRL's 
 which the official test script overrides, as the config does).
 """
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,9 +21,8 @@ from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from
 from vlprompt.testing import write_tiny_clip
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
 
-import run_protocol  # noqa: E402
+from vlprompt_app.commands import run_protocol
 
 MMRL_CROSS = ROOT / "configs/trainers/MMRL/vit_b16_cross_datasets.yaml"
 MMRL_BASE2NEW = ROOT / "configs/trainers/MMRL/vit_b16.yaml"

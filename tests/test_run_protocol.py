@@ -7,7 +7,6 @@ split, run in-process to keep it fast.
 """
 import json
 
-import sys
 import threading
 import time
 from pathlib import Path
@@ -25,9 +24,8 @@ from vlprompt_app.protocols.layout import parse_run_path
 from vlprompt.synthetic.downstream import SETS, ensure_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
 
-import run_protocol  # noqa: E402
+from vlprompt_app.commands import run_protocol
 
 CONFIGS = ROOT / "configs"
 SYNTHETIC_DATASETS = "synthetic_shapes,synthetic_patterns"
@@ -127,7 +125,7 @@ def test_base2new_grid_skips_completed_reruns_deleted_and_reports_failures(data_
     assert {k for k in after if after[k] != before.get(k)} == {deleted}
 
     # the results tool reads the grid back: both trainers side by side, both sets, 2 seeds each
-    import parse_results
+    from vlprompt_app.commands import parse_results
 
     assert parse_results.main([str(output), "--protocol", "base2new", "--benchmark", "synthetic",
                                "--format", "markdown"]) == 0

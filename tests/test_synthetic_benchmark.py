@@ -14,7 +14,7 @@ import os
 import pytest
 import torch
 
-import train
+from vlprompt_app.commands import train
 from vlprompt.clip import CLIPLoadError, CLIPRunner, load_clip
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,13 +1,10 @@
 """tools/synthetic_head_roles.py: eta^2 of a grouping, and the table on the committed tiny CLIP."""
 import json
-import os
-import sys
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-import synthetic_head_roles  # noqa: E402
+from vlprompt_app.commands import synthetic_head_roles
 from toy_images import quietly  # noqa: E402
 
 with open(synthetic_head_roles.CONFIG) as _f:

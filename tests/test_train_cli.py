@@ -138,7 +138,7 @@ def test_resume_from_epoch_one_equals_uninterrupted_run(setup, trained):
     ],
 )
 def test_bad_input_gives_one_clear_error(setup, tmp_path, capsys, extra, expected):
-    import train
+    from vlprompt_app.commands import train
 
     assert train.run(train_argv(setup, tmp_path / "bad", *extra)) == 2
     assert expected in capsys.readouterr().err

@@ -4,7 +4,7 @@ import shlex
 
 import pytest
 
-import train
+from vlprompt_app.commands import train
 from vlprompt.config import ConfigError, get_cfg_default, merge_from_list
 
 BASE = ["--trainer", "CoOp", "--dataset-config-file", "configs/datasets/oxford_pets.yaml",

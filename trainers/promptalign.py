@@ -52,12 +52,12 @@ from yacs.config import CfgNode as CN
 
 from vlprompt.clip import MapTokens, check_prompt_sizes, vision_prompt_plan
 from vlprompt.config import (
-    ConfigError, check_choice, check_range, extend_cfg, get_cfg_default, merge_from_file, register_cfg_extension,
+    ConfigError, check_choice, check_range, register_cfg_extension,
 )
 from vlprompt.data import DataManager, build_data_loader
 from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.amp import PRECISIONS
-from vlprompt.engine.results import RUN_CONFIG_FILENAME
+from vlprompt.engine.run_folder import RunFolder
 from vlprompt.fileio import atomic_write
 
 from .maple import MaPLeCLIP
@@ -190,15 +190,9 @@ def source_statistics(model, loader, device, autocast):
 
 
 def read_run_config(model_dir):
-    """The merged config (``config.yaml``) of the training run in ``model_dir``; ConfigError without one."""
-    path = osp.join(model_dir, RUN_CONFIG_FILENAME)
-    if not osp.isfile(path):
-        raise ConfigError(f'"{model_dir}" holds no {RUN_CONFIG_FILENAME}: it is not the folder of a training run '
-                          "of this project (train.py writes it when it trains), so its source training set is unknown.")
-    cfg = get_cfg_default()
-    extend_cfg(cfg)
-    merge_from_file(cfg, path)
-    return cfg
+    """The merged config of the training run in ``model_dir`` (:meth:`RunFolder.read_config`);
+    ConfigError without one, since the source training set is then unknown."""
+    return RunFolder(model_dir).read_config()
 
 
 def source_cfg(run_cfg, num_shots, root=None):

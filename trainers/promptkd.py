@@ -78,7 +78,6 @@ teacher's image tower at test time, unused); the projector's widths follow the t
 (upstream hard-codes 512 -> 768). The dataset of an upstream-format teacher folder cannot be
 checked (only the folder's name says it); its class count is.
 """
-import json
 import os
 import os.path as osp
 import string
@@ -100,7 +99,7 @@ from vlprompt.data import DataManager
 from vlprompt.data.checks import check_images
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.amp import PRECISIONS
-from vlprompt.engine.results import RESULTS_FILENAME, RUN_CONFIG_FILENAME, write_run_config
+from vlprompt.engine.run_folder import CONFIG_FILENAME, RESULTS_FILENAME, RunFolder
 from vlprompt.paths import repository_root
 from vlprompt.utils import load_checkpoint, save_checkpoint
 
@@ -268,19 +267,18 @@ def read_teacher_run(folder, dataset_name, input_size, seed, node):
     where = f'The PromptKD teacher folder "{folder}" (TRAINER.PROMPTKD.TEACHER_DIR)'
     if not osp.isdir(folder):
         raise ConfigError(f"{where} does not exist. Train the {TEACHER_TRAINER} teacher first: {command}")
-    config_path = osp.join(folder, RUN_CONFIG_FILENAME)
-    if not osp.isfile(config_path):
+    run = RunFolder(folder)
+    config_path = run.config_path
+    if not config_path.is_file():
         upstream = osp.join(folder, TEACHER_MODEL_NAME, UPSTREAM_TEACHER_FILE)
         if osp.isfile(upstream):
             return read_upstream_teacher(folder, upstream, dataset_name, input_size, node, command)
         raise ConfigError(
-            f"{where} has neither {RUN_CONFIG_FILENAME} (a training run of this project: train.py writes "
+            f"{where} has neither {CONFIG_FILENAME} (a training run of this project: train.py writes "
             f'{config_path} when it trains) nor upstream\'s teacher checkpoint "{upstream}". Train the teacher: '
             f"{command}"
         )
-    cfg = get_cfg_default()
-    extend_cfg(cfg)
-    merge_from_file(cfg, config_path)
+    cfg = run.read_config()
     if cfg.TRAINER.NAME != TEACHER_TRAINER:
         raise ConfigError(f"{where} is a {cfg.TRAINER.NAME} run ({config_path}); the teacher must be a "
                           f"{TEACHER_TRAINER} run: {command}")
@@ -290,14 +288,14 @@ def read_teacher_run(folder, dataset_name, input_size, seed, node):
     if tuple(cfg.INPUT.SIZE) != tuple(input_size):
         raise ConfigError(f"{where} takes {tuple(cfg.INPUT.SIZE)} images (INPUT.SIZE in {config_path}), this run "
                           f"{tuple(input_size)}; the teacher sees the student's images, so the sizes must agree.")
-    checkpoint = osp.join(folder, TEACHER_MODEL_NAME, f"model.pth.tar-{cfg.OPTIM.MAX_EPOCH}")
+    checkpoint = str(run.checkpoint_path(TEACHER_MODEL_NAME, cfg.OPTIM.MAX_EPOCH))
     if not osp.isfile(checkpoint):
         raise ConfigError(
             f'The PromptKD teacher checkpoint "{checkpoint}" (the last epoch, OPTIM.MAX_EPOCH '
             f"{cfg.OPTIM.MAX_EPOCH} of {config_path}) is missing: the teacher run has not finished. "
             f"Train it (again): {command}"
         )
-    return TeacherRun(folder, cfg, checkpoint, _trained_class_count(folder), command)
+    return TeacherRun(folder, cfg, checkpoint, run.trained_class_count(), command)
 
 
 def read_upstream_teacher(folder, checkpoint, dataset_name, input_size, node, command):
@@ -326,19 +324,6 @@ def read_upstream_teacher(folder, checkpoint, dataset_name, input_size, node, co
     return TeacherRun(folder, cfg, checkpoint, None if prefix is None else prefix.shape[0], command)
 
 
-def _trained_class_count(folder):
-    """num_classes of the folder's training-run ``results.json``, None when there is none."""
-    path = osp.join(folder, RESULTS_FILENAME)
-    try:
-        with open(path, encoding="utf-8") as f:
-            record = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(record, dict) or record.get("eval_only") is not False:
-        return None
-    return record.get("num_classes")
-
-
 def write_stand_in_teacher(folder, backbone, weights, input_size, dataset):
     """Write a PromptSRC run folder with untrained prompts (N(0, 0.02), "a photo of a") for timing
     PromptKD without training a teacher (tools/benchmark.py): ``config.yaml`` (PromptSRC's ViT-B/16
@@ -355,7 +340,7 @@ def write_stand_in_teacher(folder, backbone, weights, input_size, dataset):
     model = IVLPCLIP(CLIPRunner(clip_model), Tokenizer(backbone), ["stand-in"], cfg.TRAINER.PROMPTSRC)
     prompts = {name: param.detach() for name, param in model.named_parameters() if param.requires_grad}
     save_checkpoint({"state_dict": prompts, "epoch": cfg.OPTIM.MAX_EPOCH}, osp.join(folder, TEACHER_MODEL_NAME))
-    write_run_config(cfg, folder)
+    RunFolder(folder).write_config(cfg)
     return folder
 
 

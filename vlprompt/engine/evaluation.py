@@ -30,7 +30,8 @@ import torch
 from tqdm import tqdm
 
 from .hooks import HookBase
-from .results import make_results_record, write_results
+from .results import make_results_record
+from .run_folder import RunFolder
 
 __all__ = ["EvaluationMixin", "FinalEvaluationHook"]
 
@@ -105,7 +106,7 @@ class EvaluationMixin:
             skipped_nonfinite_steps=self.nonfinite_steps,
         )
         record.update(self.results_extra())
-        path = write_results(record, self.output_dir)
+        path = RunFolder(self.output_dir).write_results(record)
         print(f"Results saved to {path}")
         return path
 

@@ -1,24 +1,20 @@
-"""The machine-readable records of a run folder: ``results.json`` and ``config.yaml``.
+"""The record of a final evaluation, which :class:`~vlprompt.engine.run_folder.RunFolder` writes as ``results.json``.
 
-[decision] (engine spec §13 #9): besides Dassl's one-decimal "=> result" block in log.txt, every
+[decision] Besides Dassl's one-decimal "=> result" block in log.txt, every
 final evaluation (the test after training, or an eval-only test) writes ``results.json``
 atomically, with the evaluator's metrics at full precision and the evaluation role
 (:mod:`vlprompt.engine.roles`), so that result parsers need not scrape logs.
 
 A training run also writes its merged config as ``config.yaml`` (detectron2's name) when it
-starts, so that a later ``--eval-only --model-dir`` run knows what the model was trained on.
+starts (:meth:`RunFolder.write_config`), so that a later ``--eval-only --model-dir`` run knows
+what the model was trained on.
 """
 import datetime
-import json
-import os.path as osp
 from pathlib import Path
 from typing import Mapping, Optional
 
 import vlprompt
-from vlprompt.utils import atomic_write
 
-RESULTS_FILENAME = "results.json"
-RUN_CONFIG_FILENAME = "config.yaml"
 WISEFT_SWEEP_FILENAME = "wiseft_alphas.json"
 """WiSE-FT's mixing-coefficient sweep of an evaluation (trainers/wiseft.py; tools/plot_results.py wiseft)."""
 
@@ -89,21 +85,3 @@ def make_results_record(
         "output_dir": cfg.OUTPUT_DIR,
         "vlprompt_version": vlprompt.__version__,
     }
-
-
-def write_results(record: Mapping, output_dir: str) -> str:
-    """Write ``record`` as ``output_dir/results.json`` atomically (4-space indent); return the path."""
-    path = osp.join(output_dir, RESULTS_FILENAME)
-    with atomic_write(path, "w") as f:
-        json.dump(record, f, indent=4)
-        f.write("\n")
-    return path
-
-
-def write_run_config(cfg, output_dir: str) -> str:
-    """Write the merged config of a training run as ``output_dir/config.yaml`` atomically; return the path."""
-    path = osp.join(output_dir, RUN_CONFIG_FILENAME)
-    with atomic_write(path, "w") as f:
-        f.write(cfg.dump())
-    return path
-

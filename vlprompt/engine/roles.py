@@ -24,16 +24,12 @@ Methods read the role as ``ClipTrainer.eval_role`` (or :func:`eval_role` of a co
 method option whose value depends on it is a :class:`RoleRule`: its value ``auto`` picks one
 value per role, explicit values override.
 """
-import json
-import os.path as osp
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-import yaml
-
 from vlprompt.config import ConfigError
 
-from .results import RESULTS_FILENAME, RUN_CONFIG_FILENAME
+from .run_folder import CONFIG_FILENAME, RESULTS_FILENAME, RunFolder
 
 __all__ = [
     "EVAL_ROLES", "AUTO", "EvalRole", "RoleRule", "check_eval_role", "infer_eval_role", "resolve_eval_role",
@@ -66,37 +62,15 @@ def check_eval_role(value, key="TEST.ROLE"):
 
 
 def trained_dataset(model_dir) -> Optional[Mapping[str, str]]:
-    """The dataset a training run folder was trained on: {"name": DATASET.NAME, "record": the
-    file it was read from}, or None when the folder records none.
-
-    Read from ``model_dir/config.yaml`` (the merged config train.py writes when it trains), else
-    from ``model_dir/results.json`` if that file comes from a training run (``"eval_only": false``).
+    """The dataset a training run folder was trained on (:meth:`RunFolder.trained_dataset`).
 
     Raises:
-        ConfigError: a record exists but cannot be read.
+        ConfigError: a record exists but cannot be read; the message says how to go on.
     """
-    config_path = osp.join(model_dir, RUN_CONFIG_FILENAME)
-    if osp.isfile(config_path):
-        try:
-            with open(config_path, encoding="utf-8") as f:
-                dataset = yaml.safe_load(f)["DATASET"]
-            return {"name": dataset["NAME"], "record": config_path}
-        except (OSError, yaml.YAMLError, KeyError, TypeError) as error:
-            raise ConfigError(
-                f'Cannot read the training dataset from "{config_path}" ({type(error).__name__}: '
-                f'{" ".join(str(error).split())}); '
-                "fix or delete the file, or give the evaluation role with --eval-role."
-            ) from None
-    results_path = osp.join(model_dir, RESULTS_FILENAME)
-    if osp.isfile(results_path):
-        try:
-            with open(results_path, encoding="utf-8") as f:
-                record = json.load(f)
-        except (OSError, ValueError):
-            return None  # a half-written or foreign file says nothing about the training data
-        if isinstance(record, dict) and record.get("eval_only") is False and record.get("dataset"):
-            return {"name": record["dataset"], "record": results_path}
-    return None
+    try:
+        return RunFolder(model_dir).trained_dataset()
+    except ConfigError as error:
+        raise ConfigError(f"{error} Or give the evaluation role with --eval-role.") from None
 
 
 def infer_eval_role(cfg, eval_only=False, model_dir="") -> EvalRole:
@@ -116,7 +90,7 @@ def infer_eval_role(cfg, eval_only=False, model_dir="") -> EvalRole:
     if trained is None:
         return EvalRole(
             same, f"the {subsample} classes of {name}, assumed to be the model's training dataset",
-            warning=f'"{model_dir}" records no training dataset ({RUN_CONFIG_FILENAME} or a training '
+            warning=f'"{model_dir}" records no training dataset ({CONFIG_FILENAME} or a training '
                     f"{RESULTS_FILENAME}), so the model is assumed to be trained on {name}; pass "
                     "--eval-role target if it was trained on another dataset.",
         )

@@ -22,9 +22,6 @@ from __future__ import annotations
 
 import datetime
 import gc
-import importlib
-import importlib.util
-import json
 import os
 import queue
 import shlex
@@ -38,16 +35,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, TextIO
 
-from vlprompt_app.project import import_project
+from vlprompt.engine.run_folder import RESULTS_FILENAME, RunFolder
+from vlprompt.paths import repository_root
 from .grid import Chain, Run
 
 __all__ = [
-    "RESULTS_NAME", "CONSOLE_NAME", "OK", "FAILED", "SKIPPED", "BLOCKED", "Outcome", "Launcher",
+    "CONSOLE_NAME", "OK", "FAILED", "SKIPPED", "BLOCKED", "Outcome", "Launcher",
     "SlurmOptions", "is_completed", "pending_runs", "execute_chain", "Progress", "run_sequential",
     "run_queue", "submit_slurm", "run_chain_job", "wait_for_jobs", "summarize",
 ]
 
-RESULTS_NAME = "results.json"  # written by vlprompt.engine.results for every final evaluation
 CONSOLE_NAME = "console.txt"
 
 OK, FAILED, SKIPPED, BLOCKED = "ok", "FAILED", "skipped", "blocked"
@@ -74,13 +71,8 @@ class Outcome:
 
 
 def is_completed(output_dir) -> bool:
-    """True when ``output_dir/results.json`` is a JSON object with ``"completed": true``."""
-    path = Path(output_dir, RESULTS_NAME)
-    try:
-        content = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(content, dict) and content.get("completed") is True
+    """True when the run in ``output_dir`` completed (:attr:`RunFolder.completed`)."""
+    return RunFolder(output_dir).completed
 
 
 def pending_runs(chains: Sequence[Chain]) -> List[Run]:
@@ -93,7 +85,7 @@ class Launcher:
     """How a run's ``train.py`` is started (picklable, so Slurm jobs receive it).
 
     Attributes:
-        train_script: absolute path of train.py (imported from its file in-process).
+        train_script: absolute path of train.py (in-process runs check that it is the imported checkout's).
         in_process: call ``train.run(argv)`` in this process (no interpreter start-up per
             run; CUDA_VISIBLE_DEVICES cannot be set per run) instead of a subprocess.
         python: interpreter for subprocess runs.
@@ -138,31 +130,20 @@ class Launcher:
                               stdout=console, stderr=subprocess.STDOUT).returncode
 
 
-def _train_module(train_script: str):
-    """The ``train`` module of ``train_script``, imported once from that file; the project's
-    ``trainers`` and ``datasets`` packages beside it are loaded through vlprompt.project
-    (nothing is put on sys.path)."""
-    path = os.path.abspath(train_script)
-    module = sys.modules.get("train")
-    if module is None:
-        import_project(Path(path).parent)
-        spec = importlib.util.spec_from_file_location("train", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["train"] = module
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules["train"]
-            raise
-    if os.path.abspath(module.__file__) != path:
-        raise RuntimeError(f"'import train' gives {module.__file__}, not {train_script}; "
+def _check_in_process_script(train_script: str) -> None:
+    """In-process runs call :func:`vlprompt_app.commands.train.run`, which trains with the
+    ``trainers`` and ``datasets`` of the imported checkout: ``train_script`` must be that
+    checkout's train.py."""
+    expected = repository_root() / "train.py"
+    if Path(train_script).resolve() != expected.resolve():
+        raise RuntimeError(f"in-process runs use the imported checkout's {expected}, not {train_script}; "
                            "run subprocesses instead of --in-process.")
-    return module
 
 
 def _run_in_process(train_script: str, argv: Sequence[str], console: TextIO) -> int:
-    train = _train_module(train_script)
+    _check_in_process_script(train_script)
     from vlprompt.utils import close_logger
+    from vlprompt_app.commands import train
 
     with redirect_stdout(console), redirect_stderr(console):
         try:
@@ -208,7 +189,7 @@ def _attempt(run: Run, launcher: Callable, env: Dict[str, str], where: str) -> O
     seconds = time.time() - started
     if is_completed(output_dir):
         return Outcome(run, OK, seconds, where=where)
-    why = f"exit status {status}" if status else f'exit status 0 but no "completed" {RESULTS_NAME}'
+    why = f"exit status {status}" if status else f'exit status 0 but no "completed" {RESULTS_FILENAME}'
     last = _last_line(console_path)
     detail = f"{why}: {last}" if last else why
     return Outcome(run, FAILED, seconds, f"{detail} (see {console_path})", where)

@@ -1,0 +1,271 @@
+"""Train or evaluate a method: the CoOp-family command line.
+
+    python train.py --root DATA --trainer CoOp \
+        --dataset-config-file configs/datasets/oxford_pets.yaml \
+        --config-file configs/trainers/CoOp/vit_b16_ep50.yaml \
+        --output-dir output/oxford_pets/CoOp/seed1 --seed 1 DATASET.NUM_SHOTS 16
+
+Trailing KEY VALUE pairs override the config (merged last, so ``SEED 1`` beats
+``--seed 2``); options come first, and an option given after the first KEY is an error that
+shows the reordered command. Every run knows its evaluation role (base, new, source or target; see
+vlprompt/engine/roles.py): ``--eval-role`` / ``TEST.ROLE`` gives it, otherwise it is inferred
+(an ``--eval-only`` run compares its dataset with the one recorded in ``--model-dir``); the
+log prints it and results.json records it. A training run writes its merged config to
+``OUTPUT_DIR/config.yaml``. Bad input (unknown trainer, dataset or config key, wrong value type or
+value, incompatible settings, missing config file or dataset folder, unusable CLIP
+weights, unreadable images, inconsistent labels, corrupt checkpoints or caches) ends with
+one paragraph on stderr and exit status 2, before any data is loaded where possible. A
+non-finite loss stops training with exit status 3 (see TRAIN.NONFINITE_LOSS).
+"""
+
+import argparse
+import re
+import shlex
+import sys
+
+from vlprompt.config import ConfigError
+from vlprompt.config.merge import looks_like_option
+from vlprompt_app.project import import_project
+
+
+def user_errors():
+    """The exceptions that mean bad input: one paragraph on stderr and exit status 2, no traceback."""
+    from vlprompt.clip import CLIPLoadError, PromptTooLongError, UnsupportedBackboneError
+    from vlprompt.data.datasets import DatasetLayoutError
+    from vlprompt.data.splits import UnsafePickleError
+    from vlprompt.utils import CheckpointError, CorruptFileError
+
+    return (
+        ConfigError, CLIPLoadError, DatasetLayoutError, PromptTooLongError, UnsupportedBackboneError,
+        CheckpointError, CorruptFileError, UnsafePickleError,
+    )
+
+
+def print_args(args, cfg):
+    print("***************")
+    print("** Arguments **")
+    print("***************")
+    for key in sorted(vars(args)):
+        print(f"{key}: {getattr(args, key)}")
+    print("************")
+    print("** Config **")
+    print("************")
+    print(cfg)
+
+
+def reset_cfg(cfg, args):
+    """Copy the command-line flags into the config (Dassl's reset_cfg)."""
+    if args.root:
+        cfg.DATASET.ROOT = args.root
+    if args.output_dir:
+        cfg.OUTPUT_DIR = args.output_dir
+    if args.resume:
+        cfg.RESUME = args.resume
+    if args.seed >= 0:  # [decision] --seed 0 means seed 0 (Dassl ignored it)
+        cfg.SEED = args.seed
+    if args.source_domains:
+        cfg.DATASET.SOURCE_DOMAINS = args.source_domains
+    if args.target_domains:
+        cfg.DATASET.TARGET_DOMAINS = args.target_domains
+    if args.transforms:
+        cfg.INPUT.TRANSFORMS = args.transforms
+    if args.trainer:
+        cfg.TRAINER.NAME = args.trainer
+    if args.backbone:
+        cfg.MODEL.BACKBONE.NAME = args.backbone
+    if args.head:
+        cfg.MODEL.HEAD.NAME = args.head
+    if args.eval_role:
+        cfg.TEST.ROLE = args.eval_role
+
+
+def setup_cfg(args):
+    """Defaults -> trainer nodes -> dataset YAML -> method YAML -> flags -> overrides, checked;
+    then TEST.ROLE is set to the resolved evaluation role.
+
+    Returns:
+        (frozen cfg, EvalRole)
+    """
+    from vlprompt.config import extend_cfg, get_cfg_default, merge_from_file, merge_from_list
+    from vlprompt.config.validate import validate_cfg
+    from vlprompt.engine.roles import resolve_eval_role
+
+    import_project()
+    cfg = get_cfg_default()
+    extend_cfg(cfg)
+    if args.dataset_config_file:
+        merge_from_file(cfg, args.dataset_config_file)
+    if args.config_file:
+        merge_from_file(cfg, args.config_file)
+    reset_cfg(cfg, args)
+    merge_from_list(cfg, args.opts)
+    check_names(cfg)
+    validate_cfg(cfg)
+    role = resolve_eval_role(cfg, eval_only=args.eval_only, model_dir=args.model_dir if args.eval_only else "")
+    cfg.TEST.ROLE = role.role
+    cfg.freeze()
+    return cfg, role
+
+
+def check_names(cfg):
+    """Unknown trainer or dataset names fail before anything is built."""
+    from vlprompt.data.datasets import DATASET_REGISTRY
+    from vlprompt.engine import TRAINER_REGISTRY
+    from vlprompt.utils import check_availability
+
+    for what, name, registry, flag in (
+        ("trainer", cfg.TRAINER.NAME, TRAINER_REGISTRY, "--trainer"),
+        ("dataset", cfg.DATASET.NAME, DATASET_REGISTRY, "--dataset-config-file"),
+    ):
+        if not name:
+            raise ConfigError(
+                f"No {what} given: pass {flag} (registered: {', '.join(registry.registered_names())})."
+            )
+        try:
+            check_availability(name, registry.registered_names())
+        except ValueError as error:
+            raise ConfigError(f"Unknown {what} '{name}'. {error}") from None
+
+
+def main(args):
+    """Set up the config of parsed ``args``, then train and/or evaluate."""
+    import torch
+
+    from vlprompt.config.validate import check_training_cfg
+    from vlprompt.engine import build_trainer
+    from vlprompt.engine.run_folder import RunFolder
+    from vlprompt.utils import collect_env_info, set_random_seed, setup_logger
+
+    cfg, role = setup_cfg(args)
+    training = not (args.eval_only or args.no_train)
+    if training:
+        check_training_cfg(cfg)
+    setup_logger(cfg.OUTPUT_DIR)
+    if cfg.SEED >= 0:
+        print(f"Setting fixed seed: {cfg.SEED}")
+        set_random_seed(cfg.SEED)
+    if torch.cuda.is_available() and cfg.USE_CUDA:
+        torch.backends.cudnn.benchmark = True
+
+    print_args(args, cfg)
+    if role.warning:
+        print(f"Warning: {role.warning}")
+    print(f"Evaluation role: {role.role} ({role.reason})")
+    if training:
+        RunFolder(cfg.OUTPUT_DIR).write_config(cfg)
+    print("Collecting env info ...")
+    print("** System info **")
+    print(collect_env_info())
+    print()
+
+    trainer = build_trainer(cfg)
+    trainer.run_info.update(
+        config_file=args.config_file,
+        dataset_config_file=args.dataset_config_file,
+        eval_only=args.eval_only,
+        model_dir=args.model_dir,
+        load_epoch=args.load_epoch,
+    )
+    if args.eval_only:
+        trainer.load_model(args.model_dir, epoch=args.load_epoch)
+        trainer.test()
+        trainer.save_results()
+        return
+    if not args.no_train:
+        trainer.train()
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="train.py", description=__doc__.split("\n")[0])
+    parser.add_argument("--root", type=str, default="", help="path to the datasets folder")
+    parser.add_argument("--output-dir", type=str, default="", help="output directory")
+    parser.add_argument("--resume", type=str, default="", help="checkpoint directory to resume from")
+    parser.add_argument("--seed", type=int, default=-1, help="only positive value enables a fixed seed")
+    parser.add_argument("--source-domains", type=str, nargs="+", help="source domains for DA/DG")
+    parser.add_argument("--target-domains", type=str, nargs="+", help="target domains for DA/DG")
+    parser.add_argument("--transforms", type=str, nargs="+", help="data augmentation methods")
+    parser.add_argument("--config-file", type=str, default="", help="path to the method config file")
+    parser.add_argument("--dataset-config-file", type=str, default="", help="path to the dataset config file")
+    parser.add_argument("--trainer", type=str, default="", help="name of the trainer")
+    parser.add_argument("--backbone", type=str, default="", help="name of the CNN backbone")
+    parser.add_argument("--head", type=str, default="", help="name of the head")
+    parser.add_argument("--eval-only", action="store_true", help="evaluation only")
+    parser.add_argument("--model-dir", type=str, default="", help="load model from this directory for eval-only mode")
+    parser.add_argument("--load-epoch", type=int, help="load model weights at this epoch for evaluation")
+    parser.add_argument("--no-train", action="store_true", help="do not call trainer.train()")
+    parser.add_argument("--eval-role", type=str, default="",
+                        help="evaluation role: base, new, source or target (default: inferred; sets TEST.ROLE)")
+    parser.add_argument("opts", default=None, nargs=argparse.REMAINDER, help="modify config options using the command line")
+    return parser
+
+
+CONFIG_KEY = re.compile(r"^[A-Z][A-Z0-9_]*(\.[A-Z0-9_]+)+$")
+
+
+def _option_values(action, items):
+    """How many of ``items`` (what follows an option) are that option's values."""
+    if action.nargs == 0:
+        return 0
+    if action.nargs in (None, 1):
+        return min(1, len(items))
+    count = 0
+    while count < len(items) and not looks_like_option(items[count]) and not CONFIG_KEY.match(items[count]):
+        count += 1
+    return count
+
+
+def check_option_order(parser, argv, opts):
+    """ConfigError if one of train.py's options comes after the first KEY VALUE override.
+
+    ``argv`` is the command line and ``opts`` what ``parser`` parsed as the trailing overrides.
+
+    argparse puts everything from the first positional item on (Dassl's grammar: options,
+    then KEY VALUE pairs) into ``opts``, so a misplaced ``--output-dir X`` would otherwise be
+    reported as an unknown config key. The message names the option and gives the command
+    with the options moved before the overrides (list options such as ``--transforms a b``
+    first, so that the next option ends their values).
+    """
+    leading = argv[: len(argv) - len(opts)]
+    options = parser._option_string_actions  # option string -> argparse action
+    # a list option (--transforms a b) must not be last, or it would take the overrides as values
+    moved_lists, moved_others, overrides, misplaced = [], [], [], []
+    items = list(opts)
+    while items:
+        item = items.pop(0)
+        action = options.get(item.split("=", 1)[0]) if looks_like_option(item) else None
+        if action is None:
+            overrides.append(item)
+            continue
+        misplaced.append(item.split("=", 1)[0])
+        count = 0 if "=" in item else _option_values(action, items)
+        is_list = action.nargs not in (None, 0, 1) and "=" not in item
+        (moved_lists if is_list else moved_others).extend([item, *items[:count]])
+        del items[:count]
+    if misplaced:
+        names = ", ".join(misplaced)
+        verb, pronoun = ("is an option", "it") if len(misplaced) == 1 else ("are options", "they")
+        raise ConfigError(
+            f"{names} {verb} of train.py, but came after the KEY VALUE overrides, where {pronoun} would be read "
+            "as config keys. Options must come before the KEY VALUE overrides (everything after the first KEY is "
+            f"read as KEY VALUE pairs): python train.py {shlex.join(moved_lists + leading + moved_others + overrides)}"
+        )
+
+
+def run(argv=None):
+    """Command-line entry point; returns the exit status (2 for bad input, 3 for a non-finite loss)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from vlprompt.engine import NonFiniteLossError
+
+    try:
+        check_option_order(parser, argv, args.opts)
+        main(args)
+    except user_errors() as error:
+        print(f"\nError: {error}", file=sys.stderr)
+        return 2
+    except NonFiniteLossError as error:
+        print(f"\nError: {error}")  # on stdout, so that log.txt has it
+        return 3
+    return 0
+
