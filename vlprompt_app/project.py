@@ -13,11 +13,12 @@ source tree on PYTHONPATH): its folder must contain ``vlprompt/``, ``trainers/``
 ``datasets/``. A non-editable install has no such checkout; ``ProjectLayoutError`` then
 names the folders it expected.
 """
+import ast
 import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 from vlprompt.paths import repository_root
 
@@ -71,3 +72,25 @@ def import_project_package(name: str, root: Optional[Path] = None) -> ModuleType
 def import_project(root: Optional[Path] = None) -> Tuple[ModuleType, ModuleType]:
     """(trainers, datasets) of ``root``: importing them registers every trainer and dataset."""
     return tuple(import_project_package(name, root) for name in PROJECT_PACKAGES)
+
+
+def registered_trainer_names(root: Optional[Path] = None) -> List[str]:
+    """The names ``root/trainers/`` registers, read from its source without importing it (sorted).
+
+    A trainer is a class decorated with ``@TRAINER_REGISTRY.register()``, registered under its
+    class name, so that a command can refuse an unknown ``--trainer`` before torch and every
+    method are imported. A test checks that the list equals the registry after import.
+    """
+    folder = (Path(root) if root is not None else repository_root()) / "trainers"
+    names = []
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.ClassDef) and any(_is_trainer_registration(d) for d in node.decorator_list):
+                names.append(node.name)
+    return sorted(names)
+
+
+def _is_trainer_registration(decorator: ast.expr) -> bool:
+    call = decorator.func if isinstance(decorator, ast.Call) else decorator
+    return (isinstance(call, ast.Attribute) and call.attr == "register"
+            and isinstance(call.value, ast.Name) and call.value.id == "TRAINER_REGISTRY")

@@ -19,13 +19,14 @@ non-finite loss stops training with exit status 3 (see TRAIN.NONFINITE_LOSS).
 """
 
 import argparse
+import difflib
 import re
 import shlex
 import sys
 
 from vlprompt.config import ConfigError
 from vlprompt.config.merge import looks_like_option
-from vlprompt_app.project import import_project
+from vlprompt_app.project import import_project, registered_trainer_names
 
 
 def user_errors():
@@ -39,6 +40,20 @@ def user_errors():
         ConfigError, CLIPLoadError, DatasetLayoutError, PromptTooLongError, UnsupportedBackboneError,
         CheckpointError, CorruptFileError, UnsafePickleError,
     )
+
+
+def error_exit_status(error: BaseException):
+    """2 for bad input, 3 for a non-finite loss, None for anything else (a bug: its traceback shows).
+
+    A ConfigError is recognised without importing torch, so that bad arguments answer at once.
+    """
+    if isinstance(error, ConfigError):
+        return 2
+    from vlprompt.engine import NonFiniteLossError
+
+    if isinstance(error, NonFiniteLossError):
+        return 3
+    return 2 if isinstance(error, user_errors()) else None
 
 
 def print_args(args, cfg):
@@ -105,6 +120,15 @@ def setup_cfg(args):
     cfg.TEST.ROLE = role.role
     cfg.freeze()
     return cfg, role
+
+
+def check_trainer_flag(name):
+    """An unknown ``--trainer`` fails before torch and the methods are imported."""
+    names = registered_trainer_names()
+    if name and name not in names:
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f" (do you mean {close[0]}?)" if close else ""
+        raise ConfigError(f"Unknown trainer '{name}'{hint}. Registered trainers: {', '.join(names)}.")
 
 
 def check_names(cfg):
@@ -256,16 +280,16 @@ def run(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    from vlprompt.engine import NonFiniteLossError
-
     try:
         check_option_order(parser, argv, args.opts)
+        check_trainer_flag(args.trainer)
         main(args)
-    except user_errors() as error:
-        print(f"\nError: {error}", file=sys.stderr)
-        return 2
-    except NonFiniteLossError as error:
-        print(f"\nError: {error}")  # on stdout, so that log.txt has it
-        return 3
+    except Exception as error:  # noqa: BLE001  (re-raised unless it is bad input or a non-finite loss)
+        status = error_exit_status(error)
+        if status is None:
+            raise
+        # a non-finite loss goes to stdout, so that log.txt has it
+        print(f"\nError: {error}", file=sys.stderr if status == 2 else sys.stdout)
+        return status
     return 0
 

@@ -1,0 +1,38 @@
+"""train.py answers --help and an unknown --trainer before torch and the methods are imported."""
+import subprocess
+import sys
+
+from vlprompt.engine import TRAINER_REGISTRY
+from vlprompt_app.project import registered_trainer_names
+
+PROBE = """
+import sys
+from vlprompt_app.commands import train
+try:
+    status = train.run({argv!r})
+except SystemExit as exit:
+    status = exit.code
+print(status, sorted(name for name in ("torch", "trainers", "open_clip") if name in sys.modules))
+"""
+
+
+def probe(argv):
+    """(exit status, heavy modules imported) of train.run(argv) in a fresh interpreter."""
+    result = subprocess.run([sys.executable, "-c", PROBE.format(argv=argv)], capture_output=True, text=True,
+                            check=True)
+    status, modules = result.stdout.strip().splitlines()[-1].split(" ", 1)
+    return int(status), modules, result.stderr
+
+
+def test_help_imports_neither_torch_nor_the_methods():
+    assert probe(["--help"])[:2] == (0, "[]")
+
+
+def test_an_unknown_trainer_is_refused_before_torch_loads_with_the_registered_names():
+    status, modules, stderr = probe(["--trainer", "CoOOp", "--output-dir", "unused"])
+    assert (status, modules) == (2, "[]")
+    assert "Unknown trainer 'CoOOp' (do you mean CoOp?). Registered trainers: ATPrompt, CLIPAdapter," in stderr
+
+
+def test_the_names_read_from_the_source_are_the_registered_ones():
+    assert registered_trainer_names() == sorted(TRAINER_REGISTRY.registered_names())
