@@ -38,6 +38,7 @@ from torch import nn
 from vlprompt.utils import get_rng_state, load_checkpoint, restore_checkpoint, save_checkpoint, set_rng_state
 
 from .hooks import HookBase
+from .run_folder import BEST_CHECKPOINT, RunFolder
 from .resume import (
     checkpoint_files,
     continue_epoch,
@@ -227,9 +228,8 @@ class CheckpointingMixin:
         if not directory:
             print("Note that load_model() is skipped as no pretrained model is given (ignore this if it's done on purpose)")
             return
-        model_file = "model-best.pth.tar" if epoch is None else f"model.pth.tar-{epoch}"
         for name in self.get_model_names():
-            model_path = osp.join(directory, name, model_file)
+            model_path = str(RunFolder(directory).checkpoint_path(name, epoch))
             if not osp.exists(model_path):
                 raise FileNotFoundError(self._model_not_found_message(model_path))
             checkpoint = load_checkpoint(model_path)
@@ -257,8 +257,8 @@ class CheckpointingMixin:
             found = f"model.pth.tar-N files in that folder: {', '.join(available)}; pick one with --load-epoch N"
         else:
             found = "that folder holds no model.pth.tar-N file"
-        if osp.isfile(osp.join(folder, "model-best.pth.tar")):
-            found += "; model-best.pth.tar is there too (loaded when --load-epoch is omitted)"
+        if osp.isfile(osp.join(folder, BEST_CHECKPOINT)):
+            found += f"; {BEST_CHECKPOINT} is there too (loaded when --load-epoch is omitted)"
         return f'Model not found at "{model_path}" ({found})'
 
     def _load_state_dict_reporting(self, name, state_dict, intentionally_absent):
@@ -311,7 +311,7 @@ class CheckpointHook(HookBase):
             if curr_result > trainer.best_result:
                 trainer.best_result = curr_result
                 trainer.save_model(trainer.epoch, trainer.output_dir, val_result=curr_result,
-                                   model_name="model-best.pth.tar")
+                                   model_name=BEST_CHECKPOINT)
         if meet_checkpoint_freq or last_epoch:
             trainer.save_model(trainer.epoch, trainer.output_dir)
 

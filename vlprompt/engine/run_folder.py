@@ -9,7 +9,8 @@ Layout (Dassl's names where Dassl has them)::
                                     written when it starts
         results.json                the record of the final evaluation (metrics at full
                                     precision, evaluation role, "completed": true), written last
-        <model name>/model.pth.tar-N    checkpoints by completed epoch (learned tensors only)
+        <model name>/model.pth.tar-N    checkpoints by completed epoch (learned tensors only),
+                                    model-best.pth.tar with TEST.FINAL_MODEL best_val
         test_time/<split>.json|.bin     a test-time method's per-image episode records
 
 Every reader goes through :class:`RunFolder`: the evaluation-role inference (which dataset a
@@ -36,6 +37,7 @@ RESULTS_FILENAME = "results.json"
 LOG_FILENAME = "log.txt"
 TEST_TIME_DIRNAME = "test_time"
 CHECKPOINT_PREFIX = "model.pth.tar-"
+BEST_CHECKPOINT = "model-best.pth.tar"
 
 _TIMESTAMP_FORMAT = "%Y-%m-%d-%H-%M-%S"
 _TIMESTAMPED_LOG = re.compile(r"^log\.txt-(\d{4}-\d{2}-\d{2}-\d{2}-\d{2}-\d{2})$")
@@ -91,9 +93,10 @@ class RunFolder:
         """True when the folder holds a log or a results file (the mark of a run folder)."""
         return bool(self.logs()) or self.results_path.is_file()
 
-    def checkpoint_path(self, model_name: str, epoch: int) -> Path:
-        """``<model name>/model.pth.tar-<epoch>`` (the weights after ``epoch`` completed epochs)."""
-        return self.path / model_name / f"{CHECKPOINT_PREFIX}{epoch}"
+    def checkpoint_path(self, model_name: str, epoch: Optional[int] = None) -> Path:
+        """``<model name>/model.pth.tar-<epoch>`` (the weights after ``epoch`` completed epochs), or
+        ``<model name>/model-best.pth.tar`` when ``epoch`` is None."""
+        return self.path / model_name / (BEST_CHECKPOINT if epoch is None else f"{CHECKPOINT_PREFIX}{epoch}")
 
     def checkpoint_epochs(self, model_name: str) -> List[int]:
         """The epochs N of the ``<model name>/model.pth.tar-N`` files present, ascending."""

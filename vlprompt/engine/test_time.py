@@ -48,13 +48,13 @@ from vlprompt.data.test_time_views import EpisodeViews, ViewAugmenter, check_vie
 from vlprompt.fileio import atomic_write
 
 from .clip_trainer import ClipTrainer
+from .run_folder import RunFolder
 
 __all__ = [
     "TestTimeTrainer", "EpisodeLog", "add_episode_keys", "check_episode_node", "entropy_per_view",
     "average_prediction_entropy", "select_confident", "episode_optimizer",
 ]
 
-EPISODE_DIR = "test_time"
 
 
 def add_episode_keys(node, steps, lr, weight_decay=0.01):
@@ -247,7 +247,7 @@ class TestTimeTrainer(ClipTrainer):
         ]).encode("utf-8")).hexdigest()
         header = {"split": split, "num_images": len(data_source), "num_classes": self.evaluated_classes(),
                   "fingerprint": fingerprint}
-        return EpisodeLog(osp.join(self.output_dir, EPISODE_DIR), split, header)
+        return EpisodeLog(str(RunFolder(self.output_dir).test_time_dir), split, header)
 
     def evaluated_classes(self):
         """K, the number of classes the evaluator sees (after the dataset's prediction map)."""
