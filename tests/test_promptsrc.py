@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from baseline_setup import build_seeded, learnable, make_cfg, tiny_node, tiny_runner, toy_world  # noqa: F401
 
-from trainers.promptsrc import TEXT_TARGET_TEMPLATES, GaussianPromptAggregation, PromptSRCCLIP, gpa_weights
-from vlprompt.clip import IMAGENET_TEMPLATES
+from trainers.promptsrc import TEXT_TARGET_COUNT, GaussianPromptAggregation, PromptSRCCLIP, gpa_weights
+from vlprompt.clip import imagenet_templates
 
 CLASSNAMES = ["abyssinian", "american_bulldog", "bengal"]
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -17,10 +17,11 @@ TOL = dict(rtol=1e-5, atol=1e-5)
 
 def test_text_target_averages_unnormalised_features_of_60_templates(tiny_runner):  # noqa: F811
     runner, tokenizer = tiny_runner
-    assert TEXT_TARGET_TEMPLATES == IMAGENET_TEMPLATES[:60] and "a photo of a {}." in TEXT_TARGET_TEMPLATES
-    assert "a toy {}." not in TEXT_TARGET_TEMPLATES  # one of the 20 left out
+    templates = imagenet_templates()[:TEXT_TARGET_COUNT]
+    assert len(imagenet_templates()) == 80 and len(templates) == 60 and "a photo of a {}." in templates
+    assert "a toy {}." not in templates  # one of the 20 left out
     model = PromptSRCCLIP(runner, tokenizer, CLASSNAMES, tiny_node("PromptSRC"))
-    sentences = [t.format(c.replace("_", " ")) for t in TEXT_TARGET_TEMPLATES for c in CLASSNAMES]
+    sentences = [t.format(c.replace("_", " ")) for t in templates for c in CLASSNAMES]
     with torch.no_grad():
         raw = runner.encode_text(tokenizer(sentences)).view(60, len(CLASSNAMES), -1)
     torch.testing.assert_close(model.frozen_text_features(), F.normalize(raw.mean(0), dim=-1), **TOL)

@@ -12,7 +12,7 @@ from trainers.ivlp import IVLPCLIP
 from trainers.rada_adapter import RAdaAdapterCLIP
 from trainers.rada_prompt import RAdaPromptCLIP
 from trainers.zsclip import TemplateCLIP
-from vlprompt.clip import IMAGENET_TEMPLATES, fill_template
+from vlprompt.clip import fill_template, imagenet_templates
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file
 from vlprompt.engine import build_trainer
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
@@ -86,7 +86,7 @@ def frozen_ensemble(model, classnames):
     """Mean over CLIP's 80 ImageNet templates of the frozen text features [K, E], one template at a time."""
     per_template = []
     with torch.no_grad():
-        for template in IMAGENET_TEMPLATES:
+        for template in imagenet_templates():
             ids = model.tokenizer([fill_template(template, name) for name in classnames])
             per_template.append(model.encode_sentences(ids).float())
     return torch.stack(per_template).mean(dim=0)

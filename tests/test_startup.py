@@ -1,9 +1,13 @@
-"""train.py answers --help and an unknown --trainer before torch and the methods are imported."""
+"""train.py answers --help and an unknown --trainer before torch and the methods are imported, and a
+config error before open_clip and torchvision are (they are imported where models and images are built)."""
 import subprocess
 import sys
+from pathlib import Path
 
 from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt_app.project import registered_trainer_names
+
+ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = """
 import sys
@@ -12,14 +16,14 @@ try:
     status = train.run({argv!r})
 except SystemExit as exit:
     status = exit.code
-print(status, sorted(name for name in ("torch", "trainers", "open_clip") if name in sys.modules))
+print(status, sorted(name for name in ("open_clip", "torch", "torchvision", "trainers") if name in sys.modules))
 """
 
 
 def probe(argv):
     """(exit status, heavy modules imported) of train.run(argv) in a fresh interpreter."""
     result = subprocess.run([sys.executable, "-c", PROBE.format(argv=argv)], capture_output=True, text=True,
-                            check=True)
+                            check=True, cwd=ROOT)
     status, modules = result.stdout.strip().splitlines()[-1].split(" ", 1)
     return int(status), modules, result.stderr
 
@@ -36,3 +40,10 @@ def test_an_unknown_trainer_is_refused_before_torch_loads_with_the_registered_na
 
 def test_the_names_read_from_the_source_are_the_registered_ones():
     assert registered_trainer_names() == sorted(TRAINER_REGISTRY.registered_names())
+
+
+def test_a_config_error_is_reported_before_open_clip_and_torchvision_load():
+    status, modules, stderr = probe(["--trainer", "CoOp", "--config-file", "configs/trainers/CoOp/vit_b16_ep50.yaml",
+                                     "--output-dir", "unused", "OPTIM.LRR", "0.1"])
+    assert (status, modules) == (2, "['torch', 'trainers']")
+    assert 'Unknown config key "OPTIM.LRR"' in stderr

@@ -18,14 +18,14 @@ import torch
 import torch.nn.functional as F
 from yacs.config import CfgNode as CN
 
-from vlprompt.clip import IMAGENET_TEMPLATES, fill_template
+from vlprompt.clip import fill_template, imagenet_templates
 from vlprompt.config import ConfigError, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 
 from .ivlp import IVLPCLIP, check_vl_prompt_config
 
-# The reference's 60 templates: CLIP's 80 ImageNet templates without the last 20.
-TEXT_TARGET_TEMPLATES = IMAGENET_TEMPLATES[:60]
+TEXT_TARGET_COUNT = 60
+"""The reference's text targets use CLIP's 80 ImageNet templates without the last 20."""
 SENTENCES_PER_PASS = 1024
 
 
@@ -69,11 +69,12 @@ class PromptSRCCLIP(IVLPCLIP):
         """
         if self._frozen_text is None:
             names, device = self.prompt_learner.classnames, self.clip.logit_scale.device
-            sentences = [fill_template(template, name) for template in TEXT_TARGET_TEMPLATES for name in names]
+            templates = imagenet_templates()[:TEXT_TARGET_COUNT]
+            sentences = [fill_template(template, name) for template in templates for name in names]
             ids = self.tokenizer(sentences).to(device)
             with torch.no_grad(), torch.autocast(device.type, enabled=False):
                 features = torch.cat([self.encode_sentences(chunk) for chunk in ids.split(SENTENCES_PER_PASS)])
-            mean = features.view(len(TEXT_TARGET_TEMPLATES), len(names), -1).mean(dim=0)
+            mean = features.view(len(templates), len(names), -1).mean(dim=0)
             self._frozen_text = F.normalize(mean, dim=-1)
         return self._frozen_text
 

@@ -19,7 +19,7 @@ is IVLP at its initialisation with the class features above (exactly IVLP when w
 import torch
 from yacs.config import CfgNode as CN
 
-from vlprompt.clip import IMAGENET_TEMPLATES, fill_template
+from vlprompt.clip import fill_template, imagenet_templates
 from vlprompt.config import check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 
@@ -71,11 +71,11 @@ class RAdaPromptCLIP(IVLPCLIP):
         (not normalised), computed once per class list and device."""
         names, device = tuple(self.prompt_learner.classnames), self.clip.logit_scale.device
         if self._frozen_text is None or self._frozen_text[:2] != (names, device):
-            sentences = [fill_template(template, name) for template in IMAGENET_TEMPLATES for name in names]
+            sentences = [fill_template(template, name) for template in imagenet_templates() for name in names]
             ids = self.tokenizer(sentences).to(device)
             with torch.no_grad(), torch.autocast(device.type, enabled=False):
                 features = torch.cat([self.encode_sentences(chunk) for chunk in ids.split(SENTENCES_PER_PASS)])
-            mean = features.float().view(len(IMAGENET_TEMPLATES), len(names), -1).mean(dim=0)
+            mean = features.float().view(len(imagenet_templates()), len(names), -1).mean(dim=0)
             self._frozen_text = (names, device, mean)
         return self._frozen_text[2]
 

@@ -4,7 +4,7 @@ from .runner import (
     CLIPRunner, InsertTokens, MapTokens, Plan, ReplaceTokens, RunState, SharedPrefix, TextTower, TowerOutput,
     UnsupportedBackboneError, VisionTower, attention_block, block_qkv,
 )
-from .templates import DEFAULT_TEMPLATE, IMAGENET_TEMPLATES, IMAGENET_TEMPLATES_SELECT, fill_template
+from .templates import DEFAULT_TEMPLATE, IMAGENET_TEMPLATES_SELECT, fill_template, imagenet_templates
 from .tokenizer import PromptTooLongError, Tokenizer
 from .prompts import CLASS_TOKEN_POSITIONS, TextContext
 from .model import PromptedCLIP

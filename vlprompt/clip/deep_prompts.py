@@ -18,7 +18,6 @@ whole CLIP model with the deep prompts under other names.
 import functools
 import re
 
-import open_clip
 import torch
 from torch import nn
 
@@ -82,6 +81,8 @@ def tower_depths(backbone_name):
         takes no prompts); (None, None) when open_clip has no config for the name, in
         which case depths are not checked against the backbone.
     """
+    import open_clip
+
     model_name, _ = resolve_model_name(backbone_name)
     config = open_clip.get_model_config(model_name)
     if config is None:

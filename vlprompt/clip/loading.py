@@ -37,9 +37,6 @@ import zipfile
 
 import torch
 
-import open_clip
-from open_clip.transformer import QuickGELU
-
 __all__ = ["CLIPLoadError", "OPENAI_MODELS", "load_clip", "resolve_model_name", "get_tokenizer_for"]
 
 # CoOp-family name -> (open_clip config name, file name in OpenAI's own download cache)
@@ -78,6 +75,8 @@ def resolve_model_name(name):
         (model_name, is_openai_name): the open_clip config name and whether ``name`` is
         one of the OpenAI CoOp-family names (whose default weights are ``openai``).
     """
+    import open_clip
+
     if not name:
         raise CLIPLoadError(
             "MODEL.BACKBONE.NAME is empty. Set it to a CLIP backbone, e.g. 'ViT-B/16' "
@@ -116,6 +115,8 @@ def _load_weights_file(model, path):
     dropped; anything else goes through open_clip's checkpoint loader, which also
     converts third-party layouts and resizes position embeddings.
     """
+    import open_clip
+
     if _is_torchscript_archive(path):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated
@@ -150,6 +151,8 @@ def _quiet_open_clip():
 
 def _check_activation(model, expect_quick_gelu, source):
     """Assert that the MLP activations match the weights' training activation."""
+    from open_clip.transformer import QuickGELU
+
     has_quick_gelu = any(isinstance(m, QuickGELU) for m in model.modules())
     if expect_quick_gelu and not has_quick_gelu:
         raise CLIPLoadError(
@@ -180,6 +183,8 @@ def _offline_env():
 
 def _download_url(pretrained_cfg):
     """The URL open_clip downloads a pretrained entry from (its hub repository or its plain URL)."""
+    import open_clip
+
     hf_hub = pretrained_cfg.get("hf_hub", "")
     if hf_hub and open_clip.pretrained.has_hf_hub():
         from huggingface_hub import constants
@@ -231,6 +236,8 @@ def _hub_unavailable(pretrained_cfg):
 def _cached_pretrained_file(pretrained_cfg):
     """The already-downloaded file of a pretrained entry (Hugging Face cache or open_clip's URL
     cache ~/.cache/clip), or None."""
+    import open_clip
+
     hf_hub = pretrained_cfg.get("hf_hub", "")
     if hf_hub and open_clip.pretrained.has_hf_hub():
         from huggingface_hub import try_to_load_from_cache
@@ -261,6 +268,9 @@ def load_clip(name, weights="", device="cpu"):
         (model, info): the open_clip model, and a dict with "model_name", "weights" (tag
         or file actually used) and "quick_gelu".
     """
+    import open_clip
+    from open_clip.transformer import QuickGELU
+
     model_name, is_openai_name = resolve_model_name(name)
     if not weights:
         if not is_openai_name:
@@ -328,5 +338,7 @@ def load_clip(name, weights="", device="cpu"):
 
 def get_tokenizer_for(name):
     """open_clip tokenizer of a backbone given as ``MODEL.BACKBONE.NAME``."""
+    import open_clip
+
     model_name, _ = resolve_model_name(name)
     return open_clip.get_tokenizer(model_name)

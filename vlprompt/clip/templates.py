@@ -3,17 +3,23 @@
 Per-dataset hand-crafted templates belong to the dataset classes (``template``
 attribute); this module holds only the cross-dataset lists.
 """
-from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES
+import functools
 
 from vlprompt.config import ConfigError
 
 __all__ = [
-    "IMAGENET_TEMPLATES", "IMAGENET_TEMPLATES_SELECT", "DEFAULT_TEMPLATE", "fill_template", "check_template",
+    "imagenet_templates", "IMAGENET_TEMPLATES_SELECT", "DEFAULT_TEMPLATE", "fill_template", "check_template",
     "dataset_template",
 ]
 
-# CLIP's 80 ImageNet prompt templates, in CLIP's order, as format strings.
-IMAGENET_TEMPLATES = tuple(template("{}") for template in OPENAI_IMAGENET_TEMPLATES)
+@functools.lru_cache(maxsize=None)
+def imagenet_templates():
+    """CLIP's 80 ImageNet prompt templates, in CLIP's order, as format strings (a tuple; read from
+    open_clip when first asked for, so that importing this module does not import open_clip)."""
+    from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES
+
+    return tuple(template("{}") for template in OPENAI_IMAGENET_TEMPLATES)
+
 
 # The seven templates CLIP selected for ImageNet (used by ZeroshotCLIP2).
 IMAGENET_TEMPLATES_SELECT = (

@@ -69,12 +69,12 @@ UNSUPPORTED_KEYS = {
 
 
 def _check_input(cfg):
-    from vlprompt.data.transforms.transforms import AVAI_CHOICES, INTERPOLATION_MODES, UNSUPPORTED_POLICIES
+    from vlprompt.data.transforms.names import AVAI_CHOICES, INTERPOLATIONS, UNSUPPORTED_POLICIES
 
     size = cfg.INPUT.SIZE
     if len(size) != 2 or any(not isinstance(side, int) or side < 1 for side in size):
         raise ConfigError(f"INPUT.SIZE must be two positive integers (height, width), got {tuple(size)!r}.")
-    check_choice("INPUT.INTERPOLATION", cfg.INPUT.INTERPOLATION, list(INTERPOLATION_MODES))
+    check_choice("INPUT.INTERPOLATION", cfg.INPUT.INTERPOLATION, list(INTERPOLATIONS))
     unknown = [name for name in cfg.INPUT.TRANSFORMS if name not in AVAI_CHOICES]
     if unknown:
         raise ConfigError(f"INPUT.TRANSFORMS has unknown transform(s) {unknown}; valid names are {AVAI_CHOICES}.")

@@ -19,7 +19,6 @@ import random
 
 import numpy as np
 import torch
-import torchvision.transforms as T
 from tabulate import tabulate
 from torch.utils.data import Dataset as TorchDataset
 from torch.utils.data import Sampler
@@ -28,7 +27,6 @@ from vlprompt.utils import read_image
 
 from .datasets import build_dataset
 from .samplers import build_sampler
-from .transforms import INTERPOLATION_MODES, build_transform
 
 
 def build_data_loader(
@@ -99,6 +97,8 @@ def build_data_loader(
 
 def _transform(cfg, custom_tfm, is_train):
     """`custom_tfm` if given (announced), else the transform built from INPUT."""
+    from .transforms import build_transform
+
     if custom_tfm is None:
         return build_transform(cfg, is_train=is_train)
     print(f"* Using custom transform for {'training' if is_train else 'testing'}")
@@ -121,6 +121,8 @@ class CropBorder:
 
 def _with_border_crop(tfm, pixels):
     """``tfm`` (a transform or a list of them) preceded by ``CropBorder(pixels)``; None stays None."""
+    import torchvision.transforms as T
+
     if tfm is None or not pixels:
         return tfm
     if isinstance(tfm, (list, tuple)):
@@ -275,6 +277,10 @@ class DatasetWrapper(TorchDataset):
     """
 
     def __init__(self, cfg, data_source, transform=None, is_train=False):
+        import torchvision.transforms as T
+
+        from .transforms import INTERPOLATION_MODES
+
         self.cfg = cfg
         self.data_source = data_source
         self.transform = transform

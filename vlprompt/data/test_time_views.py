@@ -16,14 +16,12 @@ import hashlib
 import os.path as osp
 
 import torch
-import torchvision.transforms as T
 from PIL import Image, ImageOps
 
 from vlprompt.config import ConfigError
 from vlprompt.utils import read_image
 
 from .data_manager import DatasetWrapper
-from .transforms import INTERPOLATION_MODES, build_transform
 
 __all__ = ["EpisodeViews", "VIEW_TRANSFORMS", "ViewAugmenter", "check_view_transforms", "image_seed"]
 
@@ -115,6 +113,10 @@ class ViewAugmenter:
     """
 
     def __init__(self, cfg, num_views, augmix=False, interpolation=None):
+        import torchvision.transforms as T
+
+        from .transforms import INTERPOLATION_MODES, build_transform
+
         transforms = cfg.INPUT.TRANSFORMS
         check_view_transforms(transforms)
         self.num_views = num_views

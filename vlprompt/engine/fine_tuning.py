@@ -19,7 +19,7 @@ import os.path as osp
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 
-from vlprompt.clip import IMAGENET_TEMPLATES
+from vlprompt.clip import imagenet_templates
 from vlprompt.clip.templates import DEFAULT_TEMPLATE, dataset_template
 from vlprompt.config import ConfigError, check_choice, check_range
 from vlprompt.optim import build_lr_scheduler
@@ -80,7 +80,7 @@ def check_iteration_schedule(optim, node_name):
 def head_templates(node, dataset):
     """The sentences of the zero-shot head: CLIP's 80 ImageNet templates (node.TEMPLATE_ENSEMBLE),
     else [node.TEMPLATE] ("" = the dataset's own template)."""
-    return IMAGENET_TEMPLATES if node.TEMPLATE_ENSEMBLE else [dataset_template(dataset, node.TEMPLATE)]
+    return imagenet_templates() if node.TEMPLATE_ENSEMBLE else [dataset_template(dataset, node.TEMPLATE)]
 
 
 def classifier_rows(weight, stored_names, current, model_path):

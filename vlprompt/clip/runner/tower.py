@@ -13,8 +13,6 @@ from typing import Optional
 import torch
 from torch import nn
 
-from open_clip.transformer import ResidualAttentionBlock
-
 from .attention import attention_block
 from .plan import EMPTY_PLAN, RunState
 
@@ -46,6 +44,8 @@ class TowerOutput:
 def check_blocks(blocks, tower):
     """Raise UnsupportedBackboneError unless every block is a standard open_clip
     ResidualAttentionBlock with a fused in-projection (what ``attention_block`` drives)."""
+    from open_clip.transformer import ResidualAttentionBlock
+
     for block in blocks:
         if type(block) is not ResidualAttentionBlock or block.attn.in_proj_weight is None:
             raise UnsupportedBackboneError(

@@ -8,8 +8,6 @@ weights are frozen; ``shared_prefix`` hands that prefix to several runs.
 """
 import torch
 
-from open_clip.transformer import VisionTransformer
-
 from .attention import block_qkv
 from .plan import EMPTY_PLAN, RunState
 from .prefix import SharedPrefix
@@ -25,6 +23,8 @@ class VisionTower(Tower):
     """
 
     def __init__(self, visual):
+        from open_clip.transformer import VisionTransformer
+
         super().__init__()
         if not isinstance(visual, VisionTransformer):
             raise UnsupportedBackboneError(

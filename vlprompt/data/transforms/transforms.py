@@ -23,41 +23,9 @@ from torchvision.transforms import (
 )
 from torchvision.transforms import functional as F
 
-AVAI_CHOICES = [
-    "random_flip",
-    "random_resized_crop",
-    "normalize",
-    "instance_norm",
-    "random_crop",
-    "random_translation",
-    "center_crop",
-    "cutout",
-    "imagenet_policy",
-    "cifar10_policy",
-    "svhn_policy",
-    "randaugment",
-    "randaugment_fixmatch",
-    "randaugment2",
-    "gaussian_noise",
-    "colorjitter",
-    "randomgrayscale",
-    "gaussian_blur",
-]
+from .names import AVAI_CHOICES, INTERPOLATIONS, UNSUPPORTED_POLICIES
 
-UNSUPPORTED_POLICIES = [
-    "imagenet_policy",
-    "cifar10_policy",
-    "svhn_policy",
-    "randaugment",
-    "randaugment_fixmatch",
-    "randaugment2",
-]
-
-INTERPOLATION_MODES = {
-    "bilinear": InterpolationMode.BILINEAR,
-    "bicubic": InterpolationMode.BICUBIC,
-    "nearest": InterpolationMode.NEAREST,
-}
+INTERPOLATION_MODES = {name: InterpolationMode[name.upper()] for name in INTERPOLATIONS}
 
 
 class Random2DTranslation:
