@@ -31,7 +31,7 @@ CONFIG_PATH = re.compile(r"(?<![\w./-])configs/[\w./+-]+\.ya?ml")
 TO_BE_CREATED = {"configs/datasets/my_data.yaml"}
 
 
-SOURCES = ("tools", "vlprompt", "trainers", "datasets")
+SOURCES = ("tools", "vlprompt", "trainers", "datasets", "vlprompt_app")
 # Placeholder names in documented paths, e.g. configs/trainers/TRAINER/synthetic.yaml.
 PLACEHOLDERS = {"TRAINER", "NAME", "PROTOCOL", "DATASET", "METHOD", "BENCHMARK"}
 
@@ -85,7 +85,7 @@ def trainer_lists():
 def test_the_scan_finds_the_documented_lists():
     lists = trainer_lists()
     names = {name for name, _, _, _ in lists}
-    assert {"README.md", "tools/run_protocol.py"} <= names
+    assert {"README.md", "vlprompt_app/commands/run_protocol.py"} <= names
     all_specs = [spec for _, _, specs, _ in lists for spec in specs]
     assert "DeAR:vit_b16_fewshot_16shot" in all_specs and "DeAR:vit_b16_fewshot_1shot" in all_specs
 
@@ -94,7 +94,6 @@ def test_the_scan_finds_the_documented_lists():
                          ids=lambda value: value if isinstance(value, str) else None)
 def test_documented_trainers_resolve(document, tool, specs, config, monkeypatch):
     monkeypatch.chdir(ROOT)
-    monkeypatch.syspath_prepend(str(ROOT / "tools"))
     from vlprompt_app.commands import run_protocol
     import trainers  # noqa: F401  (registers the trainers, as run_protocol.py does)
 
