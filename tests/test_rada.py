@@ -53,7 +53,7 @@ def perturb(module, std=0.5, seed=3):
 # -------------------------------------------------------------------- mask generator
 
 def reference_mask(generator, f, t, scale):
-    """Rada.md §2 written out head by head with explicit attention maps."""
+    """The paper's mask generator (Eq. 6) written out head by head with explicit attention maps."""
     heads, dim = generator.num_heads, f.shape[1]
     dh = dim // heads
     num_classes = t.shape[0]

@@ -25,7 +25,7 @@ TRAINER.TPT (views, selection, steps, lr: ``PROMPT`` "maple"), TRAINER.MAPLE (th
 TRAINER.PROMPTALIGN (PREC, the alignment and where the source statistics come from).
 
 The source statistics: upstream publishes no script (its README links precomputed ImageNet files;
-issue #5: the inference pass stores every block's input, their mean over the images is taken, then a
+its GitHub issue #5: the inference pass stores every block's input, their mean over the images is taken, then a
 second pass averages the squared deviations from it). Here one pass merges per-batch means and sums of
 squared deviations (Chan et al.) in float64: the same numbers. Upstream's files hold [12, L, D] tensors
 (``save_feature_maps`` concatenates the blocks' [1, L, D] maps); they are read as such.

@@ -45,7 +45,7 @@ patch rows x centre columns -inf in every block; dropout 0.3 after the projectio
 trainers/TAC/{basetonovel,crossdatasets}.yaml. Differences: upstream averages the whole fp16
 state dict, frozen CLIP weights included (their rounding changes slightly); here only the
 learnable tensors are averaged, in fp32. Upstream switches the context to random init above
-20 tokens; here a phrase always initialises it. The paper and the lead's brief call the centres
+20 tokens; here a phrase always initialises it. The paper calls the centres
 trainable; the code at that commit keeps them frozen, and the code wins.
 
 Run side by side with the official code (tools/official_methods/tac.py, fixture

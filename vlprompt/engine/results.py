@@ -1,6 +1,6 @@
 """The machine-readable records of a run folder: ``results.json`` and ``config.yaml``.
 
-[decision] (engine spec §13 #9): besides Dassl's one-decimal "=> result" block in log.txt, every
+Decision: besides Dassl's one-decimal "=> result" block in log.txt, every
 final evaluation (the test after training, or an eval-only test) writes ``results.json``
 atomically, with the evaluator's metrics at full precision and the evaluation role
 (:mod:`vlprompt.engine.roles`), so that result parsers need not scrape logs.
