@@ -1,4 +1,4 @@
-"""Caltech-101, datasets.md §3.2."""
+"""Caltech-101 (CoOp's split, the BACKGROUND_Google and Faces_easy folders left out)."""
 from vlprompt.data.datasets import DATASET_REGISTRY
 from vlprompt.data.splits import CoopSplitDataset, read_and_split_data
 

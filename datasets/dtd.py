@@ -1,4 +1,4 @@
-"""Describable Textures Dataset (datasets.md §3.9)."""
+"""Describable Textures Dataset (DTD, 47 texture classes)."""
 from vlprompt.data import splits
 from vlprompt.data.datasets import DATASET_REGISTRY
 from vlprompt.data.splits import CoopSplitDataset

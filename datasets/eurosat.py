@@ -1,4 +1,4 @@
-"""EuroSAT (datasets.md §3.10)."""
+"""EuroSAT (RGB, 10 land-cover classes)."""
 from vlprompt.data.datasets import DATASET_REGISTRY
 from vlprompt.data.splits import CoopSplitDataset, read_and_split_data
 

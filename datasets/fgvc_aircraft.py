@@ -1,4 +1,4 @@
-"""FGVC-Aircraft 2013b at the variant level, datasets.md §3.7."""
+"""FGVC-Aircraft 2013b at the variant level (100 classes)."""
 import os
 
 from vlprompt.data.datasets import DATASET_REGISTRY

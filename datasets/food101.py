@@ -1,4 +1,4 @@
-"""Food-101, datasets.md §3.6."""
+"""Food-101 (101 dish classes)."""
 from vlprompt.data.datasets import DATASET_REGISTRY
 from vlprompt.data.splits import CoopSplitDataset, read_and_split_data
 

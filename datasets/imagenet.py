@@ -1,4 +1,4 @@
-"""ImageNet (ILSVRC-2012), datasets.md §3.1."""
+"""ImageNet (ILSVRC-2012, 1000 classes)."""
 import os
 
 from vlprompt.data.datasets import DATASET_REGISTRY, DatasetBase

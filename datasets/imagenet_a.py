@@ -1,4 +1,4 @@
-"""ImageNet-A, natural adversarial examples of 200 ImageNet classes (test only), datasets.md §4.3."""
+"""ImageNet-A, natural adversarial examples of 200 ImageNet classes (test only)."""
 from vlprompt.data.datasets import DATASET_REGISTRY
 from vlprompt.data.readers import ClassFolderTestSet
 

@@ -1,4 +1,4 @@
-"""ImageNet-R, renditions of 200 ImageNet classes (test only), datasets.md §4.4."""
+"""ImageNet-R, renditions of 200 ImageNet classes (test only)."""
 from vlprompt.data.datasets import DATASET_REGISTRY
 from vlprompt.data.readers import ClassFolderTestSet
 

@@ -1,4 +1,4 @@
-"""ImageNet-Sketch (test only), datasets.md §4.2."""
+"""ImageNet-Sketch, sketches of the 1000 ImageNet classes (test only)."""
 from vlprompt.data.datasets import DATASET_REGISTRY
 from vlprompt.data.readers import ClassFolderTestSet
 

@@ -1,4 +1,4 @@
-"""ImageNetV2 matched-frequency (test only), datasets.md §4.1."""
+"""ImageNetV2 matched-frequency, a new test set of the 1000 ImageNet classes (test only)."""
 import os
 
 from vlprompt.data.datasets import DATASET_REGISTRY, DatasetBase, Datum

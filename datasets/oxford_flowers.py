@@ -1,4 +1,4 @@
-"""Oxford 102 Flowers (Flowers102), datasets.md §3.5."""
+"""Oxford 102 Flowers (Flowers102)."""
 import os
 import random
 

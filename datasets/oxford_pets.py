@@ -1,4 +1,4 @@
-"""Oxford-IIIT Pets (datasets.md §3.3)."""
+"""Oxford-IIIT Pets (37 cat and dog breeds)."""
 import os
 
 from vlprompt.data import splits

@@ -1,4 +1,4 @@
-"""Stanford Cars, datasets.md §3.4."""
+"""Stanford Cars (196 car models)."""
 import os
 
 from vlprompt.data.datasets import DATASET_REGISTRY

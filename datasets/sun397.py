@@ -1,4 +1,4 @@
-"""SUN397 scene categories, datasets.md §3.8."""
+"""SUN397 scene categories (397 classes)."""
 import os
 
 from vlprompt.data.datasets import DATASET_REGISTRY

@@ -1,4 +1,4 @@
-"""UCF101 action recognition (one middle frame per video), datasets.md §3.11."""
+"""UCF101 action recognition (one middle frame per video, 101 classes)."""
 import os
 import re
 

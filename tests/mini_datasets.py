@@ -1,4 +1,4 @@
-"""Miniature copies of the on-disk layouts of the 15 benchmark datasets (datasets.md §3–4) and ObjectNet.
+"""Miniature copies of the on-disk layouts of the 15 benchmark datasets and ObjectNet.
 
 Each `write_<yaml stem>(root)` writes the dataset's folder under `root` with its real
 file and folder names, its real annotation files (text lists, .mat files, JSON name

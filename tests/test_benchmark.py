@@ -1,6 +1,6 @@
 """tools/benchmark.py trainers: a case for every registered trainer, a loud failure without one,
 ratios and verdicts computed from the measured rounds, and the JSON report of a run on the tiny
-CLIP (issue 10)."""
+CLIP."""
 import copy
 import json
 import os

@@ -1,5 +1,5 @@
 """tools/benchmark.py dear on the tiny synthetic CLIP: L_reg costs exactly its frozen branch,
-that branch reuses the prompted pass's prefix and layer J's projections (issue 6), and the
+that branch reuses the prompted pass's prefix and layer J's projections, and the
 printed figures are computed from the measured rounds."""
 import json
 import os

@@ -1,4 +1,4 @@
-"""A hub weights name without network fails in seconds, not after the hub client's retries (issue 17, item 7).
+"""A hub weights name without network fails in seconds, not after the hub client's retries.
 
 No test here opens a real connection: ``socket.create_connection`` is replaced, and
 ``open_clip.create_model`` records whether a download was asked for (``pretrained`` set).

@@ -1,4 +1,4 @@
-"""CoCoOp: per-image conditional prompts (spec §5), chunked text passes."""
+"""CoCoOp: per-image conditional prompts, chunked text passes."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -60,7 +60,7 @@ def test_chunked_training_gradients_equal_one_pass(tiny_runner):  # noqa: F811
 
 
 def test_zeroed_meta_net_is_coop_with_the_same_context(tiny_runner):  # noqa: F811
-    """Spec §14: with a zero meta-net output CoCoOp is CoOp; with "a photo of a" the text
+    """With a zero meta-net output CoCoOp is CoOp; with "a photo of a" the text
     features at step 0 are the frozen CLIP features of the sentences."""
     runner, tokenizer = tiny_runner
     model = build(tiny_runner)

@@ -13,7 +13,7 @@ from vlprompt.config import (
     register_cfg_extension,
 )
 
-# engine.md section 2.2 (Dassl 0.6.3) + SUBSAMPLE_CLASSES + the project keys.
+# Dassl 0.6.3's defaults + SUBSAMPLE_CLASSES + the project keys.
 EXPECTED_DEFAULTS = {
     "VERSION": 1,
     "OUTPUT_DIR": "./output",

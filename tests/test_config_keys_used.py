@@ -1,4 +1,4 @@
-"""No accepted config key is silently ignored (issue 17 item 3).
+"""No accepted config key is silently ignored.
 
 Every leaf key of the merged defaults (core keys and every trainer's TRAINER.<NAME> node,
 built as train.py builds them) is either read somewhere in vlprompt/, trainers/, datasets/,

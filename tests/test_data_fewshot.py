@@ -1,4 +1,4 @@
-"""Datum, DatasetBase, few-shot sampling (engine.md §4.1–4.3) and the few-shot cache (§4.5)."""
+"""Datum, DatasetBase, few-shot sampling (bit-exact with Dassl) and the few-shot cache."""
 import json
 import os
 import pickle
@@ -26,7 +26,7 @@ def _touch(path):
 
 
 def _conformance_lists(root):
-    """The train and val lists of the engine.md §4.3 conformance example (files created under root)."""
+    """The train and val lists of the few-shot conformance example (files created under root)."""
     train = [
         Datum(_touch(os.path.join(root, f"c{y}", f"img{i}.jpg")), label=y, classname=f"c{y}")
         for i in range(6)
@@ -89,7 +89,7 @@ def test_split_dataset_by_label_keeps_first_appearance_order():
     assert [item.impath for item in groups[5]] == ["0", "2"]
 
 
-# ---------------------------------------------------------------- §4.3 conformance
+# ---------------------------------------------------------------- few-shot conformance
 
 def test_fewshot_conformance_example(tmp_path, capsys):
     train, val = _conformance_lists(str(tmp_path))

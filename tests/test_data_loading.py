@@ -1,4 +1,4 @@
-"""Loader speed settings keep epochs reproducible (engine.md §4.6; persistent workers, seeded items)."""
+"""Loader speed settings keep epochs reproducible (persistent workers, seeded items)."""
 import os
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""DataManager, DatasetWrapper, build_data_loader, samplers and transforms (engine.md §4.6–4.7)."""
+"""DataManager, DatasetWrapper, build_data_loader, samplers and transforms."""
 import json
 import os
 

@@ -1,4 +1,4 @@
-"""CoOp split helpers (engine.md §4.4): split JSON, trainval split, folder split, base/new subsampling."""
+"""CoOp split helpers: split JSON, trainval split, folder split, base/new subsampling."""
 import json
 import os
 import random

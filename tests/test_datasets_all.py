@@ -1,4 +1,4 @@
-"""All 15 datasets and ObjectNet on miniature copies of their real layouts (datasets.md §2–6).
+"""All 15 datasets and ObjectNet on miniature copies of their real layouts.
 
 For each dataset: class count and names, split sizes, base/new subsampling and
 relabelling, few-shot selection (equal to Dassl's sampler on the same lists, cached
@@ -19,7 +19,7 @@ from vlprompt.data.datasets.base_dataset import generate_fewshot_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# datasets.md §5, copied from the reference ZeroshotCLIP trainer.
+# Copied from the reference ZeroshotCLIP trainer (CoOp's CUSTOM_TEMPLATES).
 TEMPLATES = {
     "OxfordPets": "a photo of a {}, a type of pet.",
     "OxfordFlowers": "a photo of a {}, a type of flower.",

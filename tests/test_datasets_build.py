@@ -1,4 +1,4 @@
-"""Per-dataset rules: splits built from raw annotations, name rules, caches, layout errors (datasets.md §3–4)."""
+"""Per-dataset rules: splits built from raw annotations, name rules, caches, layout errors."""
 import json
 import os
 import pickle

@@ -1,4 +1,4 @@
-"""OxfordPets, DescribableTextures and EuroSAT on miniature layouts (datasets.md §3.3, 3.9, 3.10, 6)."""
+"""OxfordPets, DescribableTextures and EuroSAT on miniature layouts."""
 import json
 import os
 import random

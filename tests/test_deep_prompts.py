@@ -1,5 +1,5 @@
-"""Deep prompts (vlprompt.clip.deep_prompts) against step-by-step implementations of the
-baselines spec §1.2 / §1.3 written with open_clip's own modules, plus the config checks
+"""Deep prompts (vlprompt.clip.deep_prompts) against step-by-step implementations of
+deep text and vision prompts written with open_clip's own modules, plus the config checks
 and reading checkpoints in the reference layout."""
 import pytest
 import torch
@@ -24,7 +24,7 @@ def tiny(tiny_clip_files):
 
 
 def spec_image_features(visual, images, prompts):
-    """§1.3 literally: V_1 appended after the positional embedding and before ln_pre, V_k
+    """Deep vision prompts literally: V_1 appended after the positional embedding and before ln_pre, V_k
     overwriting the last n tokens at the input of layer k, class token pooled."""
     batch, n = images.shape[0], prompts[0].shape[0]
     x = visual.conv1(images).flatten(2).transpose(1, 2)
@@ -38,7 +38,7 @@ def spec_image_features(visual, images, prompts):
 
 
 def spec_text_features(model, token_ids, ctx, deep):
-    """§1.2 literally: context at positions 1..n before the positional embedding, deep
+    """Deep text prompts literally: context at positions 1..n before the positional embedding, deep
     prompts overwriting positions 1..n at the input of layers 2..J, EOT pooled."""
     rows, n = token_ids.shape[0], ctx.shape[0]
     x = model.token_embedding(token_ids)

@@ -1,4 +1,4 @@
-"""Every method and config that the documentation names exists (issue 17 item 10).
+"""Every method and config that the documentation names exists.
 
 * Each ``--trainers`` list of a command in README.md, DATASETS.md, PERFORMANCE.md, the
   docstrings and other texts of train.py and the Python sources, and configs/*.yaml resolves the way the command's tool resolves it:

@@ -1,4 +1,4 @@
-"""Tests of the trainer engine (engine spec §3, §5, §12, §13): log lines, checkpoints, exact
+"""Tests of the trainer engine (registry, lifecycle, Dassl's outputs, our additions): log lines, checkpoints, exact
 resume, load_model, results.json, precision, registry errors.
 
 A tiny registered dataset (3 classes of 12x12 JPEGs) and a registered TrainerX subclass (a frozen

@@ -1,4 +1,4 @@
-"""compute_accuracy and the Classification evaluator (engine.md 6.4, 7.1)."""
+"""compute_accuracy and the Classification evaluator (Dassl's metrics)."""
 import numpy as np
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Structural equivalences of IVLP and MaPLe (spec §7, §8, §14)."""
+"""Structural equivalences of IVLP and MaPLe."""
 import pytest
 import torch
 import torch.nn.functional as F

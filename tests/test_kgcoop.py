@@ -1,4 +1,4 @@
-"""KgCoOp: CoOp plus the knowledge term W (1 - mean cos(W_c, W_clip,c)) (spec §6)."""
+"""KgCoOp: CoOp plus the knowledge term W (1 - mean cos(W_c, W_clip,c))."""
 import torch
 import torch.nn.functional as F
 from baseline_setup import build_seeded, make_cfg, tiny_node, tiny_runner, toy_world  # noqa: F401

@@ -1,4 +1,4 @@
-"""Kill and resume (issue 11): train.py killed with SIGKILL at random points and started again
+"""Kill and resume: train.py killed with SIGKILL at random points and started again
 with the same command ends with the uninterrupted run's exact weights, optimizer and scheduler
 states and metrics.
 

@@ -1,4 +1,4 @@
-"""Kill and resume of the ttt protocol (issue 20): ``tools/run_protocol.py --protocol ttt`` killed
+"""Kill and resume of the ttt protocol: ``tools/run_protocol.py --protocol ttt`` killed
 with SIGKILL and started again with the same command ends with the uninterrupted run's accuracy
 and the same per-image episode log (labels and logits, byte for byte).
 

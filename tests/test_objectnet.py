@@ -1,4 +1,4 @@
-"""ObjectNet (issue 17, item 6): the release's mapping files, the ImageNet prediction map, the
+"""ObjectNet: the release's mapping files, the ImageNet prediction map, the
 1-pixel frame, WiSE-FT-style evaluation through the engine, and the layout errors."""
 import os
 import shutil

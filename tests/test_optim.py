@@ -1,4 +1,4 @@
-"""Optimizers and LR schedules (engine.md section 6), including exact resumption."""
+"""Optimizers and LR schedules (Dassl's), including exact resumption."""
 import copy
 import io
 import warnings
@@ -15,7 +15,7 @@ from vlprompt.optim import (
     build_optimizer,
 )
 
-# engine.md 6.3 "Verified values" (SGD, base lr 0.002, one step per epoch): lr of epochs 1, 2, ...
+# Dassl's learning rates, verified (SGD, base lr 0.002, one step per epoch): lr of epochs 1, 2, ...
 VERIFIED = {
     "cosine5_constant1": (
         dict(MAX_EPOCH=5, WARMUP_EPOCH=1, WARMUP_TYPE="constant"),
@@ -135,7 +135,7 @@ def test_warmup_state_dict_holds_the_successor_state_not_the_object():
 
 
 def test_dassl_format_state_with_pickled_successor_resumes_the_live_optimizer():
-    """Dassl stores the successor object; loading it must not freeze the lr (engine.md 13 #4)."""
+    """Dassl stores the successor object; loading it must not freeze the lr."""
     cfg = _optim_cfg(MAX_EPOCH=6, WARMUP_EPOCH=1, WARMUP_TYPE="constant")
     model, optimizer, scheduler = _build(cfg)
     uninterrupted = _run_epochs(model, optimizer, scheduler, 6)

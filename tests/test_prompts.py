@@ -15,7 +15,7 @@ def runner_and_tokenizer(tiny_clip_files):
 
 
 def test_word_initialised_context_reproduces_the_sentence(runner_and_tokenizer):
-    """baselines §14: 'a photo of a' context at step 0 == frozen CLIP on the sentence."""
+    """'a photo of a' context at step 0 == frozen CLIP on the sentence."""
     runner, tokenizer = runner_and_tokenizer
     context = TextContext(runner.text, tokenizer, CLASSNAMES, n_ctx=16, ctx_init="a photo of a")
     assert context.n_ctx == 4 and context.ctx.shape == (4, 32)

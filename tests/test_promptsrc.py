@@ -1,4 +1,4 @@
-"""PromptSRC (spec §9): self-consistency losses, frozen targets, Gaussian prompt aggregation
+"""PromptSRC: self-consistency losses, frozen targets, Gaussian prompt aggregation
 (what is saved and evaluated, exact resume), and the reduction to IVLP."""
 import shutil
 

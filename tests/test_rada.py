@@ -11,7 +11,7 @@ from baseline_setup import runner_and_tokenizer, toy_pets_cfg, trainer_node
 import datasets  # noqa: F401  (registers OxfordPets)
 from trainers.rada import RAdaCLIP, check_rada_node
 from trainers.zsclip import TemplateCLIP
-from vlprompt.clip.rational import RationalMaskGenerator, mask_regularizer, rational_logits, rational_matrix
+from trainers.rada_rational import RationalMaskGenerator, mask_regularizer, rational_logits, rational_matrix
 from vlprompt.config import ConfigError
 from vlprompt.engine import build_trainer
 from vlprompt.testing import TINY_RESNET_CLIP_CONFIG, write_oxford_pets_tree, write_tiny_clip
@@ -53,7 +53,7 @@ def perturb(module, std=0.5, seed=3):
 # -------------------------------------------------------------------- mask generator
 
 def reference_mask(generator, f, t, scale):
-    """Rada.md §2 written out head by head with explicit attention maps."""
+    """The paper's mask generator (Eq. 6) written out head by head with explicit attention maps."""
     heads, dim = generator.num_heads, f.shape[1]
     dh = dim // heads
     num_classes = t.shape[0]

@@ -14,10 +14,10 @@ from trainers.rada_adapter import RAdaAdapterCLIP
 from trainers.rada_fft import RAdaFFTCLIP
 from trainers.rada_prompt import RAdaPromptCLIP
 from trainers.zsclip import TemplateCLIP
-from vlprompt.clip.mask_generators import (
+from trainers.rada_mask_generators import (
     MASK_GENERATOR_REGISTRY, MLPMaskGenerator, StackedRationalMaskGenerator, build_mask_generator,
 )
-from vlprompt.clip.rational import RationalMaskGenerator
+from trainers.rada_rational import RationalMaskGenerator
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,4 +1,4 @@
-"""Reliability guarantees (issue 11): safe loading, torn files, mid-epoch resume, bad data,
+"""Reliability guarantees: safe loading, torn files, mid-epoch resume, bad data,
 numerical faults and config faults. The kill-and-resume trials with SIGKILL are in
 tests/test_kill_resume.py.
 """

@@ -266,7 +266,7 @@ def test_cells_and_methods_with_several_configs():
 
 
 def test_shipped_published_numbers_are_consistent():
-    """Every HM of the baselines' per-dataset rows (baselines spec §12.2) is 2BN/(B+N) to 0.01
+    """Every HM of the baselines' per-dataset rows (configs/published/) is 2BN/(B+N) to 0.01
     and their column means reproduce the published averages to 0.015."""
     base2new = load_published(ROOT / "configs" / "published" / "base2new.yaml", "base2new")
     for method in ("ZeroshotCLIP", "CoOp", "CoCoOp", "KgCoOp", "MaPLe", "PromptSRC", "RAda"):

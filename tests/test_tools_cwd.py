@@ -1,5 +1,5 @@
 """Every tool runs from any working directory without changing sys.path: the project's
-``trainers`` and ``datasets`` come from vlprompt.project (issue 16, item 6)."""
+``trainers`` and ``datasets`` come from vlprompt_app.project."""
 import os
 import re
 import subprocess

@@ -1,5 +1,5 @@
-"""train.py's grammar: options first, then KEY VALUE overrides (issue 17 item 8), and
-unsupported keys rejected before anything is built (item 3). All fail before any data is read."""
+"""train.py's grammar: options first, then KEY VALUE overrides, and
+unsupported keys rejected before anything is built. All fail before any data is read."""
 import shlex
 
 import pytest

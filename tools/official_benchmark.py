@@ -51,8 +51,8 @@ Both sides read one weights file (tools/official_equivalence.py's seeded random 
 of ``--batch`` seeded random images with labels 0, 1, ... modulo ``--classes``, and the class
 names "class number i" of the per-trainer benchmark. A side's cost ratio is its step over its
 unit (same process, same rounds), so the two sides' ratios compare across processes and load;
-"ours / official" is our cost ratio over the official one, which issue 18's contract (and item 6
-of rivals.md's, for the rivals of issues 14-16) wants at most 0.5 (flagged otherwise); the table also gives the quotient of the two steps' times alone and the
+"ours / official" is our cost ratio over the official one, which the project's target keeps at
+most 0.5 (CONTRACT_RATIO; flagged otherwise); the table also gives the quotient of the two steps' times alone and the
 learnable parameters each side's optimizer updates. Under ``--clock cpu`` both processes run with
 OMP_WAIT_POLICY=PASSIVE (unless set), as the per-trainer family's do.
 
@@ -78,7 +78,7 @@ import official_equivalence as oe  # tools/official_equivalence.py, next to this
 ROOT = oe.ROOT
 WEIGHTS_SEED = oe.DEFAULT_SEEDS["weights"]
 IMAGES_SEED = oe.DEFAULT_SEEDS["images"]
-CONTRACT_RATIO = 0.5  # issue 18: our train cost ratio at most half of the official one
+CONTRACT_RATIO = 0.5  # target: our train cost ratio at most half of the official one
 
 
 def timed_by_the_tool(spec):
@@ -451,7 +451,7 @@ def summary_lines(report):
     failed = [record["case"] for record in results if "error" in record]
     verdict = f"over {CONTRACT_RATIO}: {', '.join(over)}" if over else f"every method measured at most {CONTRACT_RATIO}"
     lines = ["ours / official = (ours train / frozen) / (official train / frozen), each side's frozen CLIP image "
-             f"forward of the same batch in the same process; issue 18 wants at most {CONTRACT_RATIO}: {verdict}"]
+             f"forward of the same batch in the same process; the target is at most {CONTRACT_RATIO}: {verdict}"]
     if failed:
         lines.append(f"not measured (the row gives the error): {', '.join(failed)}")
     return lines

@@ -22,7 +22,7 @@ tensors), in fp32 (the official ``PREC`` fp32 branch), and their learnable param
 be exactly the ones the method's spec maps.
 
 What each method compares, and how its two sides are built, is in its module under
-``tools/official_methods/`` (the spec's contract is in that package's docstring). Each output
+``tools/official_methods/`` (the contract of a method's entry is in that package's docstring). Each output
 is compared by the relative max difference max|ours - official| / max|official|. The result
 goes to ``tests/fixtures/official/<method>.json`` (seeds, class names, labels, settings,
 parameter-name mapping, official outputs, official repository and commits), which

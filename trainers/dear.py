@@ -1,4 +1,4 @@
-"""DeAR: Decomposing Attention-head Roles (Ma et al., CVPR 2026; spec: shared/spec/dear.md).
+"""DeAR: Decomposing Attention-head Roles (Ma et al., CVPR 2026).
 
 Vision: CLIP runs unchanged up to layer J; there K attribute tokens P0 (n_tok each) are
 appended, and in layers J..L every head sees them according to its role (role-based

@@ -1,5 +1,5 @@
 """L2-SP (Li et al., ICML 2018): fine-tuning with a penalty towards the pretrained weights instead
-of weight decay (FLYP's and RAda's Table 1 row "L2-SP"); no official code was read (rivals.md B).
+of weight decay (FLYP's and RAda's Table 1 row "L2-SP"); no official code was read.
 
 The model is FT's (trainers/ft.py), trained end to end like FT; the loss adds
 

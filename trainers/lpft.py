@@ -1,5 +1,5 @@
 """LP-FT (Kumar et al., ICLR 2022): linear probing, then fine-tuning of everything from the probed
-head (FLYP's and RAda's Table 1 row "LP-FT"); no official code was read (rivals.md B).
+head (FLYP's and RAda's Table 1 row "LP-FT"); no official code was read.
 
 The model is FT's (trainers/ft.py). Two stages of one trainer, chained by tools/run_protocol.py
 as the staged method LPFT:vit_b16_stage1@5:vit_b16_stage2 (stage 2 starts from stage 1's epoch-5

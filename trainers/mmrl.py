@@ -46,9 +46,9 @@ trainers/config.py (λ per dataset, EuroSAT REP_DIM 2048).
 Side by side with the official code (tools/official_equivalence.py MMRL, tools/official_methods/mmrl.py,
 tests/test_official_equivalence_mmrl.py): yunncheng/MMRL @ 27d8821f's CustomCLIP and MMRL_Loss on a
 seeded random ViT-B/16 (Dassl.pytorch @ c61a1b57), R, each of the 7 maps per tower and proj_rep
-drawn at 10x their init std, 2 images, 3 classes: relative max difference of the fused base-role
-logits 1.5e-6, the class-token logits 1.3e-6, the representation logits 3.8e-6 and the training
-loss with the λ regularisers 5.7e-7 (tokens one block early, or two layers' maps swapped, fail).
+drawn at 10x their init std, 2 images, 3 classes: the fused base-role logits, the class-token
+logits, the representation logits and the training loss with the λ regularisers agree (relative
+max differences in docs/fidelity.md; tokens one block early, or two layers' maps swapped, fail).
 Not done yet: the cross-dataset / domain-generalization recipe (ImageNet, batch 32, 1 epoch, no
 warm-up, λ 0.2); tests/test_mmrl.py checks the equations above independently with open_clip's blocks.
 """

@@ -53,9 +53,9 @@ Side by side with the official code (tools/official_equivalence.py MMRLpp,
 tools/official_methods/mmrl.py, tests/test_official_equivalence_mmrl.py): upstream's CustomCLIP
 and MMRLpp_Loss on a seeded random ViT-B/16 (Dassl.pytorch @ c61a1b57), β 0.7, every learnable
 value (R, W, b^l, A^l, B^l of both towers, A_p, B_p) drawn away from its init, 2 images, 3
-classes: relative max difference of the fused base-role logits 3.9e-7, the class-token logits
-4.3e-7, the representation logits 4.6e-7 and the training loss with the λ regularisers 4.4e-7
-(tokens one block early, β and 1 − β exchanged, or two layers' residuals swapped, fail).
+classes: the fused base-role logits, the class-token logits, the representation logits and the
+training loss with the λ regularisers agree (relative max differences in docs/fidelity.md; tokens
+one block early, β and 1 − β exchanged, or two layers' residuals swapped, fail).
 """
 import math
 

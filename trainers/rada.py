@@ -1,10 +1,10 @@
-"""RAda: Rational Adaptation, efficient fine-tuning setting (Chen et al., ICCV 2025; rada.md).
+"""RAda: Rational Adaptation, efficient fine-tuning setting (Chen et al., ICCV 2025).
 
 Both CLIP encoders stay frozen; class features come from a hand-crafted sentence ("a photo
 of a {}." by default). For every image the rational matrix R[c, d] = f_d t[c, d] is masked by
 M = ReLU(1 + dM) from a mask generator (by default one multi-query attention layer over the
-class axis, :mod:`vlprompt.clip.rational`; others registered in
-:mod:`vlprompt.clip.mask_generators`, chosen by GENERATOR.NAME), and logits = tau * sum_d M * R.
+class axis, :mod:`trainers.rada_rational`; others registered in
+:mod:`trainers.rada_mask_generators`, chosen by GENERATOR.NAME), and logits = tau * sum_d M * R.
 Only the mask generator learns; loss = CE + ALPHA * L_mask (||M - 1||_2 per image by
 default). At step 0, M = 1 and RAda is zero-shot CLIP.
 
@@ -16,13 +16,13 @@ a :class:`RationalAdapter` (the generator registered as its ``mask_generator`` s
 import torch.nn.functional as F
 from yacs.config import CfgNode as CN
 
-from vlprompt.clip.mask_generators import build_mask_generator, check_generator_node
-from vlprompt.clip.rational import ATTN_NORMS, MASK_LOSSES, QUERY_INPUTS, RationalAdapter
 from vlprompt.clip.templates import DEFAULT_TEMPLATE, check_template, dataset_template
 from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.amp import PRECISIONS
 
+from .rada_mask_generators import build_mask_generator, check_generator_node
+from .rada_rational import ATTN_NORMS, MASK_LOSSES, QUERY_INPUTS, RationalAdapter
 from .zsclip import TemplateCLIP
 
 
@@ -33,7 +33,7 @@ def add_generator_keys(node):
     node.TEMP = 1.0  # attention temperature
     node.CHUNK_SIZE = 0  # images per attention chunk; 0 = auto (K = 1000 fits)
     node.GENERATOR = CN()
-    node.GENERATOR.NAME = "RationalMaskGenerator"  # in vlprompt.clip.mask_generators.MASK_GENERATOR_REGISTRY
+    node.GENERATOR.NAME = "RationalMaskGenerator"  # in trainers.rada_mask_generators.MASK_GENERATOR_REGISTRY
     node.GENERATOR.QUERIES = list(QUERY_INPUTS)  # attention queries: "image" (f), "text" (t_c), "rational" (R)
     node.GENERATOR.NUM_LAYERS = 1  # attention layers of StackedRationalMaskGenerator (supplement Table 10)
 

@@ -1,4 +1,4 @@
-"""RAda + Adapter (paper Table 2; rada.md §7): CLIP-Adapter's feature adapters and RAda's mask
+"""RAda + Adapter (paper Table 2): CLIP-Adapter's feature adapters and RAda's mask
 generator trained jointly on frozen encoders.
 
 The image feature and the class text features pass through residual bottleneck adapters

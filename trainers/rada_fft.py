@@ -1,4 +1,4 @@
-"""RAda in the full fine-tuning setting (paper §4.1 and appendix C; rada.md §5).
+"""RAda in the full fine-tuning setting (paper §4.1 and appendix C).
 
 The text encoder is replaced by a linear classifier W [K, D] initialised with the normalised
 class text features (CLIP's 80 ImageNet templates by default, as WiSE-FT/FLYP); the

@@ -1,4 +1,4 @@
-"""RAda + Prompt (paper Table 2; rada.md §7): deep vision and language prompts and RAda's mask
+"""RAda + Prompt (paper Table 2): deep vision and language prompts and RAda's mask
 generator trained jointly on frozen encoders.
 
 Follows the official ``PromptRAda`` trainer (khufia/RAda, ``eft/trainers/prompt_rada.py``,

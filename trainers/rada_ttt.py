@@ -1,4 +1,4 @@
-"""RAda in the test-time training setting (paper §4.3; rada.md §6).
+"""RAda in the test-time training setting (paper §4.3).
 
 Episodic and unlabeled: for every test image independently,
 1. build 64 views (the test view + 63 random resized crops / flips as INPUT.TRANSFORMS lists

@@ -45,14 +45,14 @@ patch rows x centre columns -inf in every block; dropout 0.3 after the projectio
 trainers/TAC/{basetonovel,crossdatasets}.yaml. Differences: upstream averages the whole fp16
 state dict, frozen CLIP weights included (their rounding changes slightly); here only the
 learnable tensors are averaged, in fp32. Upstream switches the context to random init above
-20 tokens; here a phrase always initialises it. The paper and the lead's brief call the centres
+20 tokens; here a phrase always initialises it. The paper calls the centres
 trainable; the code at that commit keeps them frozen, and the code wins.
 
 Run side by side with the official code (tools/official_methods/tac.py, fixture
 tests/fixtures/official/tac.json): FushengHao/TAC @ 914c3067 with Dassl.pytorch @ c61a1b57 on a
 seeded random ViT-B/16, every learnable value at 10x its init std and the same seeded centres:
-relative max difference of the logits 2.84e-05 and of the training loss over 2 views 5.84e-06
-(image dropout off; upstream rounds its prompts to fp16 inside the towers).
+the logits and the training loss over 2 views agree (relative max differences in docs/fidelity.md;
+image dropout off; upstream rounds its prompts to fp16 inside the towers).
 """
 import os
 

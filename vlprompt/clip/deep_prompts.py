@@ -1,8 +1,8 @@
 """Deep prompts: learnable tokens at the input of the first J layers of a CLIP tower.
 
-Shared by VPT, IVLP (and its language-only variant), MaPLe and PromptSRC (baselines spec
-§1.2, §1.3). The depth J counts the layers whose input holds prompts, layer 1 included;
-layers after J carry the outputs of the layer-J prompt positions forward.
+Shared by VPT, IVLP (and its language-only variant), MaPLe and PromptSRC. The depth J counts
+the layers whose input holds prompts, layer 1 included; layers after J carry the outputs of
+the layer-J prompt positions forward.
 
 * Vision: V_1 [n, D] is appended after the class and patch tokens, after the positional
   embedding and before ``ln_pre`` (prompts get no positional embedding); V_k (k = 2..J)

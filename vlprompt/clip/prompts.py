@@ -7,7 +7,7 @@ end-of-text, padding; [C, L-1-n, D]). Prefix, suffix and end-of-text positions d
 the class list only: they are non-persistent buffers, rebuilt by ``set_classnames`` and
 never saved in or loaded from a checkpoint.
 
-Two initialisation conventions exist (baselines spec, pitfall 12):
+Two initialisation conventions exist, and each method keeps its own reference's:
 
 * ``coop`` (CoOp, CoCoOp, KgCoOp): with an init phrase, n := its number of words and the
   context starts from the phrase's embeddings; otherwise n = N_CTX random N(0, 0.02)

@@ -1,4 +1,4 @@
-"""Default configuration: the keys and values of Dassl 0.6.3 (engine.md section 2.2),
+"""Default configuration: the keys and values of Dassl 0.6.3,
 plus ``DATASET.SUBSAMPLE_CLASSES`` and the project keys marked below.
 
 Trainer-specific nodes (``TRAINER.COOP`` ...) are not here: each trainer module adds its
@@ -135,7 +135,7 @@ _C.TRAIN = CN()
 _C.TRAIN.CHECKPOINT_FREQ = 0  # <= 0: save only the last epoch
 _C.TRAIN.PRINT_FREQ = 10
 _C.TRAIN.COUNT_ITER = "train_x"
-# Project key: also save parameters with requires_grad False (engine.md section 13 #12)
+# Project key: also save parameters with requires_grad False
 _C.TRAIN.SAVE_FROZEN_WEIGHTS = False
 # Project key: mid-epoch checkpoint interval in iterations; 0 = off
 _C.TRAIN.CHECKPOINT_ITERS = 0

@@ -1,4 +1,4 @@
-"""DataManager, DatasetWrapper and build_data_loader (engine.md §4.6).
+"""DataManager, DatasetWrapper and build_data_loader (Dassl's names and behaviour).
 
 Speed: images are decoded and augmented in DATALOADER.NUM_WORKERS worker
 processes (never in the training process when NUM_WORKERS > 0); batches go to

@@ -1,4 +1,4 @@
-"""Image features of a frozen image encoder, computed once and read back (rada.md §4).
+"""Image features of a frozen image encoder, computed once and read back (RAda's frozen-encoder training).
 
 A trainer whose image encoder never changes (RAda EFT, CLIP-Adapter, zero-shot CLIP, linear
 probes) spends nearly all its time encoding images one small batch at a time. The cache

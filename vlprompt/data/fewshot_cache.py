@@ -1,4 +1,4 @@
-"""The few-shot cache: `<dataset_dir>/split_fewshot/shot_{K}-seed_{SEED}.{pkl,json}` (engine.md §4.5).
+"""The few-shot cache: `<dataset_dir>/split_fewshot/shot_{K}-seed_{SEED}.{pkl,json}`.
 
 Dassl writes `shot_{K}-seed_{SEED}.pkl` (a pickle of Datum objects); we read those with the
 restricted unpickler of :mod:`vlprompt.data.datum_files` and write our own as

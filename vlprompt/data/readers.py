@@ -1,4 +1,4 @@
-"""Readers for the raw annotation formats that several datasets share (datasets.md §3–4).
+"""Readers for the raw annotation formats that several datasets share.
 
 - `read_classnames`: ImageNet's `classnames.txt` ("WNID CLASS NAME" per line), also
   copied into the folders of the four ImageNet variants;

@@ -1,4 +1,4 @@
-"""Samplers by name (engine.md §4.6). Only RandomSampler and SequentialSampler are provided.
+"""Samplers by name (Dassl's). Only RandomSampler and SequentialSampler are provided.
 
 Both are resumable: ``state_dict()`` describes the epoch being iterated (for the random
 sampler, the seed it drew), and ``resume_epoch(state, skip)`` makes the next iteration replay

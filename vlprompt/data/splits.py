@@ -1,4 +1,4 @@
-"""CoOp's split helpers and the common dataset pipeline (engine.md §4.4–4.5).
+"""CoOp's split helpers and the common dataset pipeline.
 
 The dataset files subclass `CoopSplitDataset`, whose constructor calls
 `prepare_coop_splits`, which runs the whole pipeline: split JSON (or the dataset's
@@ -257,7 +257,7 @@ def subsample_classes(*datasets, subsample="all"):
 
 
 def prepare_coop_splits(cfg, dataset_dir, build_split, split_path=None, path_prefix=None):
-    """The CoOp-family dataset pipeline (engine.md §4.5 steps 1–4).
+    """The CoOp-family dataset pipeline (its four steps below).
 
     1. Create `<dataset_dir>/split_fewshot/` (at every construction, as CoOp does).
     2. If `split_path` is a file: `read_split(split_path, path_prefix)`; otherwise

@@ -1,6 +1,6 @@
 """Device-aware mixed precision for trainers: autocast for forward passes plus a GradScaler.
 
-[decision] (engine spec §11, lead's brief): the precision a trainer asks for is
+Decision: the precision a trainer asks for is
 ``cfg.TRAINER.<TRAINER.NAME upper-cased>.PREC`` when that key exists, else "fp32".
 
 | requested | on CUDA                                              | on CPU |

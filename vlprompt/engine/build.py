@@ -1,4 +1,4 @@
-"""Trainer registry and ``build_trainer`` (engine spec §3)."""
+"""Trainer registry and ``build_trainer`` (Dassl's names)."""
 from vlprompt.utils import Registry, check_availability
 
 from .distributed import check_world_size

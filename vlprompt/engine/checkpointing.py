@@ -1,4 +1,4 @@
-"""Checkpoints of a trainer: saving, exact resuming, loading weights for evaluation (engine spec §5.4).
+"""Checkpoints of a trainer: saving, exact resuming, loading weights for evaluation.
 
 Layout (Dassl's names): ``DIR/<model name>/model.pth.tar-N`` (N = completed epochs),
 ``DIR/<model name>/model-best.pth.tar``, and the ``checkpoint`` pointer file holding the base

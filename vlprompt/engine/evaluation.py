@@ -1,4 +1,4 @@
-"""Evaluation of a trainer's model on a split, and the final test of a training run (engine spec §5.2).
+"""Evaluation of a trainer's model on a split, and the final test of a training run.
 
 :class:`EvaluationMixin` gives ``SimpleTrainer`` the Dassl methods (a trainer may override any
 of them; the engine always calls them through the trainer):

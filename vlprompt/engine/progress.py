@@ -1,6 +1,6 @@
 """What a training run reports while it runs: Dassl's progress lines, tensorboard scalars, elapsed time.
 
-* :func:`progress_line`: the per-batch line of engine spec §5.3, e.g.
+* :func:`progress_line`: Dassl's per-batch line, e.g.
   ``epoch [3/10] batch [5/9] time 0.210 (0.240) data 0.001 (0.020) loss 1.2345 (1.4000) acc 62.5000 (55.0000) lr 1.9511e-03 eta 0:00:20``.
 * :class:`WriterMixin`: ``init_writer`` / ``write_scalar`` / ``close_writer`` of ``TrainerBase``
   (a tensorboard SummaryWriter, or nothing when tensorboard is not installed), and

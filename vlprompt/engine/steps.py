@@ -1,7 +1,7 @@
 """The optimisation step of the Dassl contract: autocast, anomaly check, backward, update, lr.
 
 :class:`OptimizationMixin` gives ``TrainerBase`` the methods that a trainer's
-``forward_backward`` calls (engine spec §5.1, §11):
+``forward_backward`` calls:
 
 * ``autocast()``: context manager for forward passes at the trainer's precision (``self.amp``);
 * ``model_backward_and_update(loss, names=None, terms=None)``: ``model_zero_grad``, then

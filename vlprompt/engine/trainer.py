@@ -1,4 +1,4 @@
-"""Trainer lifecycle with Dassl's names: ``TrainerBase``, ``SimpleTrainer``, ``TrainerX`` (engine spec §5).
+"""Trainer lifecycle with Dassl's names: ``TrainerBase``, ``SimpleTrainer``, ``TrainerX``.
 
 What CoOp-family trainers rely on (constructor order, the lifecycle methods, log lines,
 checkpoint layout) follows Dassl 0.6.3. The trainer is assembled from one module per concern:
@@ -16,7 +16,7 @@ of a trainer from a config (data, model, evaluator, default hooks) and the batch
 ``after_train`` call the registered hooks, so a trainer that overrides one of them calls
 ``super()`` to keep the engine's behaviour at that point (as with Dassl's SimpleTrainer).
 
-Our additions to Dassl ([decision]s of the spec and the lead's brief): precision through
+Our additions to Dassl: precision through
 ``self.amp``; checkpoints with RNG, scaler and trainer state, exact (also mid-epoch) resuming;
 ``load_model`` as the CoOp-family override generalised; ``results.json`` after every final
 evaluation; image and label checks before training; non-finite losses that stop the run with

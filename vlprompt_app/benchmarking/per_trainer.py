@@ -28,7 +28,7 @@ TPT's prompt, RAda-TTT's generator), since its model's parameters stay frozen be
 Peak memory is CUDA's max allocated memory, or on the CPU the peak resident set size of the
 process that measured the case (one fresh process per case; weights included).
 
-The default setting is issue 10's comparison setting: batch 4 (CoCoOp 1), 50 classes, 224 px,
+The default setting is the comparison setting of PERFORMANCE.md: batch 4 (CoCoOp 1), 50 classes, 224 px,
 fp32 on the CPU with 2 threads; the table lists the issue's targets next to the ratios. Each
 case is measured in a fresh process (``python -m vlprompt_app.benchmarking.per_trainer``) unless
 ``--in-process``. Under ``--clock cpu`` the case processes run with OMP_WAIT_POLICY=PASSIVE

@@ -1,7 +1,7 @@
 """The per-trainer cases of ``tools/benchmark.py trainers`` and how a case's trainer is built.
 
 Every trainer of the ``trainers`` package needs a case (its ViT-B/16 config, its kind and
-issue 10's targets): ``check_coverage`` fails with the names of the trainers without one, so
+the project's targets): ``check_coverage`` fails with the names of the trainers without one, so
 a new trainer makes the benchmark (and tests/test_benchmark.py) fail until its case is added.
 ``build_trainer`` builds a case's trainer through its own class from its config, with
 synthetic class names instead of a dataset.
@@ -37,8 +37,8 @@ class Case:
             EVAL_ONLY (nothing to train) or TEST_TIME (per-image adaptation during test()).
         batch: fixed batch size (the paper's, when the comparison setting uses it); 0 = --batch.
         opts: KEY VALUE config overrides of this case.
-        train_target, eval_target: issue 10's targets of the cost ratios (None: none).
-        official_train, official_eval: the official implementations' ratios quoted by issue 10.
+        train_target, eval_target: the project's targets of the cost ratios (None: none).
+        official_train, official_eval: the official implementations' ratios, measured the same way (PERFORMANCE.md).
         prepare: None, or callable(settings, output_dir) -> more KEY VALUE overrides, for a case
             that needs files before its trainer is built (PromptKD's teacher folder).
         after_build: None, or ``after_build(trainer)``, for what a trainer sets up when training
@@ -182,7 +182,7 @@ def check_coverage(registered, cases=CASES):
             "tools/benchmark.py trainers covers every registered trainer, but found " + "; ".join(problems)
             + ". Add (or remove) an entry in CASES of vlprompt_app/benchmarking/trainer_cases.py: "
             "the trainer's ViT-B/16 config, "
-            "its kind (train, cached, eval-only or test-time) and issue 10's targets if any."
+            "its kind (train, cached, eval-only or test-time) and the project's targets if any."
         )
 
 

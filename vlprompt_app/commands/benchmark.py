@@ -1,9 +1,9 @@
 """Cost measurements of the project, one subcommand per family of cases.
 
-    python tools/benchmark.py trainers --clock cpu --json output/benchmarks/cpu.json  # every trainer (issue 10)
+    python tools/benchmark.py trainers --clock cpu --json output/benchmarks/cpu.json  # every trainer
     python tools/benchmark.py trainers --trainers CoOp DeAR --clock cpu
     python tools/benchmark.py trainers --device cuda --amp --batch 16 --eval-batch 250 --threads 0
-    python tools/benchmark.py dear --batch 4 --rounds 5 --clock cpu --flops       # DeAR's L_reg (issue 6)
+    python tools/benchmark.py dear --batch 4 --rounds 5 --clock cpu --flops       # DeAR's L_reg
     python tools/benchmark.py cocoop --classes 1000 --images 2 --chunks 0 1024 256
     python tools/benchmark.py feature-cache --trainer RAda
     python tools/benchmark.py loader --synthetic output/loader_bench --workers 0 2 4

@@ -21,13 +21,13 @@ runs (``log.txt-YYYY-MM-DD-HH-MM-SS``) or a ``results.json``. Run folders named
 ``seedN`` are the seeds of the experiment named by their parent; any other run folder is
 one run of the experiment named by its parent (e.g. the datasets of a zero-shot run).
 
-Differences from the reference ``parse_test_res.py`` (engine spec §10, §13 #10/#11):
+Differences from the reference ``parse_test_res.py``:
 both end signals "Finish training" and "Finished training" are accepted, the newest log
 of a run folder is read (with a warning when there are several), the keyword is
 regex-escaped, incomplete runs are listed with the reason instead of aborting or being
 skipped silently, and a ``results.json`` written by our evaluator is used when present.
 
-Base-to-novel aggregation follows baselines spec §2.5: accuracies are averaged over
+Base-to-novel aggregation follows the CoOp-family papers: accuracies are averaged over
 seeds as printed (one decimal), the per-dataset HM is 2BN/(B+N) of the seed means, and
 the Average row is the HM of the mean Base and the mean Novel over datasets.
 

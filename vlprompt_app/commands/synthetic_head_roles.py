@@ -118,7 +118,7 @@ def specialists(rows, own=0.5, other=0.1):
 
 
 def summary_lines(rows, dominance):
-    """Strict specialists per attribute and the heads without a dominant attribute (issue 21's measure)."""
+    """Strict specialists per attribute and the heads without a dominant attribute (the table's measure)."""
     found = specialists(rows)
     lines = ["strict specialists (eta^2 >= 0.50, every other <= 0.10):"]
     for name, heads in found.items():

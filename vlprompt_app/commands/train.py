@@ -69,7 +69,7 @@ def print_args(args, cfg):
 
 
 def reset_cfg(cfg, args):
-    """Copy the command-line flags into the config (Dassl's reset_cfg)."""
+    """Copy the command-line flags into the config (as Dassl's train.py does)."""
     if args.root:
         cfg.DATASET.ROOT = args.root
     if args.output_dir:

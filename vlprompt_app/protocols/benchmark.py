@@ -28,7 +28,7 @@ __all__ = ["PROTOCOLS", "TRANSFER", "BenchmarkError", "ProtocolDatasets", "Bench
            "benchmark_path"]
 
 PROTOCOLS = ("base2new", "fewshot", "cross_dataset", "dg", "fft", "ttt")
-"""Protocol names (baselines spec §2.6; fft and ttt: RAda's Tables 1 and 3)."""
+"""Protocol names (the CoOp family's four; fft and ttt: RAda's Tables 1 and 3)."""
 
 TRANSFER = ("cross_dataset", "dg", "fft", "ttt")
 """Protocols with a source dataset and target datasets."""

@@ -1,6 +1,6 @@
 """Expand a protocol over methods x datasets x seeds into ``train.py`` runs.
 
-Each protocol's phases (baselines spec §2.6, engine spec §9):
+Each protocol's phases (as the CoOp-family scripts run them):
 
 * ``base2new``: train on the base classes (``train_base``, the final test there is the Base
   accuracy), then evaluate the same checkpoint on the new classes (``test_new``).

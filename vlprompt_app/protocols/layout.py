@@ -1,4 +1,4 @@
-"""Output folders of the CoOp-family evaluation protocols (engine spec §9).
+"""Output folders of the CoOp-family evaluation protocols.
 
 One place says where each run of each protocol writes, so that the protocol runner and
 the results tool agree, and the reference ``parse_test_res.py`` works on our outputs:

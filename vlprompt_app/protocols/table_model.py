@@ -8,7 +8,7 @@
   one of its configs when several configs ran on the same dataset);
 * :func:`mean_std`, :func:`harmonic_mean`: the statistics of the cells.
 
-The conventions are those of :mod:`vlprompt_app.protocols.tables` (baselines spec §2.5).
+The conventions are those of :mod:`vlprompt_app.protocols.tables` (the CoOp-family papers' conventions).
 """
 from __future__ import annotations
 

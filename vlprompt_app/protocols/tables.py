@@ -10,7 +10,7 @@ This module builds the three kinds of table (:func:`base2new_table`, :func:`fews
 :mod:`vlprompt_app.protocols.table_render`, the published numbers in
 :mod:`vlprompt_app.protocols.published`. The names tools import from here are re-exported.
 
-Conventions (baselines spec §2.5):
+Conventions (those of the CoOp-family papers):
 
 * every measured cell is the mean ± population std over its seeds; a cell with fewer
   seeds than expected shows ``[k/n]`` and is listed in the notes (never silently averaged);

@@ -1,4 +1,4 @@
-"""Datum, DatasetBase and few-shot sampling (engine.md §4.1–4.3), plus the layout errors.
+"""Datum, DatasetBase and few-shot sampling (Dassl's), plus the layout errors.
 
 `Datum` keeps Dassl's instance attribute names (`_impath`, `_label`, `_domain`,
 `_classname`) so that few-shot caches pickled by Dassl map onto it (see
@@ -103,7 +103,7 @@ def split_dataset_by_domain(data_source):
 
 
 def generate_fewshot_dataset(*data_sources, num_shots=-1, repeat=False):
-    """Sample `num_shots` items per class from each list (engine.md §4.3, bit-exact with Dassl).
+    """Sample `num_shots` items per class from each list (bit-exact with Dassl).
 
     Classes are visited in order of first appearance; a class with at least K
     items contributes `random.sample(items, K)`; a smaller class contributes

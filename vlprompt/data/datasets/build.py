@@ -1,4 +1,4 @@
-"""The dataset registry and `build_dataset` (engine.md §3)."""
+"""The dataset registry and `build_dataset` (Dassl's names)."""
 from vlprompt.utils import Registry, check_availability
 
 DATASET_REGISTRY = Registry("DATASET")

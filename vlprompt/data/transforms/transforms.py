@@ -1,4 +1,4 @@
-"""Image transforms built from INPUT.* keys (engine.md §4.7), with Dassl's log lines.
+"""Image transforms built from INPUT.* keys (Dassl's), with Dassl's log lines.
 
 All random choices made by the transforms defined here draw from torch's
 generator (torchvision's random transforms do too), so seeding torch, or

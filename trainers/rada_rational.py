@@ -1,4 +1,4 @@
-"""RAda's rational matrix and its mask generator, "one last attention" (rada.md §1-3).
+"""RAda's rational matrix and its mask generator, "one last attention".
 
 For a normalised image feature f [D] and normalised class features t [K, D], the rational
 matrix is R[c, d] = f_d * t[c, d]; CLIP's logits are tau * sum_d R[c, d] (tau = exp of the
@@ -22,7 +22,7 @@ then over the kept queries).
 :class:`RationalAdapter` composes a mask generator with the mask loss: the RAda trainers hold
 one instead of re-implementing logits and loss. Other generators (MLP, stacked attention
 layers) and the registry that builds them from a config are in
-:mod:`vlprompt.clip.mask_generators`.
+:mod:`trainers.rada_mask_generators`.
 """
 import math
 
@@ -66,7 +66,7 @@ def rational_logits(rational, mask, scale):
 
 
 def mask_regularizer(mask, kind="l2"):
-    """Distance of the mask from all-ones, averaged over the batch (rada.md §3 and §8).
+    """Distance of the mask from all-ones, averaged over the batch, in one of four norms.
 
     * "l2": ||M - 1||_2 of each image's whole K x D mask (paper Eq. 7);
     * "linf": max |M - 1| per image (official code's default);
@@ -146,7 +146,7 @@ def check_queries(queries):
 
 class RationalMaskGenerator(nn.Module):
     """The mask generator of RAda (see the module docstring); registered as the default
-    generator in :mod:`vlprompt.clip.mask_generators`.
+    generator in :mod:`trainers.rada_mask_generators`.
 
     Learned tensors: ``q_image``, ``q_text``, ``q_rational`` (those of ``queries``), ``key``,
     ``value`` and ``out``, each a D x D ``nn.Linear`` with bias; ``out`` starts at zero.
@@ -249,7 +249,7 @@ class RationalAdapter:
 
     Args:
         generator: a mask generator (``generator(f [B, D], t [K, D], tau) -> M [B, K, D]``,
-            M = 1 at initialisation; see :mod:`vlprompt.clip.mask_generators`).
+            M = 1 at initialisation; see :mod:`trainers.rada_mask_generators`).
         alpha: weight of the mask regulariser (None: the model only predicts).
         mask_loss: a MASK_LOSSES kind (None: the model only predicts).
     """
