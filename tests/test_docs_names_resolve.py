@@ -1,6 +1,6 @@
 """Every method and config that the documentation names exists.
 
-* Each ``--trainers`` list of a command in README.md, DATASETS.md, PERFORMANCE.md, the
+* Each ``--trainers`` list of a command in README.md, DATASETS.md, PERFORMANCE.md, docs/*.md, the
   docstrings and other texts of train.py and the Python sources, and configs/*.yaml resolves the way the command's tool resolves it:
   run_protocol.py (also called through ``$RUN``) with ``vlprompt_app.protocols.grid.resolve_methods`` (every stage of a staged TRAINER:CFG1@E:CFG2)
   (``NAME:cfg`` -> configs/trainers/NAME/cfg.yaml, a bare NAME takes the command's
@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-MARKDOWN = ("README.md", "DATASETS.md", "PERFORMANCE.md")
+MARKDOWN = ("README.md", "DATASETS.md", "PERFORMANCE.md") + tuple(
+    f"docs/{path.name}" for path in sorted((ROOT / "docs").glob("*.md")))
 TOOLS = {
     "run_protocol": re.compile(r"run_protocol\.py|\$RUN\b"),
     "results": re.compile(r"(parse|plot)_results\.py"),
