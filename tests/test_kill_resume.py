@@ -27,6 +27,8 @@ import pytest
 import torch
 from forked_runs import enter_child, forkserver_context, launch
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[1]
 EPOCHS = 2
 STEPS = 2 * 5  # 1 shot x 40 base classes = 40 images, batch size 8
