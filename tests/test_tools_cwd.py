@@ -82,6 +82,7 @@ def test_a_benchmark_runs_from_another_directory(tmp_path):
     assert result.returncode == 2 and "missing.yaml" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.e2e
 def test_run_protocol_expands_a_grid_from_another_directory(tmp_path):
     """A real invocation past argument parsing: the trainers (and their configs) are resolved
     from the repository root, not from the working directory."""
