@@ -1,4 +1,6 @@
-"""Shared fixtures: a tiny random CLIP saved to local files."""
+"""Shared fixtures (a tiny random CLIP saved to local files), the ``official`` mark and the order
+in which test files are handed to pytest-xdist workers."""
+import fnmatch
 import os
 
 import pytest
@@ -44,3 +46,34 @@ def official_weights(tmp_path_factory):
         return files[backbone, seed]
 
     return get
+
+
+# Test files by cost, heaviest first (per-file sums of a ``--durations`` record of the suite).
+# Under ``--dist loadfile --no-loadscope-reorder`` pytest-xdist hands files to the workers in
+# collection order, so these start first and the cheap files fill in around them; the other files
+# follow, those with the most tests first.
+HEAVIEST_FILES = (
+    "test_readme.py", "test_kill_resume.py", "test_official_equivalence_tpt.py", "test_kill_resume_ttt.py",
+    "test_ddp_gloo.py", "test_train_cli.py", "test_fft_ttt_protocols.py", "test_run_protocol.py",
+    "test_benchmark_families.py", "test_tools_cwd.py", "test_rada_fft.py", "test_official_equivalence_mmrl.py",
+    "test_official_equivalence_wiseft.py", "test_dear_cli.py", "test_role_map_provenance.py",
+)
+OFFICIAL_FILES = ("test_official_equivalence*.py", "test_benchmark_official.py", "test_fidelity*.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the official-code comparisons ``official`` (by file name) and order the files by
+    cost (HEAVIEST_FILES first; within a file the order is kept)."""
+    counts = {}
+    for item in items:
+        counts[item.path] = counts.get(item.path, 0) + 1
+        if any(fnmatch.fnmatch(item.path.name, pattern) for pattern in OFFICIAL_FILES):
+            item.add_marker(pytest.mark.official)
+
+    def cost_rank(item):
+        name = item.path.name
+        if name in HEAVIEST_FILES:
+            return HEAVIEST_FILES.index(name), 0, str(item.path)
+        return len(HEAVIEST_FILES), -counts[item.path], str(item.path)
+
+    items.sort(key=cost_rank)

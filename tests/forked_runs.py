@@ -9,10 +9,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# What a forked train.py or run_protocol.py run imports: vlprompt_app.commands.* import torch and
+# the engine only when they run, so the forkserver names the heavy modules itself (it runs with
+# the interpreter's default sys.path, hence installed modules only, not tests/).
+PRELOAD = ["torch", "torchvision", "open_clip", "vlprompt.engine", "vlprompt.clip", "vlprompt.data.datasets",
+           "vlprompt.evaluation", "vlprompt_app.commands.train", "vlprompt_app.commands.run_protocol"]
+
+
 def forkserver_context():
-    """A forkserver that imports train.py (torch, open_clip, trainers) once for all forked runs."""
+    """A forkserver that imports torch, open_clip and the engine once for all forked runs."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["vlprompt_app.commands.train"])
+    context.set_forkserver_preload(PRELOAD)
     return context
 
 

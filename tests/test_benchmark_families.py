@@ -3,6 +3,8 @@ under their tables computed from those records."""
 import json
 import os
 
+import pytest
+
 from vlprompt_app.benchmarking import cocoop, feature_cache
 
 from vlprompt_app.commands import benchmark
@@ -10,6 +12,7 @@ from vlprompt_app.commands import benchmark
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.e2e
 def test_cocoop_chunks_give_the_same_logits(tmp_path, capsys):
     path = tmp_path / "cocoop.json"
     argv = ["cocoop", "--classes", "8", "--images", "2", "--chunks", "0", "5", "--text-layers", "1", "--threads", "1",

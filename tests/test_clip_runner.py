@@ -203,6 +203,7 @@ def test_loader_errors_are_clear(tmp_path, tiny_clip_files):
         load_clip(config, str(bad))
 
 
+@pytest.mark.e2e
 def test_offline_tag_error_says_how_to_pass_a_file(tmp_path):
     code = (
         "from vlprompt.clip import load_clip, CLIPLoadError\n"

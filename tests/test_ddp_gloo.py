@@ -127,6 +127,7 @@ def assert_trained_alike(single, ddp, trainer, steps=4):
 
 @needs_gloo
 @pytest.mark.parametrize("trainer, config", TRAINERS)
+@pytest.mark.e2e
 def test_two_gloo_processes_train_as_one_process_with_the_same_global_batch(data_root, tiny_clip_files, tmp_path,
                                                                              trainer, config):
     single = launch(Launcher(str(ROOT / "train.py"), cwd=str(ROOT)), data_root, tmp_path / "single", tiny_clip_files,
@@ -146,6 +147,7 @@ class TorchrunLauncher(Launcher):
 
 
 @needs_gloo
+@pytest.mark.e2e
 def test_flyp_contrasts_the_gathered_rows_of_all_processes(data_root, tiny_clip_files, tmp_path):
     """FLYP's loss contrasts every (image, caption) row of the global batch with every other: two
     processes of 4 rows gather their features, so they train as one process of 8 rows (both under

@@ -75,6 +75,7 @@ def printed_result(log):
     return {key: float(value) for key, value in re.findall(r"^\* (\w+): ([\d.]+)%?$", log, re.M)}
 
 
+@pytest.mark.e2e
 def test_checkpoint_holds_exactly_deears_learnable_tensors(setup, trained):
     vision, text = TINY_CLIP_CONFIG["vision_cfg"]["width"], TINY_CLIP_CONFIG["text_cfg"]["width"]
     embed = TINY_CLIP_CONFIG["embed_dim"]
@@ -91,6 +92,7 @@ def test_checkpoint_holds_exactly_deears_learnable_tensors(setup, trained):
     assert checkpoint["state_dict"]["fusion_logits"].softmax(0)[0] > 1 / 3
 
 
+@pytest.mark.e2e
 def test_log_has_the_loss_terms_and_they_add_up(trained):
     """Every logged step: loss = ce + 1.0 * reg + 0.7 * fusion (the config's lambdas; values
     printed to 4 decimals), and the first fusion term is 1 - 1/3 (a = 0: w_0 = 1/3)."""
@@ -105,6 +107,7 @@ def test_log_has_the_loss_terms_and_they_add_up(trained):
     assert steps[0][-1] == "0.6667"
 
 
+@pytest.mark.e2e
 def test_results_json_is_the_printed_result(trained):
     log, results = (trained / "log.txt").read_text(), json.loads((trained / "results.json").read_text())
     printed = printed_result(log)
@@ -115,6 +118,7 @@ def test_results_json_is_the_printed_result(trained):
     assert printed["accuracy"] == pytest.approx(100 * printed["correct"] / printed["total"], abs=0.05)
 
 
+@pytest.mark.e2e
 def test_eval_only_reload_reproduces_the_result(setup, trained):
     """--eval-only with the saved epoch gives the training run's metrics exactly; without the
     saved weights (the seeded initial tensors) the metrics differ, so the reload mattered."""
@@ -134,6 +138,7 @@ def test_eval_only_reload_reproduces_the_result(setup, trained):
     assert json.loads((untrained / "results.json").read_text())["metrics"] != results["metrics"]
 
 
+@pytest.mark.e2e
 def test_new_classes_with_decoupled_inference(setup, trained):
     new_dir = setup[0] / "test_new"
     succeeded(run_train(setup, new_dir, "--eval-only", "--model-dir", str(trained), "--load-epoch", "2",
@@ -145,6 +150,7 @@ def test_new_classes_with_decoupled_inference(setup, trained):
     assert printed_result(log)["accuracy"] == round(results["metrics"]["accuracy"], 1)
 
 
+@pytest.mark.e2e
 def test_bad_role_map_fails_before_loading_data(setup):
     base = setup[0]
     bad = base / "bad_roles.yaml"
@@ -156,6 +162,7 @@ def test_bad_role_map_fails_before_loading_data(setup):
     assert "Traceback" not in result.stderr and "Building transform" not in result.stdout
 
 
+@pytest.mark.e2e
 def test_auto_role_map_of_an_unregistered_backbone_lists_the_known_maps(setup):
     base, config = setup[0], setup[1]
     result = run_train(setup, base / "auto", "TRAINER.DEAR.ROLE_MAP", "auto")
@@ -276,6 +283,7 @@ def test_shuffle_seed_below_minus_one_is_rejected(monkeypatch):
     (("--seed", "2"), "permutation seed 2 (SEED)"),
     (("--seed", "3", "TRAINER.DEAR.SHUFFLE_SEED", "7"), "permutation seed 7 (TRAINER.DEAR.SHUFFLE_SEED)"),
 ])
+@pytest.mark.e2e
 def test_train_logs_the_permutation_seed_of_random_shuffle(setup, tmp_path, extra, expected):
     result = run_train(setup, tmp_path / "run", "OPTIM.MAX_EPOCH", "1", "TRAINER.DEAR.MASK_STRATEGY", "random_shuffle",
                        *extra)

@@ -155,6 +155,7 @@ def _completed_accuracy(folder):
     return content["metrics"]["accuracy"]
 
 
+@pytest.mark.e2e
 def test_tiny_fft_and_ttt_runs_complete_and_resume(data_root, tmp_path, capsys):
     """Both RAdaFFT stages, then RAdaTTT from CLIP and from a RAda source model, on one shot
     per class and one epoch (the source's validation split, one OOD target); a second call

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from forked_runs import enter_child, forkserver_context, launch
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[1]
 TEST_IMAGES = 3 * 4  # 3 classes x 4 test images
 TRIAL_SEED = 20261126

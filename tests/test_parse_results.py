@@ -253,6 +253,7 @@ def test_directory_that_is_itself_a_run_folder(tmp_path):
     assert exp.name == "." and list(exp.runs) == ["1"] and exp.mean == 66.6
 
 
+@pytest.mark.e2e
 def test_cli_table_via_subprocess(tmp_path):
     build_experiments(tmp_path)
     proc = run_cli(tmp_path)
@@ -294,6 +295,7 @@ def test_cli_warns_on_stderr_about_several_logs(tmp_path, capsys):
     assert "81.00 ± 0.00" in captured.out
 
 
+@pytest.mark.e2e
 def test_cli_errors(tmp_path, capsys):
     missing = run_cli(tmp_path / "nope")
     assert missing.returncode == 2
@@ -349,6 +351,7 @@ def test_collect_base2new_numbers(tmp_path):
     assert report.incomplete == []
 
 
+@pytest.mark.e2e
 def test_cli_base2new_layout_detected(tmp_path):
     build_base2new(tmp_path)
     # a crashed extra seed must be listed, not averaged

@@ -187,6 +187,7 @@ def run_ranks(world_size, data_root, output_dir, clip_files, batch="4"):
     return outputs
 
 
+@pytest.mark.e2e
 def test_torchrun_code_path_with_one_gloo_process(data_root, tiny_clip_files, tmp_path):
     run_ranks(1, data_root, tmp_path / "run", tiny_clip_files)
     log = (tmp_path / "run" / "log.txt").read_text()
@@ -196,6 +197,7 @@ def test_torchrun_code_path_with_one_gloo_process(data_root, tiny_clip_files, tm
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_two_gloo_processes_train_one_model(data_root, tiny_clip_files, tmp_path):
     run_ranks(2, data_root, tmp_path / "run", tiny_clip_files)
     assert "DistributedDataParallel: 2 processes x 2 images per step" in (tmp_path / "run" / "log.txt").read_text()

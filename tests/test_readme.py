@@ -27,6 +27,7 @@ def test_install_and_test_commands_are_the_ci_ones():
     assert install in ci and test in ci
 
 
+@pytest.mark.e2e
 def test_main_job_commands_run(tmp_path):
     """The README's main job as a fresh machine runs it: its output/ paths are moved under
     tmp_path, so the synthetic set is rendered on first use and nothing in output/ is touched."""

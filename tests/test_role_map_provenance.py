@@ -120,6 +120,7 @@ def test_every_map_names_a_command_or_the_source_it_was_transcribed_from(path):
 
 
 @pytest.mark.parametrize("path", [p for p in MAPS if header_command(p)])
+@pytest.mark.e2e
 def test_map_is_what_its_header_command_writes(path, tmp_path):
     argv = header_command(path)
     reason = missing_requirement(argv)

@@ -69,6 +69,7 @@ def progress_labels(out):
 # ------------------------------------------------------------------- end to end
 
 
+@pytest.mark.e2e
 def test_base2new_grid_skips_completed_reruns_deleted_and_reports_failures(data_root, tmp_path, capsys):
     output = tmp_path / "out"
     b2n = output / "base2new"
@@ -147,6 +148,7 @@ FAKE_TRAIN = (
     "json.dump(record, open(os.path.join(out, 'results.json'), 'w'))\n")
 
 
+@pytest.mark.e2e
 def test_slurm_backend_submits_a_job_array_through_submitit_local(tmp_path, capsys, monkeypatch):
     """The CLI's Slurm path with submitit's local executor; the jobs run a stand-in for
     train.py (the real one is exercised by the sequential grid above)."""

@@ -80,6 +80,7 @@ def run_base(root, output_dir, trainer, flags=(), opts=()):
     return json.loads((output_dir / "results.json").read_text())["metrics"]["accuracy"]
 
 
+@pytest.mark.e2e
 def test_coop_learns_beyond_zero_shot_on_the_synthetic_base_classes(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     zero_shot = run_base(tmp_path / "data", tmp_path / "zs", "ZeroshotCLIP", flags=["--eval-only"])

@@ -50,6 +50,7 @@ def run_from(folder, script, *args):
                           text=True, timeout=600)
 
 
+@pytest.mark.e2e
 def test_every_tool_and_train_py_answer_help_from_another_directory(tmp_path):
     """All at once (each is a fresh interpreter importing torch): a failure names the tool."""
     environment = installed_environment(tmp_path.parent)
@@ -66,6 +67,7 @@ def test_every_tool_and_train_py_answer_help_from_another_directory(tmp_path):
     assert os.listdir(tmp_path) == []  # --help writes nothing
 
 
+@pytest.mark.e2e
 def test_a_benchmark_runs_from_another_directory(tmp_path):
     """Real (cheap) invocations: the dataset registry comes from the project's datasets/, the
     benchmark's default config path from the repository root."""
@@ -80,6 +82,7 @@ def test_a_benchmark_runs_from_another_directory(tmp_path):
     assert result.returncode == 2 and "missing.yaml" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.e2e
 def test_run_protocol_expands_a_grid_from_another_directory(tmp_path):
     """A real invocation past argument parsing: the trainers (and their configs) are resolved
     from the repository root, not from the working directory."""

@@ -76,6 +76,7 @@ def trained(setup):
     return output_dir
 
 
+@pytest.mark.e2e
 def test_training_writes_logs_checkpoints_and_results(trained):
     log = (trained / "log.txt").read_text()
     losses = epoch_losses(log)
@@ -97,6 +98,7 @@ def test_training_writes_logs_checkpoints_and_results(trained):
     assert round(results["metrics"]["accuracy"], 1) == printed
 
 
+@pytest.mark.e2e
 def test_eval_only_reproduces_the_reported_accuracy(setup, trained):
     output_dir = setup[0] / "eval"
     run_train(setup, output_dir, "--eval-only", "--model-dir", str(trained), "--load-epoch", str(EPOCHS))
@@ -108,6 +110,7 @@ def test_eval_only_reproduces_the_reported_accuracy(setup, trained):
     assert not (output_dir / "prompt_learner").exists()
 
 
+@pytest.mark.e2e
 def test_resume_from_epoch_one_equals_uninterrupted_run(setup, trained):
     output_dir = setup[0] / "resumed"
     (output_dir / "prompt_learner").mkdir(parents=True)
