@@ -1,6 +1,7 @@
-"""tools/benchmark.py official: the report's structure, and its ratios computed from the two
-sides' measured figures (our side measured for real on a tiny CLIP, the official side a stand-in
-result); no timing is asserted."""
+"""tools/benchmark.py official (vlprompt_app.fidelity.cost): the report's structure, and its ratios
+computed from the two sides' measured figures (our side measured for real on a tiny CLIP, the
+official side a stand-in result); no timing is asserted. Also the command lines of the harness."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -11,10 +12,16 @@ import pytest
 import torch
 from yacs.config import CfgNode as CN
 
+from vlprompt_app.fidelity import cli
+from vlprompt_app.fidelity import cost as official_benchmark
+from vlprompt_app.fidelity.export import export
+from vlprompt_app.fidelity.methods import METHODS
+from vlprompt_app.fidelity.spec import CostSpec, MethodSpec
+from vlprompt_app.fidelity.weights import write_weights
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
-import benchmark  # noqa: E402  (tools/benchmark.py, the command line)
-import official_benchmark  # noqa: E402  (tools/official_benchmark.py)
+import benchmark  # noqa: E402  (tools/benchmark.py, the command line whose ``official`` family this is)
 
 # A stand-in official result: its step 3x its frozen forward on the CPU clock, 5x on the wall clock.
 OFFICIAL = {"train": {"wall": 0.5, "cpu": 0.6}, "frozen": {"wall": 0.1, "cpu": 0.2}, "learnable": 512}
@@ -36,9 +43,9 @@ def test_report_on_the_tiny_clip(tiny_clip_files, official_git, tmp_path, monkey
     config, _ = tiny_clip_files
     real_run_side, sides = official_benchmark.run_side, []
 
-    def run_side(side, method, workdir, python_path, clock):
-        sides.append((side, method, python_path))
-        return OFFICIAL if side == "official" else real_run_side(side, method, workdir, python_path, clock)
+    def run_side(side, method, workdir, official_paths, clock):
+        sides.append((side, method, official_paths))
+        return OFFICIAL if side == "official" else real_run_side(side, method, workdir, official_paths, clock)
 
     monkeypatch.setattr(official_benchmark, "run_side", run_side)
     path = tmp_path / "official.json"
@@ -51,7 +58,9 @@ def test_report_on_the_tiny_clip(tiny_clip_files, official_git, tmp_path, monkey
     assert report["benchmark"] == "official"
     assert report["settings"]["methods"] == ["CoOp"] and report["settings"]["image_size"] == 32
     assert [side for side, _, _ in sides] == ["ours", "official"]
-    assert sides[1][2][-1] == official_benchmark.ROOT  # the official tree first, our repository last
+    assert sides[0][2] == [] and len(sides[1][2]) == 2  # ours: no official tree; official: its tree and Dassl's
+    env = official_benchmark.side_environment(sides[1][2])
+    assert env["PYTHONPATH"].split(os.pathsep) == [*sides[1][2], ROOT]  # the official trees first, ours last
     commit = subprocess.run(["git", "-C", official_git, "rev-parse", "HEAD"], capture_output=True, text=True,
                             check=True).stdout.strip()
     record, = report["results"]
@@ -91,11 +100,11 @@ def test_tool_names_what_is_missing(tmp_path, capsys):
 
 def test_a_failed_side_is_a_row_and_the_exit_status(official_git, monkeypatch, capsys):
     """A side that fails is reported in its method's row (the others are still measured) and main returns 1."""
-    def run_side(side, method, workdir, python_path, clock):
+    def run_side(side, method, workdir, official_paths, clock):
         raise official_benchmark.SideFailed(f"the {side} side of {method} failed (exit status 1): ...\ntraceback")
 
     monkeypatch.setattr(official_benchmark, "run_side", run_side)
-    monkeypatch.setattr(official_benchmark.oe, "write_weights", lambda backbone, seed, path: (32, 32))
+    monkeypatch.setattr(official_benchmark, "write_weights", lambda backbone, seed, path: (32, 32))
     argv = ["official", "--methods", "CoOp", "MMA", "--official-git", f"KaiyangZhou/CoOp={official_git}",
             "--official-git", f"ZjjConan/Multi-Modal-Adapter={official_git}", "--dassl-git", official_git,
             "--batch", "1", "--classes", "2"]
@@ -127,7 +136,7 @@ def test_our_side_takes_the_spec_hooks_and_the_loader_batch(tiny_clip_files, tmp
     """``our_nodes`` over the case's config, ``our_after_build`` on the built trainer, and a step fed
     the batch a loader of that config gives (here 2 views and img0)."""
     config, _ = tiny_clip_files
-    size, _ = official_benchmark.oe.write_weights(config, 0, str(tmp_path / "weights.pt"))
+    size, _ = write_weights(config, 0, str(tmp_path / "weights.pt"))
     images, labels = torch.randn(3, 3, size, size), torch.tensor([0, 1, 0])
     torch.save({"images": images, "labels": labels}, tmp_path / "inputs.pt")
     (tmp_path / "settings.json").write_text(json.dumps({"backbone": config, "threads": 1, "classes": 2, "rounds": 1,
@@ -138,9 +147,10 @@ def test_our_side_takes_the_spec_hooks_and_the_loader_batch(tiny_clip_files, tmp
         seen["views"] = trainer.cfg.DATALOADER.K_TRANSFORMS
         trainer.forward_backward = lambda batch: seen.setdefault("batch", batch)
 
-    spec = dict(official_benchmark.oe.METHODS["CoOp"], our_after_build=our_after_build,
-                our_nodes={"DATALOADER": {"K_TRANSFORMS": 2, "RETURN_IMG0": True}})
-    monkeypatch.setitem(official_benchmark.oe.METHODS, "CoOp", spec)
+    coop = METHODS["CoOp"]
+    spec = dataclasses.replace(coop, cost=dataclasses.replace(
+        coop.cost, our_after_build=our_after_build, our_nodes={"DATALOADER": {"K_TRANSFORMS": 2, "RETURN_IMG0": True}}))
+    monkeypatch.setitem(METHODS, "CoOp", spec)
     monkeypatch.setattr(official_benchmark, "_timed", lambda frozen, train, settings, learnable: train() or {})
     official_benchmark.our_side(str(tmp_path), "CoOp")
     assert seen["views"] == 2
@@ -151,7 +161,7 @@ def test_our_side_takes_the_spec_hooks_and_the_loader_batch(tiny_clip_files, tmp
 
 def test_skip_tuning_benchmark_mask_keeps_the_expected_ranks():
     """Both sides' keep mask: the n_top first ranks and the mean number of tail ranks the drawn mask keeps."""
-    from official_methods.skip_tuning import NODE, benchmark_keep_mask
+    from vlprompt_app.fidelity.methods.skip_tuning import NODE, benchmark_keep_mask
     from trainers.skip_tuning import keep_probabilities, num_top_classes
 
     for classes in (3, 10, 50, 120):
@@ -197,12 +207,13 @@ def test_official_step_side_times_the_hook_step(tiny_clip_files, tmp_path, monke
         def encode_image(self, images):
             seen["frozen"] = images
 
-    spec = {"repository": "x/y", "code_dir": "", "dassl": False, "views": 4, "official_step_side": official_step_side}
-    monkeypatch.setitem(official_benchmark.oe.METHODS, "Episodic", spec)
+    spec = MethodSpec(name="Episodic", repository="x/y", dassl=False,
+                      cost=CostSpec(step_side=official_step_side, views=4))
+    monkeypatch.setitem(METHODS, "Episodic", spec)
     monkeypatch.setattr(official_benchmark, "_plain_official_clip", lambda official_clip, state_dict, spec: PlainCLIP())
     monkeypatch.setitem(sys.modules, "clip", SimpleNamespace(clip=None))  # the official tree's clip package
     # the stand-ins (an empty torch.utils.tensorboard, ...) are for the side's own process, not this one
-    monkeypatch.setattr(official_benchmark.oe, "_install_stand_ins", lambda: seen.update(stand_ins=True))
+    monkeypatch.setattr(official_benchmark, "install_stand_ins", lambda: seen.update(stand_ins=True))
     monkeypatch.setattr(official_benchmark.torch, "load", lambda path, weights_only: inputs if "inputs" in str(path)
                         else {})
     result = official_benchmark.official_side(str(tmp_path), "Episodic")
@@ -211,7 +222,7 @@ def test_official_step_side_times_the_hook_step(tiny_clip_files, tmp_path, monke
     assert seen["weights"] == str(tmp_path / "weights.pt")
     assert torch.equal(seen["images"], inputs["views"][:4]) and seen["frozen"] is seen["images"]
     assert set(result) == {"train", "frozen", "learnable"} and result["train"]["cpu"] > 0
-    assert official_benchmark.oe.needs_dassl(spec) is False and seen["stand_ins"]
+    assert spec.needs_dassl is False and seen["stand_ins"]
 
 
 @pytest.mark.parametrize("method, views, learnable", [("TPT", 10, 4 * 32), ("LP", None, 3 * 32 + 3)])
@@ -219,7 +230,7 @@ def test_our_side_times_an_episode_or_a_cached_step(tiny_clip_files, tmp_path, m
     """TPT's step is one episode (adapt_and_predict) on the views, its count the tuned context (4 tokens of
     the tiny text width); LP's a step from the batch's cached features, its count the head [3, 32] + bias."""
     config, _ = tiny_clip_files
-    size, _ = official_benchmark.oe.write_weights(config, 0, str(tmp_path / "weights.pt"))
+    size, _ = write_weights(config, 0, str(tmp_path / "weights.pt"))
     inputs = _side_workdir(tmp_path, config, size, views=views, method=method)
     steps = []
 
@@ -247,10 +258,10 @@ def test_our_side_times_an_episode_or_a_cached_step(tiny_clip_files, tmp_path, m
 
 
 def test_official_episode_resets_reloads_tunes_then_predicts_every_call():
-    """The official per-image loop body (tools/official_methods/common.official_episode): every
+    """The official per-image loop body (vlprompt_app/fidelity/methods/common.official_episode): every
     call starts from the reset prompts and the optimizer's initial state, whatever the previous
     episode left."""
-    from official_methods.common import official_episode
+    from vlprompt_app.fidelity.methods.common import official_episode
 
     class Prompted(torch.nn.Module):
         def __init__(self):
@@ -281,3 +292,58 @@ def test_official_episode_resets_reloads_tunes_then_predicts_every_call():
     assert torch.equal(model.ctx, first) and not torch.equal(first, torch.ones(3))  # same step from the same start
     assert model.calls[:4] == ["reset", ("tune", 0, 8, "args"), ("predict", 8), ("predict", 1)]
     assert model.calls[4:] == model.calls[:4]  # the optimizer's moments were dropped before the second tuning
+
+
+# --------------------------------------------------------------------------- the harness's command lines
+
+def test_equivalence_tool_names_what_is_missing(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["Foo"])
+    assert "unknown method 'Foo'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["CoOp", "--official-git", str(tmp_path)])
+    assert "CoOp needs --official-git and --dassl-git" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="is not a git repository"):
+        cli.main(["ProGrad", "--official-git", str(tmp_path)])
+    with pytest.raises(SystemExit, match="only times its official step"):
+        cli.main(["FT", "--official-git", str(tmp_path)])
+
+
+@pytest.mark.parametrize("tool", ["official_equivalence.py", "official_wiseft.py", "official_benchmark.py"])
+def test_tools_are_thin_command_lines(tool):
+    """Each tool runs from any folder (nothing on sys.path but the repository on PYTHONPATH) and shows its options."""
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "tools", tool), "--help"], capture_output=True,
+                          text=True, env=env, cwd="/")
+    assert done.returncode == 0, done.stderr
+    assert "--official-git" in done.stdout
+
+
+def test_export_leaves_out_the_files_a_repository_copy_lacks(tmp_path, capsys):
+    """A stored copy of zhengli97/ATPrompt lacks its large checkpoint files, which git archive
+    refuses: HEAD is then exported file by file without them, named."""
+    repo, target = tmp_path / "repo", tmp_path / "export"
+    (repo / "trainers").mkdir(parents=True)
+    (repo / "trainers" / "coop_atp.py").write_text("N_ATT = 2\n")
+    (repo / "weights.pth").write_bytes(b"large")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for command in (["init", "-q"], ["add", "."], ["commit", "-qm", "c"]):
+        subprocess.run(git + command, check=True)
+    blob = subprocess.run(git + ["rev-parse", "HEAD:weights.pth"], check=True, capture_output=True, text=True).stdout
+    os.remove(repo / ".git" / "objects" / blob[:2] / blob.strip()[2:])
+    commit = export(str(repo), str(target))
+    assert len(commit) == 40
+    assert (target / "trainers" / "coop_atp.py").read_text() == "N_ATT = 2\n"
+    assert not (target / "weights.pth").exists()
+    assert "leaving out the files it lacks (1): weights.pth" in capsys.readouterr().out
+
+
+def test_the_official_side_runs_as_a_module_on_the_official_trees(tmp_path):
+    """``python -P -m vlprompt_app.fidelity.side``: the working folder is not on sys.path, the official
+    trees come first and the repository last."""
+    command = official_benchmark.side_command(["official", str(tmp_path), "CoOp"])
+    assert command[1:4] == ["-P", "-m", "vlprompt_app.fidelity.side"]
+    env = official_benchmark.side_environment([str(tmp_path / "official")])
+    assert env["PYTHONPATH"] == os.pathsep.join([str(tmp_path / "official"), ROOT])
+    done = subprocess.run(command[:4] + ["--help"], capture_output=True, text=True, env=env, cwd=str(tmp_path))
+    assert done.returncode == 0 and "cost-official" in done.stdout, done.stderr

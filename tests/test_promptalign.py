@@ -1,13 +1,11 @@
 """PromptAlign: token statistics, the alignment loss, the block-input recorder, the statistics files."""
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from baseline_setup import build_seeded, make_cfg, tiny_node, tiny_runner, toy_world, toy_world_cfg  # noqa: F401
-from official_cases import oe  # noqa: F401  (puts tools/ on sys.path)
-
-import promptalign_stats  # tools/promptalign_stats.py
 from trainers.maple import MaPLeCLIP
 from trainers.promptalign import (
     TokenStatistics, alignment_loss, image_features_and_block_inputs, load_source_statistics, read_run_config,
@@ -23,6 +21,9 @@ from vlprompt.engine.test_time import average_prediction_entropy, entropy_per_vi
 from vlprompt_app.protocols.layout import parse_run_path, source_model_name, ttt_run_dir
 from vlprompt_app.protocols.published import find_published, load_published, published_path
 from vlprompt.utils import read_image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import promptalign_stats  # noqa: E402  (tools/promptalign_stats.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSNAMES = ["abyssinian", "american bulldog", "bengal"]

@@ -42,7 +42,7 @@ and DePT-CoOp, Koorye/DePT @ d4ff4168 trainers/elp_maple.py and elp_coop.py with
 c61a1b57, on a seeded random ViT-B/16 with the base's prompts (MaPLe's prompts and couplings;
 CoOp's 16 shared context vectors), FiLM γ/β and the head all drawn away from their inits;
 fixtures tests/fixtures/official/dept-maple.json and dept-coop.json, test
-tests/test_official_equivalence_dept.py): relative max differences on MaPLe: similarity logits
+tests/test_fidelity.py): relative max differences on MaPLe: similarity logits
 7.38e-06, head logits 9.76e-07, fused base-role logits 2.37e-06, training loss (0.3·CE +
 0.7·CE_head over [text_y; image]) 4.88e-06; on CoOp: 1.61e-06, 4.89e-07, 7.98e-07 and 1.78e-07.
 tests/test_dept.py checks the equations above independently.

@@ -41,7 +41,7 @@ fp32, OxfordPets template, CTX_INIT True) on a seeded random ViT-B/16, a context
 and a batch whose CE and KL gradients conflict: student and zero-shot logits, CE, KL and the
 projected ctx update of its prograd_backward_and_update agree within a relative max difference
 of 1.4e-5 (tools/official_equivalence.py, tests/fixtures/official/prograd.json,
-tests/test_official_equivalence.py). tests/test_prograd.py checks one update against an
+tests/test_fidelity.py). tests/test_prograd.py checks one update against an
 independent autograd re-computation of the equations above.
 
 Config node TRAINER.PROGRAD (the reference keeps N_CTX/CSC/CTX_INIT/PREC/CLASS_TOKEN_POSITION

@@ -37,7 +37,7 @@ prompts (T_k, F_k at 10x their init std), 3 classes and the same 12 image tensor
 the source set, 8 as one test image's views, 2 kept): relative max differences source means 3.7e-08,
 variances 1.0e-07, kept views' statistics 0, alignment 0, total loss 7.9e-08, text prompts after the
 AdamW step 4.4e-07, vision prompts F_k(T_k) 4.7e-05, test-view logits 5.2e-07
-(tools/official_methods/promptalign.py, tests/test_official_equivalence_promptalign.py).
+(vlprompt_app/fidelity/methods/promptalign.py, tests/test_fidelity.py).
 
 Differences from upstream: PREC fp16 is autocast with fp32 prompts (upstream runs CLIP in fp16), the
 gradient scaler is made per episode (TPT's); the selection pass scores every view without gradient and

@@ -32,7 +32,7 @@ never depends on the images before it.
 Compared by running azshue/TPT @ 63ecbace (tpt_classification.py, clip/custom_clip.py,
 clip/cocoop.py) in fp32 on a seeded random ViT-B/16 with the context at 10x its init std, both
 sides fed the same 64 view tensors of one image (tools/official_equivalence.py TPT / TPT-CoCoOp,
-tools/official_methods/tpt.py, tests/test_official_equivalence_tpt.py): TPT keeps the same 6
+vlprompt_app/fidelity/methods/tpt.py, tests/test_fidelity.py): TPT keeps the same 6
 views, relative max difference loss 3.1e-6, context after the AdamW step 2.0e-8, test-view
 logits 5.4e-7; CoCoOp+TPT (context and meta-net drawn away from their inits) keeps the same 6
 views, loss 1.7e-6, tuned context 8.2e-8, logits 4.5e-7. MaPLe+TPT has no official TPT code (PromptAlign's trainer is its closest); it is

@@ -1,40 +1,40 @@
 """``tools/benchmark.py official``: one training step of our trainers and of their official code,
 side by side on the same random CLIP and the same batch.
 
-For every method of tools/official_methods/ (or ``--methods``), two fresh processes, each timing
-in interleaved rounds (median of ``--rounds`` after ``--warmup`` untimed ones) its training step
+For every method of vlprompt_app/fidelity/methods/ with a ``CostSpec`` (or ``--methods``), two fresh
+processes, each timing in interleaved rounds (median of ``--rounds`` after ``--warmup`` untimed ones) its training step
 and its unit, a frozen CLIP image forward of the same batch without autograd:
 
 * ours: the method's trainer (its case in vlprompt_app/benchmarking/trainer_cases.py, built through
-  its own class from its config file with the spec's ``our_nodes`` set over it, fp32): the unit is
+  its own class from its config file with the cost spec's ``our_nodes`` set over it, fp32): the unit is
   ``encode_image_plain``; the step is ``set_model_mode("train")`` and ``forward_backward`` of the
   batch (forward, loss, backward, optimizer step on the trainable parameters of its recipe), as
   the engine calls them per batch;
-* official: the official trainer class (the spec's ``official_trainer``) in a subprocess with
-  the official tree and its Dassl fork first on ``PYTHONPATH``, set up by
-  tools/official_equivalence.py's harness (stand-ins, ``clip._download`` pointed at the weights
-  file, the spec's Dassl config) plus ``official_train_cfg`` and SGD; the trainer is made without
+* official: the official trainer class (``CostSpec.trainer``) in a subprocess with the official
+  tree and its Dassl fork first on ``PYTHONPATH``, set up as the equivalence sets it up
+  (``official_env``: stand-ins, ``clip._download`` pointed at the weights file, the spec's Dassl
+  config) plus ``CostSpec.train_cfg`` and SGD; the trainer is made without
   its ``__init__`` (which builds a data loader): Dassl's model registry, then its own
   ``build_model`` (CLIP load, trainable parameters, optimizer; ``.cuda()`` is a no-op, as
   ProGrad's moves its zero-shot CLIP there) and, per step, ``set_model_mode("train")`` and its
   own ``forward_backward``. The official model is cast to fp32 after build_model (the official
   fp32 branch; MaPLe's coupling F_1 stays fp16 otherwise) and gets the spec's
   ``prepare_official_model``. The unit is the official clip package's CLIP (its ``build_model`` of
-  the weights file, fp32) ``encode_image``. A spec may add what the official recipe's step needs
-  beyond ``forward_backward``: ``official_before_build(module, cfg)`` (files or loaders
-  build_model reads), ``official_after_build(trainer)`` (what its ``before_train`` sets up) and
-  ``official_step(trainer, batch)`` (the step itself, e.g. a cache pass before
-  ``forward_backward``); ``our_prepare(workdir, image size)`` (files our trainer reads; returns
-  more KEY VALUE options) and ``our_after_build(trainer)`` do the same for our trainer;
+  the weights file, fp32) ``encode_image``. A cost spec may add what the official recipe's step
+  needs beyond ``forward_backward``: ``before_build(module, cfg)`` (files or loaders build_model
+  reads), ``after_build(trainer)`` (what its ``before_train`` sets up) and ``step(trainer,
+  batch)`` (the step itself, e.g. a cache pass before ``forward_backward``); ``our_prepare(workdir,
+  image size)`` (files our trainer reads; returns more KEY VALUE options) and
+  ``our_after_build(trainer)`` do the same for our trainer;
 * official code without a Dassl trainer class (wise-ft's FT / LP, FLYP) and the test-time methods
-  (TPT, PromptAlign) give instead ``official_step_side(request, weights_path, inputs)``, run in the
+  (TPT, PromptAlign) give instead ``CostSpec.step_side(request, weights_path, inputs)``, run in the
   same subprocess with the stand-ins installed: it builds the official model its own way and
   returns the official recipe's step (a zero-argument callable) and its optimizer; the learnable
   count is then the optimizer's parameters that the timed steps gave a gradient (upstream may hand
   its optimizer parameters that never get one, e.g. wise-ft's unused text embedding). The unit is
   again the official clip package's plain CLIP ``encode_image``.
 
-A test-time method (its case's kind "test-time"; its spec gives ``views``, the views of one test
+A test-time method (its case's kind "test-time"; its cost spec gives ``views``, the views of one test
 image in its recipe, which ``--views`` overrides) is timed per episode instead of per training
 step: both sides get the same V seeded random images as one image's views; the "step" is one episode, its adaptation on the views
 and the prediction of view 0 (ours: ``adapt_and_predict``, as ``test()`` calls it; official: the
@@ -47,18 +47,17 @@ Both sides get the batch as their data loaders give it: ``--batch`` images, as a
 K_TRANSFORMS views when the side's config has DATALOADER.K_TRANSFORMS > 1 (the same images for
 every view), and the images again as "img0" with DATALOADER.RETURN_IMG0.
 
-Both sides read one weights file (tools/official_equivalence.py's seeded random CLIP), one batch
+Both sides read one weights file (the equivalence's seeded random CLIP, ``weights.py``), one batch
 of ``--batch`` seeded random images with labels 0, 1, ... modulo ``--classes``, and the class
 names "class number i" of the per-trainer benchmark. A side's cost ratio is its step over its
 unit (same process, same rounds), so the two sides' ratios compare across processes and load;
-"ours / official" is our cost ratio over the official one, which issue 18's contract (and item 6
-of rivals.md's, for the rivals of issues 14-16) wants at most 0.5 (flagged otherwise); the table also gives the quotient of the two steps' times alone and the
+"ours / official" is our cost ratio over the official one, which the project's cost contract
+wants at most 0.5 (flagged otherwise); the table also gives the quotient of the two steps' times alone and the
 learnable parameters each side's optimizer updates. Under ``--clock cpu`` both processes run with
 OMP_WAIT_POLICY=PASSIVE (unless set), as the per-trainer family's do.
 
-The subprocesses are this file run with ``--side ours|official WORKDIR METHOD``.
+The subprocesses are ``python -m vlprompt_app.fidelity.side cost-ours|cost-official WORKDIR METHOD``.
 """
-import argparse
 import contextlib
 import inspect
 import io
@@ -73,17 +72,21 @@ import torch
 
 from vlprompt.fileio import atomic_write
 
-import official_equivalence as oe  # tools/official_equivalence.py, next to this file
+from .export import export_trees
+from .harness import side_command, side_environment
+from .methods import METHODS
+from .official_env import install_stand_ins, official_setup
+from .spec import DEFAULT_SEEDS
+from .weights import write_weights
 
-ROOT = oe.ROOT
-WEIGHTS_SEED = oe.DEFAULT_SEEDS["weights"]
-IMAGES_SEED = oe.DEFAULT_SEEDS["images"]
-CONTRACT_RATIO = 0.5  # issue 18: our train cost ratio at most half of the official one
+WEIGHTS_SEED = DEFAULT_SEEDS["weights"]
+IMAGES_SEED = DEFAULT_SEEDS["images"]
+CONTRACT_RATIO = 0.5  # the cost contract: our train cost ratio at most half of the official one
 
 
 def timed_by_the_tool(spec):
     """Whether the tool can time the method's official side: an official Dassl trainer class or a step hook."""
-    return "official_trainer" in spec or "official_step_side" in spec
+    return spec.cost is not None and (spec.cost.trainer is not None or spec.cost.step_side is not None)
 
 
 def class_names(count):
@@ -95,9 +98,9 @@ def class_names(count):
 
 def add_arguments(parser):
     parser.add_argument("--methods", nargs="+", metavar="METHOD",
-                        help="methods of tools/official_methods/ (default: all with an official_trainer or "
-                        "official_step_side: "
-                        f"{', '.join(m for m, spec in oe.METHODS.items() if timed_by_the_tool(spec))})")
+                        help="methods of vlprompt_app/fidelity/methods/ (default: all with an official trainer "
+                        "or step: "
+                        f"{', '.join(m for m, spec in METHODS.items() if timed_by_the_tool(spec))})")
     parser.add_argument("--official-git", action="append", default=[], metavar="OWNER/NAME=PATH",
                         help="clone (or git directory) of an official repository, e.g. KaiyangZhou/CoOp=CoOp; "
                              "one per repository the methods need")
@@ -121,33 +124,32 @@ def repositories(args, methods):
         if not separator or not path:
             raise SystemExit(f"error: --official-git takes OWNER/NAME=PATH (e.g. KaiyangZhou/CoOp=CoOp), got '{item}'")
         given[name] = path
-    needed = {oe.METHODS[method]["repository"] for method in methods}
+    needed = {METHODS[method].repository for method in methods}
     missing = sorted(needed - set(given))
     if missing:
         raise SystemExit(f"error: the methods {methods} need --official-git for {', '.join(missing)} "
                          "(OWNER/NAME=PATH each)")
-    dassl = [method for method in methods if oe.needs_dassl(oe.METHODS[method])]
+    dassl = [method for method in methods if METHODS[method].needs_dassl]
     if not args.dassl_git and dassl:
         raise SystemExit("error: --dassl-git is needed (a Dassl.pytorch clone) for " + ", ".join(dassl))
     return given
 
 
 def check_methods(methods):
-    unknown = [method for method in methods if method not in oe.METHODS]
+    unknown = [method for method in methods if method not in METHODS]
     if unknown:
-        raise SystemExit(f"error: unknown method(s) {unknown}; tools/official_methods/ has {sorted(oe.METHODS)}")
-    lacking = [method for method in methods if not timed_by_the_tool(oe.METHODS[method])]
+        raise SystemExit(f"error: unknown method(s) {unknown}; vlprompt_app/fidelity/methods/ has {sorted(METHODS)}")
+    lacking = [method for method in methods if not timed_by_the_tool(METHODS[method])]
     if lacking:
-        raise SystemExit(f"error: the spec of {', '.join(lacking)} has no official_trainer (the official trainer "
-                         "class to time) nor official_step_side (the official step); see "
-                         "tools/official_methods/__init__.py")
+        raise SystemExit(f"error: the spec of {', '.join(lacking)} has no CostSpec trainer (the official trainer "
+                         "class to time) nor step_side (the official step); see vlprompt_app/fidelity/spec.py")
 
 
 # --------------------------------------------------------------------------- measuring
 
 def measure(args):
     """(settings, one record per method): both sides' medians, cost ratios and their quotient."""
-    methods = list(args.methods or [method for method, spec in oe.METHODS.items() if timed_by_the_tool(spec)])
+    methods = list(args.methods or [method for method, spec in METHODS.items() if timed_by_the_tool(spec)])
     check_methods(methods)
     given = repositories(args, methods)
     settings = {key: getattr(args, key) for key in ("backbone", "batch", "classes", "rounds", "warmup", "threads",
@@ -155,10 +157,10 @@ def measure(args):
     settings["methods"] = methods
     if args.views is not None and args.views < 1:
         raise SystemExit(f"error: --views must be at least 1, got {args.views}")
-    settings["views"] = {method: args.views or oe.METHODS[method]["views"] for method in methods
-                         if "views" in oe.METHODS[method]}
+    settings["views"] = {method: args.views or METHODS[method].cost.views for method in methods
+                         if METHODS[method].cost.views is not None}
     with tempfile.TemporaryDirectory(prefix="benchmark_official_") as workdir:
-        settings["image_size"], _ = oe.write_weights(args.backbone, WEIGHTS_SEED, os.path.join(workdir, "weights.pt"))
+        settings["image_size"], _ = write_weights(args.backbone, WEIGHTS_SEED, os.path.join(workdir, "weights.pt"))
         generator = torch.Generator().manual_seed(IMAGES_SEED)
         size = settings["image_size"]
         images = torch.randn((args.batch, 3, size, size), generator=generator)
@@ -175,15 +177,15 @@ def measure(args):
             json.dump({"backbone": args.backbone, "classnames": class_names(args.classes)}, f)
         exports, records = {}, []
         for method in methods:
-            spec = oe.METHODS[method]
-            if spec["repository"] not in exports:
-                folder = os.path.join(workdir, "trees", spec["repository"].replace("/", "+"))
-                exports[spec["repository"]] = oe.export_trees(spec, given[spec["repository"]], args.dassl_git, folder)
-            official_commit, _, paths = exports[spec["repository"]]
-            official_code = f"{spec['repository']}@{official_commit[:8]}"
+            spec = METHODS[method]
+            if spec.repository not in exports:
+                folder = os.path.join(workdir, "trees", spec.repository.replace("/", "+"))
+                exports[spec.repository] = export_trees(spec, given[spec.repository], args.dassl_git, folder)
+            official_commit, _, paths = exports[spec.repository]
+            official_code = f"{spec.repository}@{official_commit[:8]}"
             try:
-                ours = run_side("ours", method, workdir, [ROOT], args.clock)
-                official = run_side("official", method, workdir, paths + [ROOT], args.clock)
+                ours = run_side("ours", method, workdir, [], args.clock)
+                official = run_side("official", method, workdir, paths, args.clock)
             except SideFailed as error:
                 print(error, file=sys.stderr)
                 records.append({"case": method, "official_code": official_code, "error": str(error).splitlines()[0]})
@@ -196,16 +198,17 @@ class SideFailed(RuntimeError):
     """One side of a method could not be measured (its first line names it; the rest is its stderr)."""
 
 
-def run_side(side, method, workdir, python_path, clock):
-    """Measure one side in a fresh process; its result {"train"/"frozen": {clock: median s}, "learnable": n}.
+def run_side(side, method, workdir, official_paths, clock):
+    """Measure one side in a fresh process (``official_paths`` first on its PYTHONPATH, then this
+    repository); its result {"train"/"frozen": {clock: median s}, "learnable": n}.
 
     Raises:
         SideFailed: the process failed.
     """
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(python_path))
+    env = side_environment(official_paths)
     if clock == "cpu":
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    command = [sys.executable, os.path.abspath(__file__), "--side", side, workdir, method]
+    command = side_command([f"cost-{side}", workdir, method])
     done = subprocess.run(command, env=env, cwd=workdir, capture_output=True, text=True)
     if done.returncode != 0:
         raise SideFailed(f"the {side} side of {method} failed (exit status {done.returncode}): {' '.join(command)} "
@@ -284,22 +287,23 @@ def our_side(workdir, method):
 
     import_project_package("trainers")
     settings, images, labels = _side_inputs(workdir, method)
-    spec = oe.METHODS[method]
-    case = {case.name: case for case in CASES}[spec.get("benchmark_case", method)]
-    nodes = spec["our_nodes"] if "our_nodes" in spec else {f"TRAINER.{case.trainer.upper()}": spec["our_node"]}
+    spec = METHODS[method]
+    cost = spec.cost
+    case = {case.name: case for case in CASES}[cost.case or method]
+    nodes = cost.our_nodes if cost.our_nodes is not None else {f"TRAINER.{case.trainer.upper()}": spec.our_node}
     opts = [item for node, values in nodes.items() for key, value in values.items()
             for item in (f"{node}.{key}", repr(value))]
-    if "dataset" in spec:
-        opts += ["DATASET.NAME", spec["dataset"]]
-    if "our_prepare" in spec:
-        opts += spec["our_prepare"](workdir, images.shape[-1])
+    if spec.dataset:
+        opts += ["DATASET.NAME", spec.dataset]
+    if cost.our_prepare is not None:
+        opts += cost.our_prepare(workdir, images.shape[-1])
     trainer_settings = {"backbone": settings["backbone"], "weights": os.path.join(workdir, "weights.pt"),
                         "image_size": images.shape[-1], "device": "cpu", "batch": len(images), "prec": "fp32",
                         "opts": opts, "classes": settings["classes"]}
     with tempfile.TemporaryDirectory(prefix="benchmark_official_ours_") as output_dir:
         trainer = build_trainer(case, trainer_settings, output_dir)
-        if "our_after_build" in spec:
-            spec["our_after_build"](trainer)
+        if cost.our_after_build is not None:
+            cost.our_after_build(trainer)
         trainer.batch_idx, trainer.num_batches = 0, len(trainer.train_loader_x)
 
         def frozen():
@@ -338,48 +342,48 @@ PLAIN_DESIGN = {"trainer": "CoOp", "vision_depth": 0, "language_depth": 0, "visi
 
 def _plain_official_clip(official_clip, state_dict, spec):
     """The official clip package's plain CLIP (fp32, eval) of ``state_dict``: the frozen unit (for
-    a clip package whose build_model takes a design: the spec's ``plain_design``, default PLAIN_DESIGN)."""
+    a clip package whose build_model takes a design: the cost spec's ``plain_design``, default PLAIN_DESIGN)."""
     parameters = inspect.signature(official_clip.build_model).parameters
-    design = spec.get("plain_design", PLAIN_DESIGN)
+    design = spec.cost.plain_design or PLAIN_DESIGN
     args = (state_dict, design) if "design_details" in parameters else (state_dict,)
     return official_clip.build_model(*args).float().eval()
 
 
 def official_side(workdir, method):
-    """The official step (its trainer's, or the spec's ``official_step_side``) and the official
+    """The official step (its trainer's, or the cost spec's ``step_side``) and the official
     frozen CLIP forward (run in the subprocess, the official tree first on ``PYTHONPATH``)."""
     settings, images, labels = _side_inputs(workdir, method)
     weights_path = os.path.join(workdir, "weights.pt")
-    spec = oe.METHODS[method]
-    if "official_step_side" in spec:
+    spec = METHODS[method]
+    cost = spec.cost
+    if cost.step_side is not None:
         return _official_step_side(spec, settings, weights_path, images, labels, method)
-    request = {"method": method, "backbone": settings["backbone"]}
-    spec, cfg, module, official_clip = oe.official_setup(request, images.shape[-1], weights_path)
+    cfg, module, official_clip = official_setup(spec, settings["backbone"], images.shape[-1], weights_path)
     from dassl.engine.trainer import TrainerBase
 
-    _set_official_train_cfg(cfg, spec.get("official_train_cfg", {}))
+    _set_official_train_cfg(cfg, cost.train_cfg)
     cfg.OPTIM.NAME = "sgd"
     torch.nn.Module.cuda = lambda self, device=None: self  # CPU only
     torch.Tensor.cuda = lambda self, device=None, non_blocking=False: self
-    trainer_class = getattr(module, spec["official_trainer"])
+    trainer_class = getattr(module, cost.trainer)
     trainer = trainer_class.__new__(trainer_class)
     TrainerBase.__init__(trainer)  # the model / optimizer registry, without TrainerX's data loader
     trainer.cfg, trainer.device = cfg, torch.device("cpu")
     trainer.dm = SimpleNamespace(dataset=SimpleNamespace(classnames=settings["classnames"]))
-    if "official_before_build" in spec:
-        spec["official_before_build"](module, cfg)
+    if cost.before_build is not None:
+        cost.before_build(module, cfg)
     with contextlib.redirect_stdout(io.StringIO()):
         trainer.build_model()
         clip_model = _plain_official_clip(official_clip, torch.load(weights_path, weights_only=True), spec)
     trainer.model.float()
-    if "prepare_official_model" in spec:
-        spec["prepare_official_model"](trainer.model)
-    if "official_after_build" in spec:
+    if spec.prepare_official_model is not None:
+        spec.prepare_official_model(trainer.model)
+    if cost.after_build is not None:
         with contextlib.redirect_stdout(io.StringIO()):
-            spec["official_after_build"](trainer)
+            cost.after_build(trainer)
     trainer.batch_idx, trainer.num_batches = 0, 1000  # not the epoch's last batch: no scheduler step
     batch = loader_batch(images, labels, cfg.DATALOADER)
-    step = spec.get("official_step", lambda trainer, batch: trainer.forward_backward(batch))
+    step = cost.step or (lambda trainer, batch: trainer.forward_backward(batch))
 
     def frozen():
         with torch.no_grad():
@@ -394,11 +398,11 @@ def official_side(workdir, method):
 
 
 def _official_step_side(spec, settings, weights_path, images, labels, method):
-    """The step of the spec's ``official_step_side`` and the official clip package's frozen forward."""
-    oe._install_stand_ins()
+    """The step of the cost spec's ``step_side`` and the official clip package's frozen forward."""
+    install_stand_ins()
     request = {"method": method, "backbone": settings["backbone"], "classnames": settings["classnames"]}
     with contextlib.redirect_stdout(io.StringIO()):
-        train, optimizer = spec["official_step_side"](request, weights_path, {"images": images, "labels": labels})
+        train, optimizer = spec.cost.step_side(request, weights_path, {"images": images, "labels": labels})
     from clip import clip as official_clip
 
     clip_model = _plain_official_clip(official_clip, torch.load(weights_path, weights_only=True), spec)
@@ -451,24 +455,15 @@ def summary_lines(report):
     failed = [record["case"] for record in results if "error" in record]
     verdict = f"over {CONTRACT_RATIO}: {', '.join(over)}" if over else f"every method measured at most {CONTRACT_RATIO}"
     lines = ["ours / official = (ours train / frozen) / (official train / frozen), each side's frozen CLIP image "
-             f"forward of the same batch in the same process; issue 18 wants at most {CONTRACT_RATIO}: {verdict}"]
+             f"forward of the same batch in the same process; the contract wants at most {CONTRACT_RATIO}: {verdict}"]
     if failed:
         lines.append(f"not measured (the row gives the error): {', '.join(failed)}")
     return lines
 
 
-def main(argv=None):
-    """One side of one method (the subprocess ``run_side`` starts): writes WORKDIR/<side>-<method>.json."""
-    parser = argparse.ArgumentParser(description="One side of tools/benchmark.py official (which runs this file "
-                                     "in a subprocess per side and method); use that command.")
-    parser.add_argument("--side", choices=("ours", "official"), required=True)
-    parser.add_argument("workdir", help="the folder with settings.json, inputs.pt and weights.pt")
-    parser.add_argument("method", choices=sorted(oe.METHODS))
-    args = parser.parse_args(argv)
-    result = {"ours": our_side, "official": official_side}[args.side](args.workdir, args.method)
-    with atomic_write(os.path.join(args.workdir, f"{args.side}-{args.method}.json"), "w") as f:
+
+def write_side(side, workdir, method):
+    """In the subprocess: measure ``side`` ("ours" or "official") of ``method``, write WORKDIR/<side>-<method>.json."""
+    result = {"ours": our_side, "official": official_side}[side](workdir, method)
+    with atomic_write(os.path.join(workdir, f"{side}-{method}.json"), "w") as f:
         json.dump(result, f)
-
-
-if __name__ == "__main__":
-    main()

@@ -8,6 +8,7 @@ never read: it is filled with NaN on the official side, so reading it would show
 """
 import torch
 
+from ..spec import CostSpec, Learnable, MethodSpec, Mutation, swap
 from . import maple
 from .common import logits_and_ce, run_ours_logits_and_ce
 
@@ -24,8 +25,8 @@ UNUSED = "prompt_learner.ctx_att3"
 
 def attribute_learnables():
     """The attribute tokens A_1, A_2: our name -> official name, shape, init std."""
-    return {f"attributes.soft.{k}": {"official": f"prompt_learner.ctx_att{k + 1}", "shape": (N_ATT, "width"),
-                                     "init_std": 0.01} for k in range(len(WORDS))}
+    return {f"attributes.soft.{k}": Learnable(f"prompt_learner.ctx_att{k + 1}", 0.01, (N_ATT, "width"))
+            for k in range(len(WORDS))}
 
 
 def build_ours(clip, tokenizer, classnames, node, spec):
@@ -34,7 +35,7 @@ def build_ours(clip, tokenizer, classnames, node, spec):
     from trainers.coop import CoOpCLIP
     from trainers.maple import MaPLeCLIP
 
-    base_model = {"CoOp": CoOpCLIP, "MaPLe": MaPLeCLIP}[spec["base"]]
+    base_model = {"CoOp": CoOpCLIP, "MaPLe": MaPLeCLIP}[spec.options["base"]]
     base = base_model(clip, tokenizer, classnames, node)
     return ATPromptCLIP(base, AttributeTokens(clip.text, tokenizer, list(node.WORDS), node.N_ATT))
 
@@ -46,32 +47,45 @@ def run_official(module, cfg, request, model, images, labels):
     return logits_and_ce(model, images, labels)
 
 
-def _spec(base, module, base_key, node, learnables, official_trainer, benchmark_case):
-    return {
-        "repository": "zhengli97/ATPrompt",
-        "code_dir": "",
-        "dassl_dir": "Dassl.pytorch",
-        "official_module": module,
-        "dataset": "ImageNet",
-        "base": base,
-        "official_cfg": {f"TRAINER.{base_key}": dict(node), "TRAINER.ATPROMPT": dict(OFFICIAL_ATPROMPT)},
-        "our_node": dict(node, WORDS=list(WORDS), N_ATT=N_ATT),
-        "learnables": dict(learnables, **attribute_learnables()),
-        "official_unused": (UNUSED,),
-        "outputs": ("logits", "loss"),
-        "build_ours": build_ours,
-        "run_ours": run_ours_logits_and_ce,
-        "run_official": run_official,
-        "official_trainer": official_trainer,
-        "benchmark_case": benchmark_case,
-        "our_nodes": {f"TRAINER.{base_key}": dict(node), "TRAINER.ATPROMPT": {"N_ATT": N_ATT, "PREC": "fp32"}},
-    }
+def one_soft_token_per_attribute(learnables):
+    """A_1 = its first token only, A_2 = the rest (with N_ATT 1): every later position moves by one."""
+    first = learnables["attributes.soft.0"]
+    return dict(learnables, **{"attributes.soft.0": first[:1], "attributes.soft.1": first[1:]})
 
 
-SPECS = {
-    "ATPrompt": _spec("CoOp", "trainers.coop_atp", "COOP", COOP_NODE, {
-        "base.prompt_learner.ctx": {"official": "prompt_learner.ctx", "shape": (COOP_NODE["N_CTX"], "width"),
-                                    "init_std": 0.02}}, "CoOp_ATP", "ATPrompt"),
-    "ATPrompt-MaPLe": _spec("MaPLe", "trainers.maple_atp", "MAPLE", MAPLE_NODE, maple.learnables("base."),
-                            "MaPLe_ATP", "ATPrompt+MaPLe"),
-}
+MUTATIONS = (
+    Mutation("attribute tokens swapped", values=swap("attributes.soft.0", "attributes.soft.1")),
+    Mutation("attribute words swapped", node={"WORDS": ["shape", "color"]}),
+    Mutation("one soft token per attribute position", values=one_soft_token_per_attribute, node={"N_ATT": 1}),
+)
+
+
+def _spec(name, base, module, base_key, node, learnables, official_trainer, benchmark_case):
+    return MethodSpec(
+        name=name,
+        repository="zhengli97/ATPrompt",
+        dassl_dir="Dassl.pytorch",
+        official_module=module,
+        dataset="ImageNet",
+        options={"base": base},
+        official_cfg={f"TRAINER.{base_key}": dict(node), "TRAINER.ATPROMPT": dict(OFFICIAL_ATPROMPT)},
+        our_node=dict(node, WORDS=list(WORDS), N_ATT=N_ATT),
+        learnables=dict(learnables, **attribute_learnables()),
+        official_unused=(UNUSED,),
+        outputs=("logits", "loss"),
+        build_ours=build_ours,
+        run_ours=run_ours_logits_and_ce,
+        run_official=run_official,
+        mutations=MUTATIONS,
+        cost=CostSpec(trainer=official_trainer, case=benchmark_case, our_nodes={
+            f"TRAINER.{base_key}": dict(node), "TRAINER.ATPROMPT": {"N_ATT": N_ATT, "PREC": "fp32"}}),
+    )
+
+
+SPECS = (
+    _spec("ATPrompt", "CoOp", "trainers.coop_atp", "COOP", COOP_NODE, {
+        "base.prompt_learner.ctx": Learnable("prompt_learner.ctx", 0.02, (COOP_NODE["N_CTX"], "width"))},
+        "CoOp_ATP", "ATPrompt"),
+    _spec("ATPrompt-MaPLe", "MaPLe", "trainers.maple_atp", "MAPLE", MAPLE_NODE, maple.learnables("base."),
+          "MaPLe_ATP", "ATPrompt+MaPLe"),
+)

@@ -22,6 +22,11 @@ def run_official_logits_and_ce(module, cfg, request, model, images, labels):
     return logits_and_ce(model, images, labels)
 
 
+def reversed_rows(learnables):
+    """A ``Mutation.values``: every learnable value with its rows in reverse order (e.g. ctx tokens)."""
+    return {name: value.flip(0) for name, value in learnables.items()}
+
+
 def stand_in_datasets(classnames):
     """``src.datasets`` (and ``src.datasets.common``) of wise-ft / FLYP holding one dataset class,
     ``FixtureClasses``, with ``classnames``: what ``get_zeroshot_classifier`` reads (the real package
@@ -38,19 +43,19 @@ def stand_in_datasets(classnames):
     sys.modules["src.datasets"], sys.modules["src.datasets.common"] = datasets, common
 
 
-def official_dassl_model(request, weights_path, resolution):
-    """In the official subprocess: the method's official model built as tools/official_equivalence.py
-    builds it (``official_setup``, the official ``load_clip_to_cpu`` in fp32, the spec's
-    ``build_official``), for a step hook (``official_step_side``) of Dassl-based code.
+def official_dassl_model(spec, request, weights_path, resolution):
+    """In the official subprocess: the official model of ``spec`` built as the equivalence builds it
+    (``official_setup``, the official ``load_clip_to_cpu`` in fp32, the spec's ``build_official``),
+    for a step hook (``CostSpec.step_side``) of Dassl-based code.
 
     Returns:
         (official module, Dassl config, model).
     """
-    import official_equivalence as oe  # tools/, on sys.path in the benchmark's subprocess
+    from ..official_env import official_setup
 
-    spec, cfg, module, _ = oe.official_setup(request, resolution, weights_path)
+    cfg, module, _ = official_setup(spec, request["backbone"], resolution, weights_path)
     clip_model = module.load_clip_to_cpu(cfg).float()
-    return module, cfg, spec["build_official"](module, cfg, request["classnames"], clip_model)
+    return module, cfg, spec.build_official(module, cfg, request["classnames"], clip_model)
 
 
 def official_episode(model, test_time_tuning, views, optimizer, scaler, args):

@@ -9,6 +9,7 @@ context vectors), FiLM γ/β of both towers and the head all drawn away from the
 import torch
 import torch.nn.functional as F
 
+from ..spec import CostSpec, Learnable, MethodSpec, Mutation, flip
 from . import coop, maple
 
 
@@ -18,23 +19,21 @@ def learnables(base_entries):
     model the base method's prompt learner plus film_lp_img, film_lp_text and linear_probe_proj."""
     entries = dict(base_entries)
     for ours, official in (("film_image", "film_lp_img"), ("film_text", "film_lp_text")):
-        entries[f"{ours}.scale"] = {"official": f"{official}.scale", "shape": ("embed",), "init_mean": 1.0,
-                                    "init_std": 0.02}
-        entries[f"{ours}.shift"] = {"official": f"{official}.bias", "shape": ("embed",), "init_std": 0.02}
-    entries["head.weight"] = {"official": "linear_probe_proj.weight", "shape": ("classes", "embed"),
-                              "init_std": 512 ** -0.5}
-    entries["head.bias"] = {"official": "linear_probe_proj.bias", "shape": ("classes",), "init_std": 0.02}
+        entries[f"{ours}.scale"] = Learnable(f"{official}.scale", 0.02, ("embed",), init_mean=1.0)
+        entries[f"{ours}.shift"] = Learnable(f"{official}.bias", 0.02, ("embed",))
+    entries["head.weight"] = Learnable("linear_probe_proj.weight", 512 ** -0.5, ("classes", "embed"))
+    entries["head.bias"] = Learnable("linear_probe_proj.bias", 0.02, ("classes",))
     return entries
 
 
 def build_ours(clip, tokenizer, classnames, node, spec):
-    """DePTCLIP on the base model of ``our_dept_node``'s BASE (built from ``node``), fused
-    inference, the head over the C classes."""
+    """DePTCLIP on the base model of the DePT node's BASE (``spec.options["dept_node"]``; the base
+    built from ``node``), fused inference, the head over the C classes."""
     from yacs.config import CfgNode as CN
 
     from trainers.dept import BASES, DePTCLIP
 
-    dept_node = CN(spec["our_dept_node"])
+    dept_node = CN(spec.options["dept_node"])
     base = BASES[dept_node.BASE][1](clip, tokenizer, classnames, node)
     return DePTCLIP(base, dept_node, dept_node.INFERENCE, len(classnames))
 
@@ -63,39 +62,54 @@ def run_official(module, cfg, request, model, images, labels):
     return {"logits": logits, "head_logits": head_logits, "fused_logits": fused_logits, "loss": loss}
 
 
-def _spec(base, official_module, base_node_key, base_node, base_learnables):
+def film_of_the_other_tower(learnables):
+    """γ/β of the image tower put on the text tower and vice versa: the head sees other features."""
+    moved = dict(learnables)
+    for kind in ("scale", "shift"):
+        moved[f"film_image.{kind}"], moved[f"film_text.{kind}"] = learnables[f"film_text.{kind}"], \
+            learnables[f"film_image.{kind}"]
+    return moved
+
+
+MUTATIONS = (
+    Mutation("base ctx tokens reversed", values=flip("base.prompt_learner.ctx")),
+    Mutation("FiLM of the wrong tower", values=film_of_the_other_tower, fails=("head_logits", "loss")),
+)
+
+
+def _spec(name, base, official_module, base_node_key, base_node, base_learnables):
     """The spec of DePT on ``base`` ("MaPLe" or "CoOp"): the official ``official_module`` built with
     the base's node under ``TRAINER.<base_node_key>`` and DePT's upstream defaults."""
     dept_node = {"BASE": base, "PREC": "fp32", "HEAD_WEIGHT": 0.7, "HEAD_LR_MULT": 6.5}
-    return {
-        "repository": "Koorye/DePT",
-        "code_dir": "",
-        "official_module": official_module,
-        "official_trainer": f"ExtrasLinearProbe{base}",
-        "official_train_cfg": dict(maple.DEPT_TRAIN_CFG),
-        "dataset": "OxfordPets",
-        "official_cfg": {
+    return MethodSpec(
+        name=name,
+        repository="Koorye/DePT",
+        official_module=official_module,
+        dataset="OxfordPets",
+        official_cfg={
             f"TRAINER.{base_node_key}": dict(base_node),
             "TRAINER.LINEAR_PROBE": {"TYPE": "linear", "WEIGHT": 0.7, "TEST_TIME_FUSION": True},
             "TRAINER.FILM": {"LINEAR_PROBE": True},
         },
-        "our_node": dict(base_node),
-        "our_dept_node": dict(dept_node, INFERENCE="fused"),
-        "benchmark_case": {"MaPLe": "DePT", "CoOp": "DePT+CoOp"}[base],
-        "our_nodes": {f"TRAINER.{base_node_key}": dict(base_node), "TRAINER.DEPT": dept_node},
-        "learnables": learnables(base_learnables),
-        "official_learnable_prefixes": ("prompt_learner.", "film_lp_img.", "film_lp_text.", "linear_probe_proj."),
-        "outputs": ("logits", "head_logits", "fused_logits", "loss"),
-        "build_ours": build_ours,
-        "run_ours": run_ours,
+        our_node=dict(base_node),
+        options={"dept_node": dict(dept_node, INFERENCE="fused")},
+        learnables=learnables(base_learnables),
+        official_learnable_prefixes=("prompt_learner.", "film_lp_img.", "film_lp_text.", "linear_probe_proj."),
+        outputs=("logits", "head_logits", "fused_logits", "loss"),
+        build_ours=build_ours,
+        run_ours=run_ours,
         # Koorye/DePT's trainers package imports every method (MaPLe's clip_maple, plotnine) either way.
-        "prepare_official": maple.prepare_official,
-        "run_official": run_official,
-    }
+        prepare_official=maple.prepare_official,
+        run_official=run_official,
+        mutations=MUTATIONS,
+        cost=CostSpec(trainer=f"ExtrasLinearProbe{base}", train_cfg=dict(maple.DEPT_TRAIN_CFG),
+                      case={"MaPLe": "DePT", "CoOp": "DePT+CoOp"}[base],
+                      our_nodes={f"TRAINER.{base_node_key}": dict(base_node), "TRAINER.DEPT": dept_node}),
+    )
 
 
-SPECS = {
-    "DePT-MaPLe": _spec("MaPLe", "trainers.elp_maple", "MAPLE", maple.NODE, maple.learnables("base.")),
-    "DePT-CoOp": _spec("CoOp", "trainers.elp_coop", "COOP", coop.NODE,
-                       {"base.prompt_learner.ctx": {"official": "prompt_learner.ctx", "init_std": 0.02}}),
-}
+SPECS = (
+    _spec("DePT-MaPLe", "MaPLe", "trainers.elp_maple", "MAPLE", maple.NODE, maple.learnables("base.")),
+    _spec("DePT-CoOp", "CoOp", "trainers.elp_coop", "COOP", coop.NODE,
+          {"base.prompt_learner.ctx": Learnable("prompt_learner.ctx", 0.02)}),
+)

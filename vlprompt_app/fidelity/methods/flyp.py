@@ -26,10 +26,12 @@ template i mod 80 of its class, as our case's loader rows; tokenised once, as th
 one device calls it directly; its ``logit_scale2[0]`` indexes the scale that ``DataParallel``
 gathers over GPUs, on one process the scalar itself.
 """
+import math
 from argparse import Namespace
 
 import torch
 
+from ..spec import CostSpec, Learnable, MethodSpec, Mutation
 from .common import stand_in_datasets
 
 ROW_TEMPLATES = [3, 41]  # the rows' template indices into the 80 ImageNet templates
@@ -109,21 +111,31 @@ def official_step_side(request, weights_path, inputs):
     return step, optimizer
 
 
-SPECS = {
-    "FLYP": {
-        "repository": "locuslab/FLYP",
-        "code_dir": "",
-        "labels": [0, 0],
-        "official_cfg": {},
-        "our_node": {"TEMPLATE_ENSEMBLE": True, "TEMPLATE": "", "ROW_TEMPLATES": list(ROW_TEMPLATES)},
+def fixed_temperature(learnables):
+    """The logit scale fixed at log(100) (the random weights'), not learned."""
+    return dict(learnables, **{"clip.logit_scale": torch.tensor(math.log(100.0))})
+
+
+SPECS = (
+    MethodSpec(
+        name="FLYP",
+        repository="locuslab/FLYP",
+        labels=(0, 0),
+        our_node={"TEMPLATE_ENSEMBLE": True, "TEMPLATE": "", "ROW_TEMPLATES": list(ROW_TEMPLATES)},
         # exp(logit_scale) drawn around 1/0.07 (CLIP's init), away from the random weights' 100
-        "learnables": {"clip.logit_scale": {"official": "logit_scale", "shape": (), "init_mean": 2.659,
-                                            "init_std": 0.05}},
-        "outputs": ("loss", "logits"),
-        "build_ours": build_ours,
-        "run_ours": run_ours,
-        "official_side": official_side,
-        "official_step_side": official_step_side,
-        "our_nodes": {},  # the case's config: the recipe (80 templates)
-    },
-}
+        learnables={"clip.logit_scale": Learnable("logit_scale", 0.05, (), init_mean=2.659)},
+        outputs=("loss", "logits"),
+        build_ours=build_ours,
+        run_ours=run_ours,
+        official_side=official_side,
+        mutations=(
+            # the rows' captions exchanged: the loss moves, the head (all templates) does not
+            Mutation("row templates swapped", node={"ROW_TEMPLATES": [41, 3]}, fails=("loss",),
+                     unchanged=("logits",)),
+            Mutation("one template instead of 80", node={"TEMPLATE_ENSEMBLE": False, "TEMPLATE": "a photo of a {}.",
+                                                         "ROW_TEMPLATES": [0, 0]}),
+            Mutation("fixed temperature of 100", values=fixed_temperature, fails=("loss", "logits")),
+        ),
+        cost=CostSpec(step_side=official_step_side, our_nodes={}),  # our case: the recipe (80 templates)
+    ),
+)

@@ -4,6 +4,7 @@ couplings F_1..F_J drawn away from their init."""
 import sys
 import types
 
+from ..spec import CostSpec, Learnable, MethodSpec, Mutation, flip, swap
 from .common import run_official_logits_and_ce, run_ours_logits_and_ce
 
 DEPTH = 9  # MaPLe's PROMPT_DEPTH: T_1 plus 8 deep text prompts and 8 couplings
@@ -20,16 +21,15 @@ DEPT_TRAIN_CFG = {"OPTIM.LR_EXP": 6.5, "OPTIM.STAGED_LR": True, "OPTIM.NEW_LAYER
 def learnables(prefix, depth=DEPTH):
     """MaPLe's learnable values: our parameter name (under ``prefix``) -> official name, shape
     (symbolic dims), init std: T_1, the couplings F_1..F_J and the deep text prompts T_2..T_J (J = ``depth``)."""
-    entries = {f"{prefix}prompt_learner.ctx": {"official": "prompt_learner.ctx", "shape": ("n_ctx", "width"),
-                                               "init_std": 0.02}}
+    entries = {f"{prefix}prompt_learner.ctx": Learnable("prompt_learner.ctx", 0.02)}
     couplings = [("proj", "proj")] + [(f"compound_prompt_projections.{i}",) * 2 for i in range(depth - 1)]
     for ours, official in couplings:
         for kind, shape in _COUPLING_SHAPES.items():
-            entries[f"{prefix}prompt_learner.{ours}.{kind}"] = {
-                "official": f"prompt_learner.{official}.{kind}", "shape": shape, "init_std": _COUPLING_STD}
+            entries[f"{prefix}prompt_learner.{ours}.{kind}"] = Learnable(
+                f"prompt_learner.{official}.{kind}", _COUPLING_STD, shape)
     for i in range(depth - 1):
-        entries[f"{prefix}prompt_learner.compound_prompts_text.{i}"] = {
-            "official": f"prompt_learner.compound_prompts_text.{i}", "shape": ("n_ctx", "width"), "init_std": 0.02}
+        entries[f"{prefix}prompt_learner.compound_prompts_text.{i}"] = Learnable(
+            f"prompt_learner.compound_prompts_text.{i}", 0.02)
     return entries
 
 
@@ -48,20 +48,33 @@ def prepare_official(cfg, weights_path):
     sys.modules["plotnine"] = types.ModuleType("plotnine")  # imported (*) by elp_*.py, unused here
 
 
-SPECS = {
-    "MaPLe": {
-        "repository": "Koorye/DePT",
-        "code_dir": "",
-        "official_module": "trainers.maple",
-        "official_trainer": "MaPLe",
-        "official_train_cfg": dict(DEPT_TRAIN_CFG),
-        "official_cfg": {"TRAINER.MAPLE": dict(NODE)},
-        "our_node": dict(NODE),
-        "learnables": learnables(""),
-        "outputs": ("logits", "loss"),
-        "build_ours": build_ours,
-        "run_ours": run_ours_logits_and_ce,
-        "prepare_official": prepare_official,
-        "run_official": run_official_logits_and_ce,
-    },
-}
+def misplacements(prefix=""):
+    """MaPLe's prompts or couplings put in the wrong place (our names under ``prefix``)."""
+    def name(suffix):
+        return f"{prefix}prompt_learner.{suffix}"
+
+    return (Mutation("ctx tokens reversed", values=flip(name("ctx"))),
+            Mutation("deep prompts of layers 2 and 3 swapped",
+                     values=swap(name("compound_prompts_text.0"), name("compound_prompts_text.1"))),
+            Mutation("couplings F_2 and F_3 swapped", values=swap(
+                [name(f"compound_prompt_projections.0.{kind}") for kind in ("weight", "bias")],
+                [name(f"compound_prompt_projections.1.{kind}") for kind in ("weight", "bias")])))
+
+
+SPECS = (
+    MethodSpec(
+        name="MaPLe",
+        repository="Koorye/DePT",
+        official_module="trainers.maple",
+        official_cfg={"TRAINER.MAPLE": dict(NODE)},
+        our_node=dict(NODE),
+        learnables=learnables(""),
+        outputs=("logits", "loss"),
+        build_ours=build_ours,
+        run_ours=run_ours_logits_and_ce,
+        prepare_official=prepare_official,
+        run_official=run_official_logits_and_ce,
+        mutations=misplacements(),
+        cost=CostSpec(trainer="MaPLe", train_cfg=dict(DEPT_TRAIN_CFG)),
+    ),
+)

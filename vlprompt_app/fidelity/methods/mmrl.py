@@ -20,6 +20,8 @@ Stand-ins on the official side (the official model classes are unchanged):
 """
 import torch
 
+from ..spec import CostSpec, Learnable, MethodSpec, Mutation, swap
+
 ALPHA, REG_WEIGHT, K, REP_DIM, LAYERS = 0.7, 0.5, 5, 512, [6, 7, 8, 9, 10, 11, 12]
 VISION_WIDTH, TEXT_WIDTH, EMBED = 768, 512, 512
 LINEAR_STD = (3 * REP_DIM) ** -0.5  # nn.Linear(d_r, D): U(±1/sqrt(d_r))
@@ -30,52 +32,49 @@ OUTPUTS = ("logits", "cls_logits", "rep_logits", "loss")
 
 def mmrl_learnables():
     """MMRL's learnables of ViT-B/16, our name -> {official name, shape, init std}."""
-    entries = {"representation.rep": {"official": "representation_learner.compound_rep_tokens",
-                                      "shape": (K, REP_DIM), "init_std": 0.02},
-               "representation.proj_rep": {"official": "image_encoder.proj_rep", "shape": (VISION_WIDTH, EMBED),
-                                           "init_std": VISION_WIDTH ** -0.5}}
+    entries = {"representation.rep": Learnable("representation_learner.compound_rep_tokens", 0.02, (K, REP_DIM)),
+               "representation.proj_rep": Learnable("image_encoder.proj_rep", VISION_WIDTH ** -0.5,
+                                                    (VISION_WIDTH, EMBED))}
     for ours, official, width in (("visual", "r2vproj", VISION_WIDTH), ("text", "r2tproj", TEXT_WIDTH)):
         for layer in range(len(LAYERS)):
             for kind, shape in (("weight", (width, REP_DIM)), ("bias", (width,))):
-                entries[f"representation.{ours}.{layer}.{kind}"] = {
-                    "official": f"representation_learner.compound_rep_tokens_{official}.{layer}.{kind}",
-                    "shape": shape, "init_std": LINEAR_STD}
+                entries[f"representation.{ours}.{layer}.{kind}"] = Learnable(
+                    f"representation_learner.compound_rep_tokens_{official}.{layer}.{kind}", LINEAR_STD, shape)
     return entries
 
 
 def mmrlpp_learnables(rank=4, proj_rank=64):
     """MMRL++'s learnables of ViT-B/16, our name -> {official name, shape, init std}: A Kaiming-uniform
     (a = √5) U(±1/sqrt(r)), std 1/sqrt(3r); B, zero at init, gets std 0.02."""
-    entries = {"representation.rep": {"official": "representation_learner.compound_rep_tokens",
-                                      "shape": (K, REP_DIM), "init_std": 0.02},
-               "representation.proj_residual.a": {"official": "image_encoder.A", "shape": (VISION_WIDTH, proj_rank),
-                                                  "init_std": (3 * proj_rank) ** -0.5},
-               "representation.proj_residual.b": {"official": "image_encoder.B", "shape": (proj_rank, EMBED),
-                                                  "init_std": 0.02}}
+    entries = {"representation.rep": Learnable("representation_learner.compound_rep_tokens", 0.02, (K, REP_DIM)),
+               "representation.proj_residual.a": Learnable("image_encoder.A", (3 * proj_rank) ** -0.5,
+                                                           (VISION_WIDTH, proj_rank)),
+               "representation.proj_residual.b": Learnable("image_encoder.B", 0.02, (proj_rank, EMBED))}
     for ours, official, width in (("visual", "srra_r2vproj", VISION_WIDTH), ("text", "srra_r2tproj", TEXT_WIDTH)):
         prefix = f"representation_learner.{official}"
-        entries[f"representation.{ours}.weight"] = {"official": f"{prefix}.weight", "shape": (width, REP_DIM),
-                                                    "init_std": LINEAR_STD}
+        entries[f"representation.{ours}.weight"] = Learnable(f"{prefix}.weight", LINEAR_STD, (width, REP_DIM))
         for layer in range(len(LAYERS)):
             for kind, official_kind, shape, std in (("bias", "bias", (width,), LINEAR_STD),
                                                     ("residuals.{}.a", "A", (width, rank), (3 * rank) ** -0.5),
                                                     ("residuals.{}.b", "B", (rank, REP_DIM), 0.02)):
                 name = f"bias.{layer}" if kind == "bias" else kind.format(layer)
-                entries[f"representation.{ours}.{name}"] = {
-                    "official": f"{prefix}.srra.{layer}.{official_kind}", "shape": shape, "init_std": std}
+                entries[f"representation.{ours}.{name}"] = Learnable(f"{prefix}.srra.{layer}.{official_kind}", std,
+                                                                     shape)
     return entries
 
 
 def build_mmrl(clip, tokenizer, classnames, node, spec):
     from trainers.mmrl import MMRLCLIP
 
-    return MMRLCLIP(clip, tokenizer, classnames, spec["template"], node, node.REP_DIM, node.REG_WEIGHT, "fusion")
+    return MMRLCLIP(clip, tokenizer, classnames, spec.options["template"], node, node.REP_DIM, node.REG_WEIGHT,
+                    "fusion")
 
 
 def build_mmrlpp(clip, tokenizer, classnames, node, spec):
     from trainers.mmrlpp import MMRLppCLIP
 
-    return MMRLppCLIP(clip, tokenizer, classnames, spec["template"], node, node.REP_DIM, node.REG_WEIGHT, "fusion")
+    return MMRLppCLIP(clip, tokenizer, classnames, spec.options["template"], node, node.REP_DIM, node.REG_WEIGHT,
+                      "fusion")
 
 
 def run_ours(model, node, images, labels):
@@ -117,31 +116,53 @@ def _run_official(node_name, loss_class):
     return run_official
 
 
-def _spec(node_name, official_cfg, our_node, learnables, build_ours, loss_class):
-    return {
-        "repository": "yunncheng/MMRL",
-        "code_dir": "",
-        "official_module": f"trainers.{node_name.lower()}",
-        "dataset": "OxfordPets",
-        "template": "a photo of a {}, a type of pet.",  # upstream's CUSTOM_TEMPLATES["OxfordPets"], ours the dataset's
-        "official_cfg": {f"TRAINER.{node_name}": official_cfg},
-        "our_node": our_node,
-        "learnables": learnables,
-        "official_learnable_prefixes": ("representation_learner.", "image_encoder.proj_rep", "image_encoder.A",
-                                        "image_encoder.B"),
-        "outputs": OUTPUTS,
-        "build_ours": build_ours,
-        "run_ours": run_ours,
-        "prepare_official": prepare_official,
-        "build_official": _build_official(node_name),
-        "official_trainer": node_name,
-        "run_official": _run_official(node_name, loss_class),
-    }
+def _pairs(kinds, first, second):
+    """The our-names of two layers' values in both towers, for ``swap``: ([first's], [second's])."""
+    names = [(f"representation.{tower}.{first}".format(kind), f"representation.{tower}.{second}".format(kind))
+             for tower in ("visual", "text") for kind in kinds]
+    return [a for a, _ in names], [b for _, b in names]
+
+
+# Representation tokens one block early: every output moves.
+EARLY = Mutation("representation tokens one block early", node={"REP_LAYERS": [layer - 1 for layer in LAYERS]},
+                 fails=OUTPUTS)
+MMRL_MUTATIONS = (EARLY, Mutation("projector copies of layers 6 and 7 swapped",
+                                  values=swap(*_pairs(("weight", "bias"), "0.{}", "1.{}")), fails=OUTPUTS))
+MMRLPP_MUTATIONS = (EARLY,
+                    # β and 1 − β exchanged (0.3 instead of OxfordPets' 0.7) in both towers
+                    Mutation("blend weights swapped", node={"BETA": 0.3}, fails=OUTPUTS),
+                    Mutation("residuals of two layers swapped",
+                             values=swap(*_pairs(("a", "b"), "residuals.0.{}", "residuals.1.{}")), fails=OUTPUTS))
+
+
+def _spec(node_name, official_cfg, our_node, learnables, build_ours, loss_class, mutations):
+    return MethodSpec(
+        name=node_name,
+        repository="yunncheng/MMRL",
+        official_module=f"trainers.{node_name.lower()}",
+        dataset="OxfordPets",
+        # upstream's CUSTOM_TEMPLATES["OxfordPets"], ours the dataset's
+        options={"template": "a photo of a {}, a type of pet."},
+        official_cfg={f"TRAINER.{node_name}": official_cfg},
+        our_node=our_node,
+        learnables=learnables,
+        official_learnable_prefixes=("representation_learner.", "image_encoder.proj_rep", "image_encoder.A",
+                                     "image_encoder.B"),
+        outputs=OUTPUTS,
+        build_ours=build_ours,
+        run_ours=run_ours,
+        prepare_official=prepare_official,
+        build_official=_build_official(node_name),
+        run_official=_run_official(node_name, loss_class),
+        mutations=mutations,
+        cost=CostSpec(trainer=node_name),
+    )
 
 
 PP = {"BETA": 0.7, "RES_LORA_DIM": 4, "PROJ_LORA_DIM": 64}  # β of OxfordPets (upstream's B2N table)
-SPECS = {
-    "MMRL": _spec("MMRL", dict(NODE), dict(NODE, INFERENCE="fusion"), mmrl_learnables(), build_mmrl, "MMRL_Loss"),
-    "MMRLpp": _spec("MMRLpp", dict(NODE, **PP), dict(NODE, INFERENCE="fusion", **PP), mmrlpp_learnables(),
-                    build_mmrlpp, "MMRLpp_Loss"),
-}
+SPECS = (
+    _spec("MMRL", dict(NODE), dict(NODE, INFERENCE="fusion"), mmrl_learnables(), build_mmrl, "MMRL_Loss",
+          MMRL_MUTATIONS),
+    _spec("MMRLpp", dict(NODE, **PP), dict(NODE, INFERENCE="fusion", **PP), mmrlpp_learnables(), build_mmrlpp,
+          "MMRLpp_Loss", MMRLPP_MUTATIONS),
+)

@@ -8,11 +8,14 @@ gradients conflict and the projection acts.
 import torch
 import torch.nn.functional as F
 
+from ..spec import CostSpec, Learnable, MethodSpec, Mutation
+from .common import reversed_rows
+
 
 def build_ours(clip, tokenizer, classnames, node, spec):
     from trainers.prograd import ProGradCLIP, template_for
 
-    return ProGradCLIP(clip, tokenizer, classnames, node, template_for(spec["dataset"], ""))
+    return ProGradCLIP(clip, tokenizer, classnames, node, template_for(spec.dataset, ""))
 
 
 def run_ours(model, node, images, labels):
@@ -52,26 +55,28 @@ def run_official(module, cfg, request, model, images, labels):
             "ctx_update": before - model.prompt_learner.ctx.detach()}
 
 
-SPECS = {
-    "ProGrad": {
-        "repository": "BeierZhu/Prompt-align",
-        "code_dir": "ProGrad.public",
-        "dassl_dir": "Dassl.ProGrad.pytorch",
-        "official_module": "trainers.prograd",
-        "official_trainer": "ProGrad",
-        "dataset": "OxfordPets",
-        "official_cfg": {
+SPECS = (
+    MethodSpec(
+        name="ProGrad",
+        repository="BeierZhu/Prompt-align",
+        code_dir="ProGrad.public",
+        dassl_dir="Dassl.ProGrad.pytorch",
+        official_module="trainers.prograd",
+        dataset="OxfordPets",
+        official_cfg={
             "TRAINER.COOP": {"N_CTX": 16, "CSC": False, "CTX_INIT": True, "CLASS_TOKEN_POSITION": "end",
                              "PREC": "fp32", "ALPHA": 1.0},
             "LOSS": {"NAME": "prograd", "T": 1.0, "LAMBDA": 1.0},
         },
-        "our_node": {"N_CTX": 16, "CSC": False, "CTX_INIT": True, "CLASS_TOKEN_POSITION": "end", "PREC": "fp32",
+        our_node={"N_CTX": 16, "CSC": False, "CTX_INIT": True, "CLASS_TOKEN_POSITION": "end", "PREC": "fp32",
                      "LAMBDA": 1.0, "T": 1.0},
-        "labels": [0, 0],
-        "learnables": {"prompt_learner.ctx": {"official": "prompt_learner.ctx", "init_std": 0.02}},
-        "outputs": ("logits", "loss", "zs_logits", "kl_loss", "ctx_update"),
-        "build_ours": build_ours,
-        "run_ours": run_ours,
-        "run_official": run_official,
-    },
-}
+        labels=(0, 0),
+        learnables={"prompt_learner.ctx": Learnable("prompt_learner.ctx", 0.02)},
+        outputs=("logits", "loss", "zs_logits", "kl_loss", "ctx_update"),
+        build_ours=build_ours,
+        run_ours=run_ours,
+        run_official=run_official,
+        mutations=(Mutation("learnable rows in reverse order", values=reversed_rows),),
+        cost=CostSpec(trainer="ProGrad"),
+    ),
+)

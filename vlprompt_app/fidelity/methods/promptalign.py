@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from yacs.config import CfgNode as CN
 
+from ..spec import CostSpec, MethodSpec, Mutation, swap
 from .maple import learnables as maple_learnables
 
 DEPTH = 3
@@ -174,7 +175,7 @@ def official_step_side(request, weights_path, inputs):
     from .common import official_dassl_model, official_episode
 
     views = inputs["images"]
-    module, _, model = official_dassl_model(request, weights_path, views.shape[-1])
+    module, _, model = official_dassl_model(SPEC, request, weights_path, views.shape[-1])
     trainer = module.PromptAlign.__new__(module.PromptAlign)  # only its test-time methods are used
     blocks = model.image_encoder.transformer.resblocks
     tokens = model.image_encoder.positional_embedding.shape[0] + NODE["N_CTX"]
@@ -189,24 +190,27 @@ def official_step_side(request, weights_path, inputs):
     return official_episode(model, trainer.test_time_tuning, views, optimizer, scaler, args), optimizer
 
 
-SPECS = {
-    "PromptAlign": {
-        "repository": "jameelhassan/PromptAlign",
-        "code_dir": "",
-        "official_module": "trainers.prompt_align",
-        "official_cfg": {"TRAINER.PROMPTALIGN": dict(NODE)},
-        "our_node": dict(OUR_NODE),
-        "learnables": maple_learnables("", DEPTH),
-        "batch": SOURCE_IMAGES + VIEWS,
-        "outputs": ("source_means", "source_variances", "view_means", "view_variances", "alignment", "loss",
-                    "text_prompts", "vision_prompts", "logits"),
-        "build_ours": build_ours,
-        "run_ours": run_ours,
-        "prepare_official": prepare_official,
-        "build_official": build_official,
-        "run_official": run_official,
-        "views": BENCHMARK_VIEWS,
-        "our_nodes": {},  # the case's config: the recipe
-        "official_step_side": official_step_side,
-    },
-}
+SPEC = MethodSpec(
+    name="PromptAlign",
+    repository="jameelhassan/PromptAlign",
+    official_module="trainers.prompt_align",
+    official_cfg={"TRAINER.PROMPTALIGN": dict(NODE)},
+    our_node=dict(OUR_NODE),
+    learnables=maple_learnables("", DEPTH),
+    batch=SOURCE_IMAGES + VIEWS,
+    outputs=("source_means", "source_variances", "view_means", "view_variances", "alignment", "loss",
+             "text_prompts", "vision_prompts", "logits"),
+    build_ours=build_ours,
+    run_ours=run_ours,
+    prepare_official=prepare_official,
+    build_official=build_official,
+    run_official=run_official,
+    mutations=(
+        Mutation("other blocks aligned", node={"ALIGN_LAYERS": [0, 2]}, fails=("alignment",)),
+        Mutation("deep prompts swapped", values=swap("prompt_learner.compound_prompts_text.0",
+                                                     "prompt_learner.compound_prompts_text.1"),
+                 fails=("view_means", "alignment", "logits"), any_fails=True),
+    ),
+    cost=CostSpec(step_side=official_step_side, views=BENCHMARK_VIEWS, our_nodes={}),  # our case: the recipe
+)
+SPECS = (SPEC,)

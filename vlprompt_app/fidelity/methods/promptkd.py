@@ -22,9 +22,12 @@ import torch
 from torch import nn
 
 from vlprompt.fileio import atomic_write
+from vlprompt.paths import repository_root
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TEACHER_CONFIG = os.path.join(ROOT, "tests", "fixtures", "official", "promptkd_teacher_clip.json")
+from ..spec import CostSpec, Learnable, MethodSpec, Mutation, swap
+from ..weights import write_weights
+
+TEACHER_CONFIG = os.path.join(str(repository_root()), "tests", "fixtures", "official", "promptkd_teacher_clip.json")
 TEACHER_SEED = 4  # seed of the teacher's random weights
 DEPTH, N_CTX = 9, 4
 TEACHER_TEXT_WIDTH, TEACHER_VISION_WIDTH = 128, 256
@@ -39,7 +42,7 @@ TEACHER_PROMPTSRC_NODE = {"N_CTX_TEXT": N_CTX, "N_CTX_VISION": N_CTX, "CTX_INIT"
 
 
 def _prompt(official, width, std=0.02):
-    return {"official": official, "shape": (N_CTX, width), "init_std": std, "fp16": True}
+    return Learnable(official, std, (N_CTX, width), fp16=True)
 
 
 def learnables():
@@ -52,14 +55,13 @@ def learnables():
     for ours, official, shape, fan_in in (("0", "0", (TEACHER_EMBED, STUDENT_EMBED), STUDENT_EMBED),
                                           ("3", "3", (TEACHER_EMBED, TEACHER_EMBED), TEACHER_EMBED)):
         std = (3 * fan_in) ** -0.5
-        entries[f"student.projector.{ours}.weight"] = {
-            "official": f"student.VPT_image_trans.conv1.{official}.weight", "shape": shape, "init_std": std}
-        entries[f"student.projector.{ours}.bias"] = {
-            "official": f"student.VPT_image_trans.conv1.{official}.bias", "shape": shape[:1], "init_std": std}
-    entries["student.projector.1.weight"] = {"official": "student.VPT_image_trans.conv1.1.weight",
-                                             "shape": (TEACHER_EMBED,), "init_std": 0.02, "init_mean": 1.0}
-    entries["student.projector.1.bias"] = {"official": "student.VPT_image_trans.conv1.1.bias",
-                                           "shape": (TEACHER_EMBED,), "init_std": 0.02}
+        entries[f"student.projector.{ours}.weight"] = Learnable(
+            f"student.VPT_image_trans.conv1.{official}.weight", std, shape)
+        entries[f"student.projector.{ours}.bias"] = Learnable(
+            f"student.VPT_image_trans.conv1.{official}.bias", std, shape[:1])
+    entries["student.projector.1.weight"] = Learnable("student.VPT_image_trans.conv1.1.weight", 0.02,
+                                                      (TEACHER_EMBED,), init_mean=1.0)
+    entries["student.projector.1.bias"] = Learnable("student.VPT_image_trans.conv1.1.bias", 0.02, (TEACHER_EMBED,))
     entries["teacher.model.prompt_learner.ctx"] = _prompt("teacher.prompt_learner.ctx", TEACHER_TEXT_WIDTH)
     for k in range(DEPTH - 1):
         entries[f"teacher.model.text_prompts.{k}"] = _prompt(
@@ -78,8 +80,6 @@ def official_learnable(name):
 
 
 def _write_teacher_weights(path):
-    from official_equivalence import write_weights
-
     write_weights(TEACHER_CONFIG, TEACHER_SEED, path)
 
 
@@ -203,8 +203,6 @@ BENCHMARK_TEACHER = "teacher-ViT-L-14.pt"  # in the benchmark's working folder
 
 
 def _benchmark_teacher_weights(workdir):
-    from official_equivalence import write_weights
-
     path = os.path.join(workdir, BENCHMARK_TEACHER)
     if not os.path.isfile(path):
         write_weights("ViT-L/14", TEACHER_SEED, path)
@@ -237,26 +235,47 @@ def official_before_build(module, cfg):
     module.load_clip_to_cpu_teacher = lambda cfg: load_teacher(cfg).float()
 
 
-SPECS = {
-    "PromptKD": {
-        "repository": "zhengli97/PromptKD",
-        "code_dir": "",
-        "dassl_dir": "Dassl.pytorch",
-        "official_module": "trainers.promptkd",
-        "official_cfg": {"TRAINER.PROMPTKD": dict(OFFICIAL_NODE)},
-        "our_node": dict(NODE),
-        "learnables": learnables(),
-        "official_learnable": official_learnable,
-        "outputs": ("base_logits", "new_logits", "teacher_logits", "loss"),
-        "build_ours": build_ours,
-        "run_ours": run_ours,
-        "prepare_official": prepare_official,
-        "build_official": build_official,
-        "run_official": run_official,
-        "official_trainer": "PromptKD",
-        # the unprompted CLIP of its IVLP clip package (the frozen unit): upstream's zero-shot design
-        "plain_design": {"trainer": "IVLP", "vision_depth": 0, "language_depth": 0, "vision_ctx": 0, "language_ctx": 0},
-        "official_before_build": official_before_build,
-        "our_prepare": our_prepare,
-    },
-}
+OUTPUTS = ("base_logits", "new_logits", "teacher_logits", "loss")
+SPECS = (
+    MethodSpec(
+        name="PromptKD",
+        repository="zhengli97/PromptKD",
+        dassl_dir="Dassl.pytorch",
+        official_module="trainers.promptkd",
+        official_cfg={"TRAINER.PROMPTKD": dict(OFFICIAL_NODE)},
+        our_node=dict(NODE),
+        learnables=learnables(),
+        official_learnable=official_learnable,
+        outputs=OUTPUTS,
+        build_ours=build_ours,
+        run_ours=run_ours,
+        prepare_official=prepare_official,
+        build_official=build_official,
+        run_official=run_official,
+        mutations=(
+            Mutation("student prompts of layers 2 and 3 swapped",
+                     values=swap("student.vision_prompts.1", "student.vision_prompts.2"), fails=OUTPUTS,
+                     any_fails=True),
+            Mutation("projector layers' biases swapped",
+                     values=swap("student.projector.0.bias", "student.projector.3.bias"), fails=OUTPUTS,
+                     any_fails=True),
+            Mutation("teacher text prompts of layers 2 and 3 swapped",
+                     values=swap("teacher.model.text_prompts.0", "teacher.model.text_prompts.1"), fails=OUTPUTS,
+                     any_fails=True),
+            # Four prompt tokens among 197 move the random teacher's class token little: swapping its vision
+            # prompts of layers 1 and 2 changes its logits by about 3e-4, below the contract's 3e-3 but 100x
+            # above the agreement with the official code (about 6e-7).
+            Mutation("teacher vision prompts of layers 1 and 2 swapped",
+                     values=swap("teacher.model.vision_prompts.0", "teacher.model.vision_prompts.1"),
+                     fails=("teacher_logits",), threshold=1e-4),
+        ),
+        cost=CostSpec(
+            trainer="PromptKD",
+            # the unprompted CLIP of its IVLP clip package (the frozen unit): upstream's zero-shot design
+            plain_design={"trainer": "IVLP", "vision_depth": 0, "language_depth": 0, "vision_ctx": 0,
+                          "language_ctx": 0},
+            before_build=official_before_build,
+            our_prepare=our_prepare,
+        ),
+    ),
+)

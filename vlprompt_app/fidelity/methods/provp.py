@@ -17,6 +17,8 @@ import types
 
 import torch
 
+from ..spec import CostSpec, Learnable, MethodSpec, Mutation, flip
+
 
 N_PROMPTS, DEPTH, VISION_WIDTH, PATCH = 16, 12, 768, 14
 # U(−v, v) with v = sqrt(6 / (3·14² + 768)) has std v/√3.
@@ -27,7 +29,7 @@ def build_ours(clip, tokenizer, classnames, node, spec):
     from trainers.prograd import PROGRAD_TEMPLATES
     from trainers.provp import ProVPCLIP
 
-    return ProVPCLIP(clip, tokenizer, classnames, PROGRAD_TEMPLATES[spec["dataset"]], node)
+    return ProVPCLIP(clip, tokenizer, classnames, PROGRAD_TEMPLATES[spec.dataset], node)
 
 
 def run_ours(model, node, images, labels):
@@ -69,26 +71,42 @@ def run_official(module, cfg, request, model, images, labels):
             "loss": loss.detach(), "prompt_grad_norms": grad.norm(dim=-1)}
 
 
-SPECS = {
-    "ProVP": {
-        "repository": "MCG-NJU/ProVP",
-        "code_dir": "ProVP",
-        "dassl_dir": "Dassl",
-        "official_module": "trainers.provp",
-        "dataset": "OxfordPets",
-        "official_cfg": {"TRAINER.COOP": {"N_CTX": N_PROMPTS, "PREC": "fp32"}},
-        "our_node": {"N_PROMPTS": N_PROMPTS, "PROMPT_DEPTH": DEPTH, "ALPHA": 0.01, "INIT_PATCH_SIZE": PATCH,
-                     "REF_WEIGHT": 1.0, "PREC": "fp32"},
-        "learnables": {"prompt_learner.prompt_embeddings": {
-            "official": "prompt_learner.prompt_embeddings", "shape": (DEPTH, N_PROMPTS, "vision_width"),
-            "init_std": INIT_STD}},
-        "outputs": ("logits", "xe_loss", "ref_loss", "loss", "prompt_grad_norms"),
-        "build_ours": build_ours,
-        "run_ours": run_ours,
-        "prepare_official": prepare_official,
-        "run_official": run_official,
-        "official_trainer": "ProVP",
+PROMPTS = "prompt_learner.prompt_embeddings"
+
+
+def layers_1_and_2_swapped(learnables):
+    """The prompts of layers 1 and 2 exchanged."""
+    moved = learnables[PROMPTS].clone()
+    moved[[1, 2]] = learnables[PROMPTS][[2, 1]]
+    return dict(learnables, **{PROMPTS: moved})
+
+
+SPECS = (
+    MethodSpec(
+        name="ProVP",
+        repository="MCG-NJU/ProVP",
+        code_dir="ProVP",
+        dassl_dir="Dassl",
+        official_module="trainers.provp",
+        dataset="OxfordPets",
+        official_cfg={"TRAINER.COOP": {"N_CTX": N_PROMPTS, "PREC": "fp32"}},
+        our_node={"N_PROMPTS": N_PROMPTS, "PROMPT_DEPTH": DEPTH, "ALPHA": 0.01, "INIT_PATCH_SIZE": PATCH,
+                  "REF_WEIGHT": 1.0, "PREC": "fp32"},
+        learnables={PROMPTS: Learnable(PROMPTS, INIT_STD, (DEPTH, N_PROMPTS, "vision_width"))},
+        outputs=("logits", "xe_loss", "ref_loss", "loss", "prompt_grad_norms"),
+        build_ours=build_ours,
+        run_ours=run_ours,
+        prepare_official=prepare_official,
+        run_official=run_official,
+        mutations=(
+            Mutation("prompt layers reversed", values=flip(PROMPTS)),
+            Mutation("prompts of layers 1 and 2 swapped", values=layers_1_and_2_swapped),
+            # α = 0.99 (the weights of x_p and P_l swapped) keeps the previous outputs instead of P_l (a plain
+            # replacement, α = 0, differs from α = 0.01 by less than the tolerance: 1 % of the prompt outputs)
+            Mutation("re-mix weights swapped", node={"ALPHA": 0.99}),
+            Mutation("loss without the re-formation term", node={"REF_WEIGHT": 0.0}, fails=("loss",)),
+        ),
         # upstream's train.py: LOSS.T (ReformatLoss's T, unused by it) and OPTIM.USE_REF (its configs: True)
-        "official_train_cfg": {"LOSS": {"T": 1.0}, "OPTIM.USE_REF": True},
-    },
-}
+        cost=CostSpec(trainer="ProVP", train_cfg={"LOSS": {"T": 1.0}, "OPTIM.USE_REF": True}),
+    ),
+)

@@ -20,6 +20,8 @@ import types
 
 import torch
 
+from ..spec import CostSpec, MethodSpec, Mutation
+
 KEEP_MASK = [True, True, False]
 NODE = {"PREC": "fp32", "START_LAYER": 6, "TOP_RATIO": 0.5, "MAX_TOP": 50, "LAMBDA": 0.3, "KEEP_MASK": KEEP_MASK}
 
@@ -27,7 +29,7 @@ NODE = {"PREC": "fp32", "START_LAYER": 6, "TOP_RATIO": 0.5, "MAX_TOP": 50, "LAMB
 def build_ours(clip, tokenizer, classnames, node, spec):
     from trainers.skip_tuning import TEMPLATES, SkipTuningCLIP
 
-    model = SkipTuningCLIP(clip, tokenizer, classnames, TEMPLATES[spec["dataset"]], node.START_LAYER)
+    model = SkipTuningCLIP(clip, tokenizer, classnames, TEMPLATES[spec.dataset], node.START_LAYER)
     model.keep_mask = torch.tensor(node.KEEP_MASK)
     return model
 
@@ -114,36 +116,52 @@ def official_step(trainer, batch):
     trainer.forward_backward((image_medium, batch["label"]))
 
 
-SPECS = {
-    "SkipTuning": {
-        "repository": "Koorye/SkipTuning",
-        "code_dir": "",
-        "official_module": "trainers.skip_tuning",
-        "dataset": "OxfordPets",
-        "labels": [0, 0],
-        "official_cfg": {
+def the_datasets_own_template():
+    """Our TEMPLATES with the CoOp template of OxfordPets (upstream's is "a photo of a {}.")."""
+    from unittest import mock
+
+    from trainers.skip_tuning import TEMPLATES
+
+    return mock.patch.dict(TEMPLATES, {"OxfordPets": "a photo of a {}, a type of pet."})
+
+
+SPECS = (
+    MethodSpec(
+        name="SkipTuning",
+        repository="Koorye/SkipTuning",
+        official_module="trainers.skip_tuning",
+        dataset="OxfordPets",
+        labels=(0, 0),
+        official_cfg={
             "TRAINER.SKIP": {"START_LAYER": 6, "TOP_RATIO": 0.5, "MAX_TOP": 50, "LAMBDA": 0.3, "DROP_RATIO": 0.0,
                              "QUICK_BATCH_SIZE": 128},
             "TRAINER.FINETUNE": {"LEARNABLE_TEXT": True, "LEARNABLE_IMAGE": True, "LEARNABLE_PREFIX_MODULES": "",
                                  "START_LAYER": 0},
         },
-        "our_node": dict(NODE),
-        "learnables": {},
-        "official_learnable_prefixes": (),
-        "outputs": ("logits", "loss"),
-        "build_ours": build_ours,
-        "run_ours": run_ours,
-        "prepare_official": prepare_official,
-        "run_official": run_official,
-        "official_trainer": "SkipTuning",
-        # upstream's train.py (PREC; STAGED_LR with NEW_LAYERS image_encoder) and its vit_b16_bs4.yaml (the lrs)
-        "official_train_cfg": {"TRAINER.PREC": "fp32", "OPTIM.STAGED_LR": True, "OPTIM.NEW_LAYERS": ["image_encoder"],
-                               "OPTIM.LR": 2e-5, "OPTIM.NEW_LR": 5e-6},
-        "official_before_build": official_before_build,
-        "official_after_build": official_after_build,
-        "official_step": official_step,
-        "our_nodes": {"TRAINER.SKIPTUNING": {key: NODE[key] for key in (
-            "PREC", "START_LAYER", "TOP_RATIO", "MAX_TOP", "LAMBDA")}},
-        "our_after_build": our_after_build,
-    },
-}
+        our_node=dict(NODE),
+        official_learnable_prefixes=(),
+        outputs=("logits", "loss"),
+        build_ours=build_ours,
+        run_ours=run_ours,
+        prepare_official=prepare_official,
+        run_official=run_official,
+        mutations=(
+            # the class of lower prototype similarity kept: the loss moves, the inference logits do not
+            Mutation("another keep mask", node={"KEEP_MASK": [True, False, True]}, fails=("loss",),
+                     still_match=("logits",)),
+            Mutation("the dataset's own template", patch=the_datasets_own_template),
+        ),
+        cost=CostSpec(
+            trainer="SkipTuning",
+            # upstream's train.py (PREC; STAGED_LR with NEW_LAYERS image_encoder) and its vit_b16_bs4.yaml (the lrs)
+            train_cfg={"TRAINER.PREC": "fp32", "OPTIM.STAGED_LR": True, "OPTIM.NEW_LAYERS": ["image_encoder"],
+                       "OPTIM.LR": 2e-5, "OPTIM.NEW_LR": 5e-6},
+            before_build=official_before_build,
+            after_build=official_after_build,
+            step=official_step,
+            our_nodes={"TRAINER.SKIPTUNING": {key: NODE[key] for key in (
+                "PREC", "START_LAYER", "TOP_RATIO", "MAX_TOP", "LAMBDA")}},
+            our_after_build=our_after_build,
+        ),
+    ),
+)

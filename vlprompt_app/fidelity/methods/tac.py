@@ -23,6 +23,8 @@ import torch.nn.functional as F
 
 from vlprompt.fileio import atomic_write
 
+from ..spec import CostSpec, Learnable, MethodSpec, Mutation, flip, swap
+
 NODE = {"N_CTX_VISION": 5, "N_CTX_TEXT": 5, "CTX_INIT": "a photo of a", "PREC": "fp32", "PROMPT_DEPTH_VISION": 12,
         "PROMPT_DEPTH_TEXT": 12, "TEXT_LOSS_WEIGHT": 20, "IMAGE_LOSS_WEIGHT": 25, "N_CLUSTERS": 5, "DROPOUT": 0.3,
         "DESCRIPTIONS": ""}
@@ -46,19 +48,16 @@ def centres(embed_dim=512):
 def tac_learnables(depth=12, text_width=512, vision_width=768, embed_dim=512, n_ctx=5):
     """Our name -> {official name, shape, init std}: T_1 and the deep prompts N(0, 0.02); the maps
     (nn.Linear's init U(±1/sqrt(fan_in)), std 1/sqrt(3·fan_in))."""
-    entries = {"ctx": {"official": "prompt_learner.ctx", "shape": (n_ctx, text_width), "init_std": 0.02}}
+    entries = {"ctx": Learnable("prompt_learner.ctx", 0.02, (n_ctx, text_width))}
     for ours, official, width in (("text_map", "VPT_topk_t", text_width), ("vision_map", "VPT_topk_v", vision_width)):
         for kind, shape in (("weight", (width, embed_dim)), ("bias", (width,))):
-            entries[f"{ours}.{kind}"] = {"official": f"{official}.{kind}", "shape": shape,
-                                         "init_std": (3 * embed_dim) ** -0.5}
+            entries[f"{ours}.{kind}"] = Learnable(f"{official}.{kind}", (3 * embed_dim) ** -0.5, shape)
     for layer in range(1, depth):
-        entries[f"text_prompts.{layer - 1}"] = {
-            "official": f"text_encoder.transformer.resblocks.{layer}.VPT_shallow", "shape": (n_ctx, text_width),
-            "init_std": 0.02}
-        entries[f"vision_prompts.{layer}"] = {
-            "official": f"image_encoder.transformer.resblocks.{layer}.VPT_shallow", "shape": (n_ctx, vision_width),
-            "init_std": 0.02}
-    entries["vision_prompts.0"] = {"official": "image_encoder.VPT", "shape": (n_ctx, vision_width), "init_std": 0.02}
+        entries[f"text_prompts.{layer - 1}"] = Learnable(
+            f"text_encoder.transformer.resblocks.{layer}.VPT_shallow", 0.02, (n_ctx, text_width))
+        entries[f"vision_prompts.{layer}"] = Learnable(
+            f"image_encoder.transformer.resblocks.{layer}.VPT_shallow", 0.02, (n_ctx, vision_width))
+    entries["vision_prompts.0"] = Learnable("image_encoder.VPT", 0.02, (n_ctx, vision_width))
     return entries
 
 
@@ -126,30 +125,47 @@ def run_official(module, cfg, request, model, images, labels):
     return {"logits": logits, "loss": loss}
 
 
-SPECS = {
-    "TAC": {
-        "repository": "FushengHao/TAC",
-        "code_dir": "",
+def other_centres():
+    """Build our model with other unit centres G (another seed, rolled by one)."""
+    from unittest import mock
+
+    def rolled(embed_dim=512):
+        generator = torch.Generator().manual_seed(9)
+        return torch.roll(F.normalize(torch.randn(NODE["N_CLUSTERS"], embed_dim, generator=generator), dim=-1), 1, 0)
+
+    return mock.patch(f"{__name__}.centres", rolled)
+
+
+SPECS = (
+    MethodSpec(
+        name="TAC",
+        repository="FushengHao/TAC",
         # the ImageNet description files (tens of MB, unused here) are missing from stored snapshots
-        "archive_exclude": ("descriptions/imagenet*",),
-        "official_module": "trainers.tac",
-        "dataset": DATASET,
-        "official_cfg": {"TRAINER.TAC": {key: NODE[key] for key in (
+        archive_exclude=("descriptions/imagenet*",),
+        official_module="trainers.tac",
+        dataset=DATASET,
+        official_cfg={"TRAINER.TAC": {key: NODE[key] for key in (
             "N_CTX_VISION", "N_CTX_TEXT", "CTX_INIT", "PREC", "PROMPT_DEPTH_VISION", "PROMPT_DEPTH_TEXT",
             "TEXT_LOSS_WEIGHT", "IMAGE_LOSS_WEIGHT")}},
-        "our_node": dict(NODE),
-        "learnables": LEARNABLES,
-        "official_learnable_prefixes": tuple(entry["official"] for entry in LEARNABLES.values()),
-        "outputs": ("logits", "loss"),
-        "build_ours": build_ours,
-        "run_ours": run_ours,
-        "prepare_official": prepare_official,
-        "run_official": run_official,
+        our_node=dict(NODE),
+        learnables=LEARNABLES,
+        official_learnable_prefixes=tuple(entry.official for entry in LEARNABLES.values()),
+        outputs=("logits", "loss"),
+        build_ours=build_ours,
+        run_ours=run_ours,
+        prepare_official=prepare_official,
+        run_official=run_official,
+        mutations=(
+            Mutation("ctx tokens reversed", values=flip("ctx")),
+            Mutation("deep text prompts of layers 2 and 3 swapped", values=swap("text_prompts.0", "text_prompts.1")),
+            Mutation("vision prompts of layers 1 and 2 swapped", values=swap("vision_prompts.0", "vision_prompts.1")),
+            Mutation("vision map bias rows reversed", values=flip("vision_map.bias")),
+            Mutation("other centres", patch=other_centres),
+        ),
         # Timing: the recipe's 4 views of each image (configs/trainers/TAC/basetonovel.yaml, upstream's
-        # K_TRANSFORMS 4) and the un-augmented image on both sides.
-        "official_trainer": "TAC",
-        # the unprompted CLIP of its IVLP clip package (the frozen unit): upstream's zero-shot design
-        "plain_design": {"trainer": "IVLP", "vision_depth": 0, "language_depth": 0, "vision_ctx": 0, "language_ctx": 0},
-        "official_train_cfg": {"DATALOADER.K_TRANSFORMS": 4},
-    },
-}
+        # K_TRANSFORMS 4) and the un-augmented image on both sides; the unprompted CLIP of its IVLP clip
+        # package (the frozen unit): upstream's zero-shot design.
+        cost=CostSpec(trainer="TAC", train_cfg={"DATALOADER.K_TRANSFORMS": 4}, plain_design={
+            "trainer": "IVLP", "vision_depth": 0, "language_depth": 0, "vision_ctx": 0, "language_ctx": 0}),
+    ),
+)

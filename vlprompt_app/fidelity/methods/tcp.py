@@ -8,6 +8,9 @@ the fp32 meta-net (upstream's fp32 branch omits the cast: a dtype error).
 """
 import torch
 
+from ..spec import CostSpec, Learnable, MethodSpec, Mutation
+from .common import reversed_rows
+
 
 def meta_net_learnables(embed_dim=512, width=512, n_ctx=4):
     """The meta-net of ViT-B/16, our name -> {official name, shape, init std}: nn.Linear's init
@@ -17,14 +20,14 @@ def meta_net_learnables(embed_dim=512, width=512, n_ctx=4):
     for layer, (fan_in, fan_out) in (("linear1", (embed_dim, hidden)), ("linear2", (hidden, n_ctx * width))):
         for kind, shape in (("weight", (fan_out, fan_in)), ("bias", (fan_out,))):
             name = f"prompt_learner.meta_net.{layer}.{kind}"
-            entries[name] = {"official": name, "shape": shape, "init_std": (3 * fan_in) ** -0.5}
+            entries[name] = Learnable(name, (3 * fan_in) ** -0.5, shape)
     return entries
 
 
 def build_ours(clip, tokenizer, classnames, node, spec):
     from trainers.tcp import TCP_TEMPLATES, TCPCLIP
 
-    return TCPCLIP(clip, tokenizer, classnames, node, *TCP_TEMPLATES[spec["dataset"]])
+    return TCPCLIP(clip, tokenizer, classnames, node, *TCP_TEMPLATES[spec.dataset])
 
 
 def run_ours(model, node, images, labels):
@@ -57,24 +60,27 @@ def run_official(module, cfg, request, model, images, labels):
     return {"logits": logits, "loss": loss}
 
 
-SPECS = {
-    "TCP": {
-        "repository": "htyao89/Textual-based_Class-aware_prompt_tuning",
-        "code_dir": "",
-        "official_module": "trainers.tcp",
-        "official_trainer": "TCP",
-        "dataset": "OxfordPets",
-        "official_cfg": {"TRAINER.COOP": {"N_CTX": 4, "CSC": False, "CTX_INIT": False, "W": 1.0,
+SPECS = (
+    MethodSpec(
+        name="TCP",
+        repository="htyao89/Textual-based_Class-aware_prompt_tuning",
+        official_module="trainers.tcp",
+        dataset="OxfordPets",
+        official_cfg={"TRAINER.COOP": {"N_CTX": 4, "CSC": False, "CTX_INIT": False, "W": 1.0,
                                           "CLASS_TOKEN_POSITION": "end", "PREC": "fp32"},
                          "TRAINER.COCOOP": {"N_CTX": 4, "CTX_INIT": False, "PREC": "fp32"}},
-        "our_node": {"N_CTX": 4, "PREC": "fp32", "INJECT_LAYER": 8, "W_TEXT": 8.0},
-        "learnables": dict({"prompt_learner.ctx": {"official": "prompt_learner.ctx", "init_std": 0.02}},
-                           **meta_net_learnables()),
-        "outputs": ("logits", "loss"),
-        "build_ours": build_ours,
-        "run_ours": run_ours,
-        "prepare_official": prepare_official,
-        "run_official": run_official,
-        "prepare_official_model": prepare_official_model,
-    },
-}
+        our_node={"N_CTX": 4, "PREC": "fp32", "INJECT_LAYER": 8, "W_TEXT": 8.0},
+        learnables=dict({"prompt_learner.ctx": Learnable("prompt_learner.ctx", 0.02)}, **meta_net_learnables()),
+        outputs=("logits", "loss"),
+        build_ours=build_ours,
+        run_ours=run_ours,
+        prepare_official=prepare_official,
+        run_official=run_official,
+        prepare_official_model=prepare_official_model,
+        mutations=(Mutation("learnable rows in reverse order", values=reversed_rows),
+                   # the class-aware tokens injected one text block off (upstream: block 8)
+                   Mutation("injection one block early", node={"INJECT_LAYER": 7}),
+                   Mutation("injection one block late", node={"INJECT_LAYER": 9})),
+        cost=CostSpec(trainer="TCP"),
+    ),
+)

@@ -30,6 +30,8 @@ import contextlib
 
 import torch
 
+from ..spec import CostSpec, Learnable, MethodSpec, Mutation, flip
+
 N_CTX, LR, SELECTION = 4, 5e-3, 0.1
 VIEWS = 64
 NODE = {"N_CTX": N_CTX, "CTX_INIT": "a photo of a", "CSC": False, "CLASS_TOKEN_POSITION": "end", "PREC": "fp32",
@@ -58,7 +60,7 @@ def build_ours(clip, tokenizer, classnames, node, spec):
     from trainers.cocoop import CoCoOpCLIP
     from trainers.coop import CoOpCLIP
 
-    model = (CoCoOpCLIP if spec["prompt"] == "cocoop" else CoOpCLIP)(clip, tokenizer, classnames, node)
+    model = (CoCoOpCLIP if spec.options["prompt"] == "cocoop" else CoOpCLIP)(clip, tokenizer, classnames, node)
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     return model
@@ -134,7 +136,7 @@ def official_step_side(request, weights_path, inputs):
     from .common import official_dassl_model, official_episode
 
     views = inputs["images"]
-    _, _, model = official_dassl_model(request, weights_path, views.shape[-1])
+    _, _, model = official_dassl_model(SPECS[0], request, weights_path, views.shape[-1])
     optimizer = torch.optim.AdamW(model.prompt_learner.parameters(), LR)
     scaler = torch.cuda.amp.GradScaler(init_scale=1000)  # disabled without CUDA
     args = _episode_args(False)
@@ -142,48 +144,37 @@ def official_step_side(request, weights_path, inputs):
     return official_episode(model, tpt.test_time_tuning, views, optimizer, scaler, args), optimizer
 
 
-_COMMON = {
-    "repository": "azshue/TPT",
-    "code_dir": "",
-    "official_module": "clip.custom_clip",
-    "official_cfg": {},
-    "batch": VIEWS,
-    "outputs": ("kept", "loss", "ctx", "logits"),
-    "build_ours": build_ours,
-    "prepare_official": prepare_official,
-}
-
-SPECS = {
-    "TPT": dict(
-        _COMMON,
-        prompt="coop",
+def _spec(name, prompt, learnables, run_ours, build_official, run_official, **fields):
+    return MethodSpec(
+        name=name,
+        repository="azshue/TPT",
+        official_module="clip.custom_clip",
+        batch=VIEWS,
+        outputs=("kept", "loss", "ctx", "logits"),
+        exact_outputs=("kept",),
+        build_ours=build_ours,
+        prepare_official=prepare_official,
+        options={"prompt": prompt},
         our_node=dict(NODE),
-        learnables={"prompt_learner.ctx": {"official": "prompt_learner.ctx", "init_std": 0.02}},
+        learnables=learnables,
         run_ours=run_ours,
         build_official=build_official,
         run_official=run_official,
-        views=VIEWS,
-        our_nodes={},  # the case's config: the recipe
-        official_step_side=official_step_side,
-    ),
-    "TPT-CoCoOp": dict(
-        _COMMON,
-        prompt="cocoop",
-        our_node=dict(NODE),
-        official_learnable_prefixes=("prompt_generator.",),
-        learnables={
-            "prompt_learner.ctx": {"official": "prompt_generator.ctx", "init_std": 0.02},
-            "prompt_learner.meta_net.linear1.weight": {"official": "prompt_generator.meta_net.linear1.weight",
-                                                       "shape": (32, "embed"), "init_std": 0.002},
-            "prompt_learner.meta_net.linear1.bias": {"official": "prompt_generator.meta_net.linear1.bias",
-                                                     "shape": (32,), "init_std": 0.002},
-            "prompt_learner.meta_net.linear2.weight": {"official": "prompt_generator.meta_net.linear2.weight",
-                                                       "shape": ("width", 32), "init_std": 0.002},
-            "prompt_learner.meta_net.linear2.bias": {"official": "prompt_generator.meta_net.linear2.bias",
-                                                     "shape": ("width",), "init_std": 0.002},
-        },
-        run_ours=run_ours_cocoop,
-        build_official=build_official_cocoop,
-        run_official=run_official_cocoop,
-    ),
-}
+        # the reversed context: another episode, whose tuned context and prediction differ
+        mutations=(Mutation("context reversed", values=flip("prompt_learner.ctx"), fails=("logits", "ctx")),),
+        **fields,
+    )
+
+
+_META_NET = {"linear1.weight": (32, "embed"), "linear1.bias": (32,), "linear2.weight": ("width", 32),
+             "linear2.bias": ("width",)}
+SPECS = (
+    _spec("TPT", "coop", {"prompt_learner.ctx": Learnable("prompt_learner.ctx", 0.02)}, run_ours, build_official,
+          run_official, cost=CostSpec(step_side=official_step_side, views=VIEWS, our_nodes={})),  # our case: the recipe
+    _spec("TPT-CoCoOp", "cocoop", dict(
+        {"prompt_learner.ctx": Learnable("prompt_generator.ctx", 0.02)},
+        **{f"prompt_learner.meta_net.{name}": Learnable(f"prompt_generator.meta_net.{name}", 0.002, shape)
+           for name, shape in _META_NET.items()}),
+        run_ours_cocoop, build_official_cocoop, run_official_cocoop,
+        official_learnable_prefixes=("prompt_generator.",)),
+)
