@@ -136,8 +136,10 @@ class Comparison:
         written back after), or a model rebuilt with its node changes and patch."""
         values = mutation.values(self.learnables) if mutation.values is not None else self.learnables
         if not mutation.rebuilds:
+            node = self.node.clone()
+            node.merge_from_list([item for key, value in mutation.node.items() for item in (key, value)])
             try:
-                return run_ours(self.spec, self.model, self.node, values, self.images, self.labels)
+                return run_ours(self.spec, self.model, node, values, self.images, self.labels)
             finally:
                 with torch.no_grad():
                     parameters = dict(self.model.named_parameters())

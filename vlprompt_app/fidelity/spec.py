@@ -46,7 +46,8 @@ class Mutation:
         name: what is misplaced (the test id).
         values: {our name: tensor} -> the misplaced learnable values (a new dict; the input is not
             changed). Alone, it is applied to the already built model (then the values are restored).
-        node: changes of our config node (the model is rebuilt).
+        node: changes of our config node (the model is rebuilt, unless ``node_read_at_run``).
+        node_read_at_run: only ``run_ours`` reads the changed keys, so the built model is reused.
         patch: a zero-argument callable giving a context manager held while the model is rebuilt
             and run (e.g. another template table).
         fails: the outputs whose relative max difference to the official ones must exceed ``threshold``.
@@ -58,6 +59,7 @@ class Mutation:
     name: str
     values: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None
     node: Mapping[str, Any] = field(default_factory=dict)
+    node_read_at_run: bool = False
     patch: Optional[Callable[[], Any]] = None
     fails: Sequence[str] = ("logits",)
     any_fails: bool = False
@@ -68,7 +70,7 @@ class Mutation:
     @property
     def rebuilds(self):
         """Whether the model must be rebuilt (a node change or a patch), not only given other values."""
-        return bool(self.node) or self.patch is not None
+        return (bool(self.node) and not self.node_read_at_run) or self.patch is not None
 
 
 def swap(first, second):

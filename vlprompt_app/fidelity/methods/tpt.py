@@ -57,13 +57,33 @@ def prepare_official(cfg, weights_path):
 
 
 def build_ours(clip, tokenizer, classnames, node, spec):
+    """CoOpCLIP or CoCoOpCLIP, frozen; its frozen image tower's features of the last views kept, so
+    that the runs on one model (the recorded values, then the mutations, which move the text side
+    only) encode the 64 views once."""
     from trainers.cocoop import CoCoOpCLIP
     from trainers.coop import CoOpCLIP
 
     model = (CoCoOpCLIP if spec.options["prompt"] == "cocoop" else CoOpCLIP)(clip, tokenizer, classnames, node)
     for parameter in model.parameters():
         parameter.requires_grad_(False)
+    clip.encode_image = _kept_features(clip.encode_image)
     return model
+
+
+def _kept_features(encode_image):
+    """``encode_image`` that returns the previous features [B, E] when called again with the same,
+    unchanged images tensor [B, 3, R, R] (the same object and version) and the tower gives no gradient."""
+    kept = {}
+
+    def encode(images):
+        if kept.get("images") is images and kept["version"] == images._version:
+            return kept["features"]
+        features = encode_image(images)
+        if not features.requires_grad:
+            kept.update(images=images, version=images._version, features=features)
+        return features
+
+    return encode
 
 
 def run_ours(model, node, images, labels, prompt="coop"):

@@ -91,8 +91,8 @@ def _trained(model):
 
 
 def run_ours(model, node, images, labels):
-    """The zero-shot head, logits [B, C] and CE; the logits of the fine-tuned end interpolated at
-    ``node.ALPHA`` (the fine-tuned end holds the interpolated values afterwards)."""
+    """The zero-shot head, logits [B, C] and CE; the logits [B, C] of the fine-tuned end interpolated at
+    ``node.ALPHA`` (its own values restored afterwards, so that the model serves another α)."""
     import torch.nn.functional as F
 
     from trainers.wiseft import interpolate
@@ -102,10 +102,13 @@ def run_ours(model, node, images, labels):
         logits = zero_shot(images)
         outputs = {"head_weight": zero_shot.head.weight.clone(), "head_bias": zero_shot.head.bias.clone(),
                    "logits": logits, "loss": F.cross_entropy(logits, labels)}
+        own = {name: param.clone() for name, param in _trained(fine_tuned).items()}
         mixed = interpolate(_trained(zero_shot), _trained(fine_tuned), node.ALPHA)
         for name, param in _trained(fine_tuned).items():
             param.copy_(mixed[name])
         outputs["wise_logits"] = fine_tuned(images)
+        for name, param in _trained(fine_tuned).items():
+            param.copy_(own[name])
     return outputs
 
 
@@ -211,7 +214,8 @@ SPECS = (
         build_ours=build_ours,
         run_ours=run_ours,
         official_side=official_side,
-        mutations=(Mutation("alpha 0.3 instead of 0.5", node={"ALPHA": 0.3}, fails=("wise_logits",)),),
+        mutations=(Mutation("alpha 0.3 instead of 0.5", node={"ALPHA": 0.3}, node_read_at_run=True,
+                            fails=("wise_logits",)),),
         cost=CostSpec(step_side=official_step_side, our_nodes={}),
     ),
     MethodSpec(name="FT", repository=REPOSITORY, dassl=False, compared_by=COMPARED_BY,
