@@ -29,36 +29,17 @@ def tiny_clip_files(tmp_path_factory):
     return write_tiny_clip(str(tmp_path_factory.mktemp("tiny_clip")), name="tiny-clip-test")
 
 
-@pytest.fixture(scope="session")
-def official_weights(tmp_path_factory):
-    """``get(backbone, seed) -> (weights file, input resolution, text width)``: the seeded random
-    CLIP of tools/official_equivalence.py, each file written once per session (ViT-B/16 is about
-    600 MB) and shared by the official-equivalence test modules (which put tools/ on sys.path)."""
-    import importlib
-
-    writer = importlib.import_module("official_equivalence").write_weights
-    files = {}
-
-    def get(backbone, seed):
-        if (backbone, seed) not in files:
-            path = str(tmp_path_factory.mktemp("clip") / "weights.pt")
-            files[backbone, seed] = (path, *writer(backbone, seed, path))
-        return files[backbone, seed]
-
-    return get
-
-
 # Test files by cost, heaviest first (per-file sums of a ``--durations`` record of the suite).
 # Under ``--dist loadfile --no-loadscope-reorder`` pytest-xdist hands files to the workers in
 # collection order, so these start first and the cheap files fill in around them; the other files
 # follow, those with the most tests first.
 HEAVIEST_FILES = (
-    "test_readme.py", "test_kill_resume.py", "test_official_equivalence_tpt.py", "test_kill_resume_ttt.py",
+    "test_fidelity.py", "test_readme.py", "test_kill_resume.py", "test_kill_resume_ttt.py",
     "test_ddp_gloo.py", "test_train_cli.py", "test_fft_ttt_protocols.py", "test_run_protocol.py",
-    "test_benchmark_families.py", "test_tools_cwd.py", "test_rada_fft.py", "test_official_equivalence_mmrl.py",
-    "test_official_equivalence_wiseft.py", "test_dear_cli.py", "test_role_map_provenance.py",
+    "test_benchmark_families.py", "test_tools_cwd.py", "test_rada_fft.py", "test_fidelity_cost.py",
+    "test_dear_cli.py", "test_role_map_provenance.py",
 )
-OFFICIAL_FILES = ("test_official_equivalence*.py", "test_benchmark_official.py", "test_fidelity*.py")
+OFFICIAL_FILES = ("test_fidelity*.py",)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -3,7 +3,7 @@ wiseft.py) on the tests' tiny CLIP and a miniature OxfordPets (4 classes x 4 tra
 
 The head against the zero-shot classifier, L2-SP's penalty and WiSE-FT's interpolation against hand
 computations, and what each trainer trains, saves, loads and reports. FT's head, loss and WiSE-FT's
-interpolation against the official code: tests/test_official_equivalence_wiseft.py; FT under two
+interpolation against the official code: tests/test_fidelity.py; FT under two
 Gloo processes: tests/test_ddp_gloo.py.
 """
 import json

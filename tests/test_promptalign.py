@@ -5,7 +5,6 @@ from pathlib import Path
 import pytest
 import torch
 from baseline_setup import build_seeded, make_cfg, tiny_node, tiny_runner, toy_world, toy_world_cfg  # noqa: F401
-from official_cases import oe  # noqa: F401  (puts tools/ on sys.path)
 
 from vlprompt_app.commands import promptalign_stats
 from trainers.maple import MaPLeCLIP
@@ -23,6 +22,7 @@ from vlprompt.engine.test_time import average_prediction_entropy, entropy_per_vi
 from vlprompt_app.protocols.layout import parse_run_path, source_model_name, ttt_run_dir
 from vlprompt_app.protocols.published import find_published, load_published, published_path
 from vlprompt.utils import read_image
+
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSNAMES = ["abyssinian", "american bulldog", "bengal"]

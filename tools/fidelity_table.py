@@ -1,25 +1,10 @@
 """Print the Markdown table of the official-code comparisons from their recorded fixtures.
 
-    python tools/fidelity_table.py                      # tests/fixtures/official
-    python tools/fidelity_table.py --fixtures FOLDER
-
-docs/fidelity.md holds its output; tests/test_fixture_table.py checks that it is current.
+The command line of :mod:`vlprompt_app.commands.fidelity_table` (``--help`` lists its options).
 """
-import argparse
 import sys
 
-from vlprompt_app.fixture_table import FixtureTableError, fidelity_table
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fixtures", default=None, help="folder of <method>.json fixtures (default: tests/fixtures/official)")
-    args = parser.parse_args(argv)
-    try:
-        sys.stdout.write(fidelity_table(args.fixtures))
-    except FixtureTableError as error:
-        sys.exit(f"fidelity_table: {error}")
-
+from vlprompt_app.commands.fidelity_table import main
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -44,7 +44,7 @@ Run side by side with the official code (tools/official_equivalence.py ATPrompt 
 ATPrompt-MaPLe, zhengli97/ATPrompt @ 86980a10 with its own Dassl.pytorch, on a seeded random
 ViT-B/16 with "color" and "shape", 2 soft tokens each, every learnable value at 10x its init std
 and upstream's unused third attribute tensor set to NaN; fixtures
-tests/fixtures/official/atprompt{,-maple}.json, test tests/test_official_equivalence_atprompt.py):
+tests/fixtures/official/atprompt{,-maple}.json, test tests/test_fidelity.py):
 logits and CE agree on CoOp and on MaPLe (prompt depth 9); the recorded relative max differences
 are in the table of docs/fidelity.md.
 """

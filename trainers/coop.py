@@ -7,7 +7,7 @@ logits = 100 * cos(image feature, text feature of the prompt); loss = cross-entr
 Compared by running KaiyangZhou/CoOp @ ff61507c (Dassl.pytorch @ c61a1b57), its CustomCLIP in
 fp32, on a seeded random ViT-B/16 and a context at 10x its init std: logits and one batch's CE
 agree (tools/official_equivalence.py, fixture tests/fixtures/official/coop.json,
-tests/test_official_equivalence.py; the relative max differences are in docs/fidelity.md).
+tests/test_fidelity.py; the relative max differences are in docs/fidelity.md).
 """
 import torch.nn.functional as F
 from yacs.config import CfgNode as CN

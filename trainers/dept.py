@@ -42,7 +42,7 @@ and DePT-CoOp, Koorye/DePT @ d4ff4168 trainers/elp_maple.py and elp_coop.py with
 c61a1b57, on a seeded random ViT-B/16 with the base's prompts (MaPLe's prompts and couplings;
 CoOp's 16 shared context vectors), FiLM γ/β and the head all drawn away from their inits;
 fixtures tests/fixtures/official/dept-maple.json and dept-coop.json, test
-tests/test_official_equivalence_dept.py): on MaPLe and on CoOp, the similarity logits, head
+tests/test_fidelity.py): on MaPLe and on CoOp, the similarity logits, head
 logits, fused base-role logits and training loss (0.3·CE + 0.7·CE_head over [text_y; image])
 agree; the relative max differences are in docs/fidelity.md.
 tests/test_dept.py checks the equations above independently.

@@ -59,7 +59,7 @@ Run side by side with the official code (tools/official_equivalence.py FLYP, loc
 CsvDataset tokenises them, get_zeroshot_classifier's head over openai_imagenet_template; a seeded
 random ViT-B/16 with logit_scale drawn away from log(100), 2 images labelled [0, 0] with
 templates [3, 41], 3 classes; fixture tests/fixtures/official/flyp.json, test
-tests/test_official_equivalence_flyp.py): the contrastive loss and the logits of the rebuilt
+tests/test_fidelity.py): the contrastive loss and the logits of the rebuilt
 80-template head agree (relative max differences in docs/fidelity.md). tests/test_flyp.py checks the equations and the
 sampler independently.
 """

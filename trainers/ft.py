@@ -17,7 +17,7 @@ RandomResizedCrop(scale 0.9-1), fp32. The other full fine-tuning rivals reuse th
 (head only), LPFT, L2SP, WiSEFT. Runs as one process or under torchrun (DDP, the batch stays
 global; vlprompt/engine/fine_tuning.py).
 
-Compared with the official code (tools/official_wiseft.py, tests/test_official_equivalence_wiseft.py):
+Compared with the official code (tools/official_wiseft.py, tests/test_fidelity.py):
 wise-ft's own get_zeroshot_classifier, ClassificationHead, ImageClassifier and CE loss on a
 random ViT-B/16 in its vendored clip, against this model on the same weights: head weights,
 logits and the loss of one batch agree (fixture tests/fixtures/official/wiseft.json; relative max

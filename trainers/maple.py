@@ -11,7 +11,7 @@ loss = cross-entropy; CLIP stays frozen.
 Run side by side with the official MaPLe code as kept in Koorye/DePT @ d4ff4168
 (trainers/maple.py, with Dassl.pytorch @ c61a1b57; tools/official_equivalence.py MaPLe) on a
 seeded random ViT-B/16 with T_1..T_9 and F_1..F_9 drawn away from their inits: logits and CE
-agree (tests/test_official_equivalence_maple.py; relative max differences in docs/fidelity.md).
+agree (tests/test_fidelity.py; relative max differences in docs/fidelity.md).
 """
 import copy
 

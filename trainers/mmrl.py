@@ -43,8 +43,8 @@ ln_post(x[:, 1:1+K]) @ proj_rep), trainers/mmrl.py (``_get_clones`` deep copies,
 logits 100·f̂·t̂ᵀ, fusion α·z_c + (1−α)·z_r, the loss of ``MMRL_Loss``, the text pooled at
 argmax + K, CUSTOM_TEMPLATES, equal to the datasets' ``template`` attributes here),
 trainers/config.py (λ per dataset, EuroSAT REP_DIM 2048).
-Side by side with the official code (tools/official_equivalence.py MMRL, tools/official_methods/mmrl.py,
-tests/test_official_equivalence_mmrl.py): yunncheng/MMRL @ 27d8821f's CustomCLIP and MMRL_Loss on a
+Side by side with the official code (tools/official_equivalence.py MMRL, vlprompt_app/fidelity/methods/mmrl.py,
+tests/test_fidelity.py): yunncheng/MMRL @ 27d8821f's CustomCLIP and MMRL_Loss on a
 seeded random ViT-B/16 (Dassl.pytorch @ c61a1b57), R, each of the 7 maps per tower and proj_rep
 drawn at 10x their init std, 2 images, 3 classes: the fused base-role logits, the class-token
 logits, the representation logits and the training loss with the λ regularisers agree (relative

@@ -50,7 +50,7 @@ Upstream names the node TRAINER.MMRLpp; here it is TRAINER.MMRLPP (every node is
 precision is read from TRAINER.<NAME upper-cased>.PREC).
 
 Side by side with the official code (tools/official_equivalence.py MMRLpp,
-tools/official_methods/mmrl.py, tests/test_official_equivalence_mmrl.py): upstream's CustomCLIP
+vlprompt_app/fidelity/methods/mmrl.py, tests/test_fidelity.py): upstream's CustomCLIP
 and MMRLpp_Loss on a seeded random ViT-B/16 (Dassl.pytorch @ c61a1b57), β 0.7, every learnable
 value (R, W, b^l, A^l, B^l of both towers, A_p, B_p) drawn away from its init, 2 images, 3
 classes: the fused base-role logits, the class-token logits, the representation logits and the

@@ -40,7 +40,7 @@ Compared by running BeierZhu/Prompt-align @ 1b762036 (ProGrad.public with its Da
 fp32, OxfordPets template, CTX_INIT True) on a seeded random ViT-B/16, a context at 10x its init std
 and a batch whose CE and KL gradients conflict: student and zero-shot logits, CE, KL and the
 projected ctx update of its prograd_backward_and_update agree (tools/official_equivalence.py,
-tests/fixtures/official/prograd.json, tests/test_official_equivalence.py; relative max
+tests/fixtures/official/prograd.json, tests/test_fidelity.py; relative max
 differences in docs/fidelity.md). tests/test_prograd.py checks one update against an
 independent autograd re-computation of the equations above.
 

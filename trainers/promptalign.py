@@ -37,7 +37,7 @@ prompts (T_k, F_k at 10x their init std), 3 classes and the same 12 image tensor
 the source set, 8 as one test image's views, 2 kept): the source means and variances, the kept views'
 statistics, the alignment term, the total loss, the text prompts after the AdamW step, the vision
 prompts F_k(T_k) and the test-view logits agree (relative max differences in docs/fidelity.md;
-tools/official_methods/promptalign.py, tests/test_official_equivalence_promptalign.py).
+vlprompt_app/fidelity/methods/promptalign.py, tests/test_fidelity.py).
 
 Differences from upstream: PREC fp16 is autocast with fp32 prompts (upstream runs CLIP in fp16), the
 gradient scaler is made per episode (TPT's); the selection pass scores every view without gradient and

@@ -64,7 +64,7 @@ PromptKD in base2novel), scripts/promptkd/base2new_train.sh (NUM_SHOTS 0, T 1, K
 vit_b16_c2_ep20_batch8_4+4ctx.yaml (SGD lr 0.005, 20 epochs, batch 8, cosine, warm-up 1 epoch
 constant 1e-5, fp16, FINAL_MODEL best_val).
 Run side by side with that code (tools/official_equivalence.py PromptKD, module
-tools/official_methods/promptkd.py, fixture tests/fixtures/official/promptkd.json): its student
+vlprompt_app/fidelity/methods/promptkd.py, fixture tests/fixtures/official/promptkd.json): its student
 CustomCLIP on a seeded random ViT-B/16 and its CustomCLIP_teacher on a seeded random CLIP with
 ViT-L/14's embedding width 768, every prompt and the projector at 10x their init std, 2 images and
 3 classes; base logits, new logits, teacher logits and the distillation loss agree (relative max

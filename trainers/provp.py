@@ -56,7 +56,7 @@ Compared by running MCG-NJU/ProVP @ 837b8fb3 (its ``mProVP``, zero-shot ``CLIP``
 std, 2 images and 3 classes (OxfordPets template): logits, CE, re-formation term, total loss and the
 per-token norms of ∂loss/∂P agree (relative max differences in docs/fidelity.md;
 tools/official_equivalence.py ProVP, tests/fixtures/official/provp.json,
-tests/test_official_equivalence_provp.py). tests/test_provp.py checks the equations above
+tests/test_fidelity.py). tests/test_provp.py checks the equations above
 independently with open_clip's blocks.
 """
 import math

@@ -70,7 +70,7 @@ NEW_LR), train.py (SKIP defaults) and configs/trainers/SkipTuning/. Where we dif
 Run side by side with the official code (tools/official_equivalence.py SkipTuning, Koorye/SkipTuning
 @ 8c4636ed trainers/skip_tuning.py SkipCustomCLIP with Dassl.pytorch @ c61a1b57, on a seeded random
 ViT-B/16, 2 images labelled [0, 0], 3 classes, keep mask [1, 1, 0] set on both sides; fixture
-tests/fixtures/official/skiptuning.json, test tests/test_official_equivalence_skip_tuning.py): the
+tests/fixtures/official/skiptuning.json, test tests/test_fidelity.py): the
 inference logits and the training loss from the block-5 states with the class-wise skip agree
 (relative max differences in docs/fidelity.md). tests/test_skip_tuning.py checks the equations above independently.
 """

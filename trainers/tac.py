@@ -48,7 +48,7 @@ learnable tensors are averaged, in fp32. Upstream switches the context to random
 20 tokens; here a phrase always initialises it. The paper calls the centres
 trainable; the code at that commit keeps them frozen, and the code wins.
 
-Run side by side with the official code (tools/official_methods/tac.py, fixture
+Run side by side with the official code (vlprompt_app/fidelity/methods/tac.py, fixture
 tests/fixtures/official/tac.json): FushengHao/TAC @ 914c3067 with Dassl.pytorch @ c61a1b57 on a
 seeded random ViT-B/16, every learnable value at 10x its init std and the same seeded centres:
 the logits and the training loss over 2 views agree (relative max differences in docs/fidelity.md;

@@ -40,7 +40,7 @@ without the final period). Run side by side with the official code (@ bd97bec6, 
 templates, ctx and meta-net at 10x their init std: the logits and the loss CE + 8·(1 − mean cos)
 agree (relative max differences in docs/fidelity.md; upstream computes the knowledge features
 with an fp16 CLIP, we in fp32); injecting one block off (7 or 9) gives 4.9e-02 /
-2.1e-02 on the logits (tests/test_official_equivalence.py). tests/test_tcp.py checks the
+2.1e-02 on the logits (tests/test_fidelity.py). tests/test_tcp.py checks the
 equations above independently.
 """
 from collections import OrderedDict

@@ -32,7 +32,7 @@ never depends on the images before it.
 Compared by running azshue/TPT @ 63ecbace (tpt_classification.py, clip/custom_clip.py,
 clip/cocoop.py) in fp32 on a seeded random ViT-B/16 with the context at 10x its init std, both
 sides fed the same 64 view tensors of one image (tools/official_equivalence.py TPT / TPT-CoCoOp,
-tools/official_methods/tpt.py, tests/test_official_equivalence_tpt.py): TPT and CoCoOp+TPT
+vlprompt_app/fidelity/methods/tpt.py, tests/test_fidelity.py): TPT and CoCoOp+TPT
 (context and meta-net drawn away from their inits) keep the same 6 views, and the loss, the
 context after the AdamW step and the test-view logits agree (relative max differences in
 docs/fidelity.md). MaPLe+TPT has no official TPT code (PromptAlign's trainer is its closest); it is

@@ -15,7 +15,7 @@ time, for a CPU shared with other jobs; images/s always use the wall clock) and 
 table: a header line (settings, commit, load average), one row per case, then the figures
 derived from the rows. ``--json PATH`` writes the same report as JSON; ``show`` prints a saved
 one. What each family measures: vlprompt_app/benchmarking/<family>.py (``official``: our trainers
-against their official code, tools/official_benchmark.py, next to this file) and PERFORMANCE.md.
+against their official code, vlprompt_app/fidelity/cost.py) and PERFORMANCE.md.
 """
 import argparse
 import sys
@@ -25,8 +25,7 @@ from vlprompt_app.benchmarking.report import finish_report, format_report, read_
 from vlprompt_app.benchmarking.trainer_cases import BenchmarkCoverageError
 from vlprompt.clip import CLIPLoadError
 from vlprompt.config import ConfigError
-
-import official_benchmark  # tools/official_benchmark.py, next to this file (it runs the official code)
+from vlprompt_app.fidelity import cost as official_benchmark
 
 FAMILIES = {"trainers": per_trainer, "dear": dear, "cocoop": cocoop, "feature-cache": feature_cache,
             "loader": loader, "official": official_benchmark}

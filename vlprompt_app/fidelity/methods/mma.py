@@ -1,0 +1,57 @@
+"""MMA against ZjjConan/Multi-Modal-Adapter's trainers/mmadapter.py: logits [B, C] and CE, with
+every adapter weight and bias (zero at init) drawn non-zero."""
+import re
+
+from ..spec import CostSpec, Learnable, MethodSpec, Mutation
+from .common import reversed_rows, run_official_logits_and_ce, run_ours_logits_and_ce
+
+NODE = {"TEXT_CTX_INIT": "a photo of a", "PREC": "fp32", "ADAPTER_START": 5, "ADAPTER_END": 12, "ADAPTER_DIM": 32,
+        "ADAPTER_SCALE": 0.001}
+
+
+def adapter_learnables(start=5, end=12, text_width=512, vision_width=768, dim=32):
+    """The adapters of ViT-B/16, our name -> {official name, shape, init std}: Kaiming-normal
+    (fan_out, ReLU) weights, std sqrt(2 / out_features); the biases, zero at init, get std 0.02."""
+    entries = {}
+    for layer in range(start, end + 1):
+        for ours, official, width in (("text", "text_adapter", text_width), ("visual", "visual_adapter", vision_width)):
+            for part, shape in (("down.0", (dim, width)), ("up", (width, dim))):
+                for kind, kind_shape, std in (("weight", shape, (2 / shape[0]) ** 0.5), ("bias", shape[:1], 0.02)):
+                    entries[f"adapter_learner.{ours}.{layer}.{part}.{kind}"] = Learnable(
+                        f"adapter_learner.{official}.{layer}.{part}.{kind}", std, kind_shape)
+        for kind, shape, std in (("weight", (dim, dim), (2 / dim) ** 0.5), ("bias", (dim,), 0.02)):
+            entries[f"adapter_learner.shared.{layer}.0.{kind}"] = Learnable(
+                f"adapter_learner.shared_adapter.{layer}.0.{kind}", std, shape)
+    return entries
+
+
+def build_ours(clip, tokenizer, classnames, node, spec):
+    from trainers.mma import MMACLIP
+
+    return MMACLIP(clip, tokenizer, classnames, node)
+
+
+def one_block_early(learnables):
+    """The same adapter values one block earlier (block b's under b - 1), with ADAPTER_START/END 4/11."""
+    return {re.sub(r"\.(\d+)\.", lambda m: f".{int(m.group(1)) - 1}.", name, count=1): value
+            for name, value in learnables.items()}
+
+
+SPECS = (
+    MethodSpec(
+        name="MMA",
+        repository="ZjjConan/Multi-Modal-Adapter",
+        official_module="trainers.mmadapter",
+        official_cfg={"TRAINER.MMADAPTER": dict(NODE)},
+        our_node=dict(NODE),
+        learnables=adapter_learnables(),
+        outputs=("logits", "loss"),
+        build_ours=build_ours,
+        run_ours=run_ours_logits_and_ce,
+        run_official=run_official_logits_and_ce,
+        mutations=(Mutation("learnable rows in reverse order", values=reversed_rows),
+                   Mutation("adapters one block early", values=one_block_early,
+                            node={"ADAPTER_START": 4, "ADAPTER_END": 11})),
+        cost=CostSpec(trainer="MultiModalAdapter"),
+    ),
+)

@@ -1,0 +1,95 @@
+"""The seeded random CLIP both sides of a comparison share, in memory or as a state-dict file.
+
+Values are rounded to fp16 so that official code which casts to fp16 before its ``.float()``
+(``clip.build_model``) holds exactly the same numbers as our fp32 model.
+"""
+import copy
+import math
+
+import torch
+
+from vlprompt.fileio import atomic_write
+
+
+def _normal(generator, shape, std):
+    return torch.randn(shape, generator=generator, dtype=torch.float32) * std
+
+
+def random_clip_state_dict(backbone, seed):
+    """An OpenAI-layout CLIP state dict {key: tensor} of ``backbone`` with seeded random values.
+
+    Keys and shapes are those of open_clip's model for the backbone (the OpenAI layout);
+    values are drawn in sorted key order from one generator: LayerNorm weights 1 + N(0, 0.1²),
+    biases N(0, 0.02²), projections N(0, 1/fan_in), other tensors N(0, 0.02²), logit_scale
+    log(100); every value is rounded to fp16.
+    """
+    from vlprompt.clip import load_clip
+
+    model, _ = load_clip(backbone, "random")
+    return _draw(model, seed)
+
+
+def _draw(model, seed):
+    generator = torch.Generator().manual_seed(seed)
+    state = {}
+    for key, tensor in sorted(model.state_dict().items()):
+        shape = tuple(tensor.shape)
+        if key == "logit_scale":
+            value = torch.full(shape, math.log(100.0))
+        elif ("ln_" in key or "ln_final" in key) and key.endswith(".weight"):
+            value = 1.0 + _normal(generator, shape, 0.1)
+        elif key.endswith("bias"):
+            value = _normal(generator, shape, 0.02)
+        elif key in ("text_projection", "visual.proj"):
+            value = _normal(generator, shape, shape[0] ** -0.5)
+        else:
+            value = _normal(generator, shape, 0.02)
+        state[key] = value.half().float()
+    return state
+
+
+def dimensions(state):
+    """(input resolution R, text width) of an OpenAI-layout state dict."""
+    patch = state["visual.conv1.weight"].shape[-1]
+    grid = round((state["visual.positional_embedding"].shape[0] - 1) ** 0.5)
+    return patch * grid, state["ln_final.weight"].shape[0]
+
+
+def write_weights(backbone, seed, path):
+    """Save the seeded random CLIP as a state-dict file; return (input resolution, text width)."""
+    state = random_clip_state_dict(backbone, seed)
+    with atomic_write(path) as f:
+        torch.save(state, f)
+    return dimensions(state)
+
+
+_SEEDED = {}
+
+
+def seeded_clip(backbone, seed):
+    """A fresh copy of the seeded random CLIP (``load_clip``'s frozen fp32 model, the values of
+    ``random_clip_state_dict``), built without a file. The model is drawn once per process and
+    copied for every caller (a copy costs a fraction of a draw); the last two (backbone, seed)
+    pairs are kept (WiSE-FT's two ends)."""
+    from vlprompt.clip import load_clip
+
+    key = (backbone, seed)
+    if key not in _SEEDED:
+        model, _ = load_clip(backbone, "random")
+        with torch.no_grad():
+            model.load_state_dict(_draw(model, seed))
+        while len(_SEEDED) >= 2:
+            _SEEDED.pop(next(iter(_SEEDED)))
+        _SEEDED[key] = model
+    return copy.deepcopy(_SEEDED[key])
+
+
+def release_seeded_clips():
+    """Drop the seeded CLIPs ``seeded_clip`` keeps (the next call draws again)."""
+    _SEEDED.clear()
+
+
+def seeded_dimensions(backbone, seed):
+    """(input resolution R, text width) of ``seeded_clip(backbone, seed)``."""
+    model = seeded_clip(backbone, seed) if (backbone, seed) not in _SEEDED else _SEEDED[backbone, seed]
+    return dimensions(model.state_dict())
