@@ -15,7 +15,8 @@ from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from
 from vlprompt.config.validate import validate_cfg
 from vlprompt.engine import build_trainer
 from vlprompt.engine.results import write_run_config
-from vlprompt.engine.roles import EVAL_ROLES, RoleRule, eval_role, infer_eval_role, resolve_eval_role
+from vlprompt.engine.option_rules import RoleRule
+from vlprompt.engine.roles import EVAL_ROLES, eval_role, infer_eval_role, resolve_eval_role
 from vlprompt.testing import write_oxford_pets_tree, write_tiny_clip
 from vlprompt.utils import close_logger, set_random_seed
 
