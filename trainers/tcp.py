@@ -190,8 +190,8 @@ def tcp_templates(cfg):
             templates the config does not give.
     """
     node, templates = cfg.TRAINER.TCP, []
-    for key, rule in TEMPLATE_RULES.items():
-        template = rule.resolve(node[key], cfg.DATASET.NAME)
+    for key, value in (("CONTEXT_TEMPLATE", node.CONTEXT_TEMPLATE), ("KNOWLEDGE_TEMPLATE", node.KNOWLEDGE_TEMPLATE)):
+        template = TEMPLATE_RULES[key].resolve(value, cfg.DATASET.NAME)
         if not template:
             raise ConfigError(f"TRAINER.TCP.{key} must be 'auto' (from TCP_TEMPLATES by DATASET.NAME) or a "
                               "template with one '{}', got ''.")
