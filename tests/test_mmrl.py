@@ -166,12 +166,12 @@ def test_per_dataset_settings_and_config_errors(runner):
     assert dataset_settings(node, "EuroSAT") == (2048, 0.01)
     assert dataset_settings(node, "StanfordCars") == (512, 7.0) and len(DATASET_SETTINGS) == 11
     assert dataset_settings(trainer_node("MMRL", REG_WEIGHT=2.0), "EuroSAT") == (2048, 2.0)  # explicit wins
-    with pytest.raises(ConfigError, match=r"TRAINER.MMRL.REP_DIM is 'auto'.*DATASET_SETTINGS.*'SyntheticShapes'.*"
-                                          r"set TRAINER.MMRL.REP_DIM"):
-        check_mmrl_config(node, "SyntheticShapes")
     with pytest.raises(ConfigError, match=r"TRAINER.MMRL.REG_WEIGHT is 'auto'.*DATASET_SETTINGS.*'SyntheticShapes'.*"
                                           r"set TRAINER.MMRL.REG_WEIGHT"):
-        check_mmrl_config(trainer_node("MMRL", REP_DIM=512), "SyntheticShapes")
+        check_mmrl_config(node, "SyntheticShapes")
+    with pytest.raises(ConfigError, match=r"TRAINER.MMRL.REP_DIM is 'auto'.*DATASET_SETTINGS.*'SyntheticShapes'.*"
+                                          r"set TRAINER.MMRL.REP_DIM"):
+        check_mmrl_config(trainer_node("MMRL", REG_WEIGHT=1.0), "SyntheticShapes")
     with pytest.raises(ConfigError, match=r"TRAINER.MMRL.REG_WEIGHT must be at least 0.0, got -1.0"):
         check_mmrl_config(trainer_node("MMRL", REG_WEIGHT=-1.0), "EuroSAT")
     with pytest.raises(ConfigError, match=r"TRAINER.MMRL.REP_DIM must be 'auto' .* or a number, got 'wide'"):

@@ -105,10 +105,10 @@ def dataset_settings(node, dataset):
     Raises:
         ConfigError: ``auto`` for a dataset outside the table, d_r < 1 or λ < 0.
     """
-    rep_dim = DATASET_RULES["REP_DIM"].resolve(node.REP_DIM, dataset)
     reg_weight = DATASET_RULES["REG_WEIGHT"].resolve(node.REG_WEIGHT, dataset)
-    check_range("TRAINER.MMRL.REP_DIM", rep_dim, minimum=1)
+    rep_dim = DATASET_RULES["REP_DIM"].resolve(node.REP_DIM, dataset)
     check_range("TRAINER.MMRL.REG_WEIGHT", reg_weight, minimum=0.0)
+    check_range("TRAINER.MMRL.REP_DIM", rep_dim, minimum=1)
     return rep_dim, reg_weight
 
 
@@ -294,9 +294,12 @@ class MMRL(ClipTrainer):
         check_mmrl_config(cfg.TRAINER.MMRL, cfg.DATASET.NAME)
 
     def model_settings(self):
-        """(node, d_r, λ) for ``model_class``, the per-dataset values resolved."""
-        node = self.cfg.TRAINER.MMRL
-        return (node, *dataset_settings(node, self.cfg.DATASET.NAME))
+        """(node, d_r, λ) for ``model_class``, the per-dataset values resolved (and logged)."""
+        node, dataset = self.cfg.TRAINER.MMRL, self.cfg.DATASET.NAME
+        settings = dataset_settings(node, dataset)
+        print(DATASET_RULES["REP_DIM"].describe(node.REP_DIM, dataset))
+        print(DATASET_RULES["REG_WEIGHT"].describe(node.REG_WEIGHT, dataset))
+        return (node, *settings)
 
     def build_model(self):
         clip, tokenizer = self.build_clip()

@@ -255,5 +255,9 @@ class MMRLpp(MMRL):
         check_mmrlpp_config(cfg.TRAINER.MMRLPP, cfg.DATASET.NAME, eval_role(cfg))
 
     def model_settings(self):
-        node = resolved_node(self.cfg.TRAINER.MMRLPP, self.cfg.DATASET.NAME, self.eval_role)
+        given, dataset, role = self.cfg.TRAINER.MMRLPP, self.cfg.DATASET.NAME, self.eval_role
+        node = resolved_node(given, dataset, role)
+        print(dataset_rule("BETA", role).describe(given.BETA, dataset))
+        if role != "target":
+            print(dataset_rule("REG_WEIGHT", role).describe(given.REG_WEIGHT, dataset))
         return node, node.REP_DIM, node.REG_WEIGHT

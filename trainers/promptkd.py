@@ -504,6 +504,7 @@ class PromptKD(ClipTrainer):
                 len(self.classnames), f"the {cfg.DATASET.SUBSAMPLE_CLASSES} classes of {cfg.DATASET.NAME} here")
         teacher = PromptSRCTeacher(self.teacher_run, self.classnames, self.device)
         weight = kd_weight(node.KD_WEIGHT, cfg.DATASET.NAME)
+        print(KD_WEIGHT_RULE.describe(node.KD_WEIGHT, cfg.DATASET.NAME))
         self.model = PromptKDCLIP(clip, teacher, self.classnames, node, weight).to(self.device)
         self.register_learner("VLPromptLearner", self.model)
         self.train_classnames = self.classnames
