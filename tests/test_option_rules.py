@@ -40,7 +40,8 @@ def test_a_dataset_missing_from_the_table_is_an_error_naming_key_dataset_and_kno
 def test_the_declared_default_serves_datasets_missing_from_the_table():
     rule = DatasetRule("TRAINER.X.DIVISOR", {"ImageNet": 4}, default=1, source="trainers.x.DIVISORS")
     assert rule.resolve("auto", "ImageNet") == 4 and rule.resolve("auto", "Mars") == 1
-    assert rule.describe("auto", "Mars") == "TRAINER.X.DIVISOR: 1 (auto: the default of trainers.x.DIVISORS for Mars)"
+    assert rule.describe("auto", "Mars") == (
+        "TRAINER.X.DIVISOR: 1 (auto: the default of trainers.x.DIVISORS for Mars)")
     assert DatasetRule("TRAINER.X.NAME", {"A": "a"}, default=None).resolve("auto", "B") is None
 
 

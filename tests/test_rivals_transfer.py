@@ -62,7 +62,8 @@ def test_the_base2new_config_would_not_serve_the_transfer_targets():
     eurosat = merged(MMRL_BASE2NEW, "eurosat")
     assert dataset_settings(eurosat.TRAINER.MMRL, eurosat.DATASET.NAME) == (2048, 0.01)
     variant = merged(MMRL_BASE2NEW, "imagenetv2")
-    with pytest.raises(ConfigError, match="TRAINER.MMRL.REG_WEIGHT is 'auto'.*no entry for 'ImageNetV2'.*set TRAINER.MMRL.REG_WEIGHT"):
+    with pytest.raises(ConfigError, match="TRAINER.MMRL.REG_WEIGHT is 'auto'.*no entry for 'ImageNetV2'.*"
+                                          "set TRAINER.MMRL.REG_WEIGHT"):
         check_mmrl_config(variant.TRAINER.MMRL, variant.DATASET.NAME)
 
 

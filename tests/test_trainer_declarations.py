@@ -89,5 +89,6 @@ def test_build_clip_refuses_a_backbone_without_a_vit_tower_for_vit_only_trainers
         runner, tokenizer = trainer.build_clip()
         assert runner.model == "model" and tokenizer == "tokenizer"
         return
-    with pytest.raises(UnsupportedBackboneError, match=rf"^{name} needs a ViT image tower \({reason}\); RN50 is not one\.$"):
+    message = rf"^{name} needs a ViT image tower \({reason}\); RN50 is not one\.$"
+    with pytest.raises(UnsupportedBackboneError, match=message):
         trainer.build_clip()

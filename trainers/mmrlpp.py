@@ -98,7 +98,8 @@ BASE2NEW_RULES = {
                      source="trainers.mmrlpp.BASE2NEW_SETTINGS (evaluation roles base, new and source)")
     for key in ("BETA", "REG_WEIGHT")
 }
-TARGET_BETA_RULE = DatasetRule(f"{KEY}.BETA", TARGET_BETA, source="trainers.mmrlpp.TARGET_BETA (evaluation role target)")
+TARGET_BETA_RULE = DatasetRule(f"{KEY}.BETA", TARGET_BETA,
+                               source="trainers.mmrlpp.TARGET_BETA (evaluation role target)")
 
 
 @register_cfg_extension

@@ -40,8 +40,8 @@ the uninterrupted run.
 Recipe (configs/trainers/SkipTuning/vit_b16_bs4.yaml): SGD (momentum 0.9, weight decay 5e-4),
 text lr OPTIM.LR 2e-5, image lr IMAGE_LR 5e-6, one warm-up epoch at a constant 1e-6 (both groups),
 cosine over 20 epochs, batch 4; EPOCH_DIVISOR 4 for ImageNet, SUN397 and Food101 (table
-EPOCH_DIVISORS, read by DATASET.NAME for EPOCH_DIVISOR auto): int(20 / 4) = 5 epochs, the number the protocol runner
-loads (``training_epochs``). Checkpoints hold the tuned parameters only (the engine drops frozen
+EPOCH_DIVISORS, read by DATASET.NAME for EPOCH_DIVISOR auto): int(20 / 4) = 5 epochs, the number
+the protocol runner loads (``training_epochs``). Checkpoints hold the tuned parameters only (the engine drops frozen
 ones): ViT-B/16 6·7,087,872 + 6·3,152,384 + 2·768 + 768·512 + 2·512 + 512·512 = 62,099,456 values.
 
 Verified by reading the official code (Koorye/SkipTuning @ 8c4636ed): trainers/skip_tuning.py
@@ -126,7 +126,7 @@ def add_skip_tuning_config(cfg):
     node.MAX_TOP = 50
     node.LAMBDA = 0.3  # scale of the exponential pdf over the ranks after n_top
     node.IMAGE_LR = 5e-6  # learning rate of the image tower's tuned part (the text's: OPTIM.LR)
-    node.EPOCH_DIVISOR = "auto"  # epochs = int(OPTIM.MAX_EPOCH / divisor); auto: EPOCH_DIVISORS by DATASET.NAME, else 1
+    node.EPOCH_DIVISOR = "auto"  # epochs = int(OPTIM.MAX_EPOCH / divisor); auto: EPOCH_DIVISORS, else 1
     node.TEMPLATE = "auto"  # class sentence; auto: TEMPLATES by DATASET.NAME; "" or auto outside it: the dataset's
     node.BATCHES = "auto"  # same_class, random, or auto (same_class when DATASET.NUM_SHOTS >= 4)
     node.CACHE_BATCH_SIZE = 128  # images per pass of the frozen lower blocks when caching

@@ -63,7 +63,8 @@ from torch import nn
 from yacs.config import CfgNode as CN
 
 from vlprompt.clip import (
-    InsertTokens, Plan, PromptedCLIP, PromptTooLongError, ReplaceTokens, check_prompt_depth, prompt_parameters, read_reference_checkpoints, tower_depths,
+    InsertTokens, Plan, PromptedCLIP, PromptTooLongError, ReplaceTokens, check_prompt_depth, prompt_parameters,
+    read_reference_checkpoints, tower_depths,
 )
 from vlprompt.config import ConfigError, check_range, register_cfg_extension
 from vlprompt.data.descriptions import DescriptionsError, descriptions_file, read_class_descriptions

@@ -3,9 +3,9 @@
 The merge itself is yacs's (``CfgNode.merge_from_other_cfg`` / ``merge_from_list``):
 every key must exist, string values are literal-evaluated, int and float do not mix,
 list and tuple convert into each other; a number may replace the string ``auto`` and ``auto`` a
-number (options whose ``auto`` a rule resolves, :mod:`vlprompt.engine.option_rules`). Before merging, the input is checked with
-yacs's own decoding and type rules, and any failure becomes one :class:`ConfigError`
-paragraph naming the key, where it came from, and what would be accepted.
+number (options whose ``auto`` a rule resolves, :mod:`vlprompt.engine.option_rules`). Before
+merging, the input is checked with yacs's own decoding and type rules, and any failure becomes
+one :class:`ConfigError` paragraph naming the key, where it came from, and what would be accepted.
 
 Inheritance: a config file may name a base config at its top level,
 ``_BASE_: ../_base_/clip.yaml``, whose path is relative to the folder of the file that names
@@ -25,7 +25,7 @@ __all__ = ["ConfigError", "config_chain", "merge_from_file", "merge_from_list", 
 
 COMMAND_LINE = "command line"
 BASE_KEY = "_BASE_"
-AUTO = "auto"
+AUTO = "auto"  # the value of an option a rule resolves (vlprompt.engine.option_rules)
 
 
 class ConfigError(ValueError):

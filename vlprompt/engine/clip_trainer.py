@@ -99,7 +99,8 @@ class ClipTrainer(TrainerX):
         runner = CLIPRunner(model)
         if self.vit_required_for and runner.visual is None:
             raise UnsupportedBackboneError(
-                f"{type(self).__name__} needs a ViT image tower ({self.vit_required_for}); {backbone.NAME} is not one.")
+                f"{type(self).__name__} needs a ViT image tower ({self.vit_required_for}); "
+                f"{backbone.NAME} is not one.")
         return runner, Tokenizer(backbone.NAME)
 
     def dataset_template(self, template=""):

@@ -14,12 +14,12 @@ to ``auto``: the config merge (:mod:`vlprompt.config.merge`) lets a number repla
 from typing import Any, Mapping
 
 from vlprompt.config import ConfigError
+from vlprompt.config.merge import AUTO  # the merge lets a number replace it
 
 from .roles import EVAL_ROLES, check_eval_role
 
 __all__ = ["AUTO", "RoleRule", "DatasetRule"]
 
-AUTO = "auto"
 _REQUIRED = object()
 
 
