@@ -352,7 +352,7 @@ class SkipTuning(ClipTrainer):
     """Skip Tuning trainer; the checkpointed module ("SkipTuning") is the model, whose saved state
     is its tuned parameters only. Each epoch trains on a fresh cache of block-S image states."""
 
-    vit_required_for = "it fine-tunes ViT blocks"
+    vit_required_for = "its tuned upper blocks read cached block inputs"
 
     @classmethod
     def training_epochs(cls, cfg):
