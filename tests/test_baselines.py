@@ -228,15 +228,17 @@ def test_synthetic_configs_fit_the_tiny_synthetic_clip(trainer, monkeypatch):
     cfg = recipe_cfg(f"{trainer}/synthetic.yaml", trainer)
     assert cfg.MODEL.BACKBONE.NAME == "configs/clip/tiny-synthetic-clip.json" and cfg.INPUT.SIZE == (32, 32)
     trainer_class = TRAINER_REGISTRY.get(trainer)
+    trainer_class.check_declared_cfg(cfg)
     trainer_class.__new__(trainer_class).check_cfg(cfg)
 
 
 @pytest.mark.parametrize("path", sorted(RECIPES))
-def test_recipes_pass_check_cfg_and_have_the_spec_parameter_counts(vit_b16_meta, path):
+def test_recipes_pass_the_checks_and_have_the_spec_parameter_counts(vit_b16_meta, path):
     trainer, expected, spot = RECIPES[path]
     cfg = recipe_cfg(path, trainer)
     trainer_class = TRAINER_REGISTRY.get(trainer)
-    trainer_class.__new__(trainer_class).check_cfg(cfg)  # the check alone, nothing built
+    trainer_class.check_declared_cfg(cfg)  # the checks alone, nothing built
+    trainer_class.__new__(trainer_class).check_cfg(cfg)
     for key, value in spot.items():
         node = cfg
         for name in key.split("."):

@@ -14,8 +14,9 @@ from vlprompt.clip.head_roles import parse_role_map
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file, merge_from_list
 from vlprompt.config.validate import validate_cfg
 from vlprompt.engine import build_trainer
+from vlprompt.engine.option_rules import RoleRule
+from vlprompt.engine.roles import EVAL_ROLES, eval_role, infer_eval_role, resolve_eval_role
 from vlprompt.engine.run_folder import RunFolder
-from vlprompt.engine.roles import EVAL_ROLES, RoleRule, eval_role, infer_eval_role, resolve_eval_role
 from vlprompt.testing import write_oxford_pets_tree, write_tiny_clip
 from vlprompt.utils import close_logger, set_random_seed
 

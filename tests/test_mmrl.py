@@ -10,7 +10,7 @@ from baseline_setup import (  # noqa: F401
 )
 from trainer_checks import assert_fusion_and_class_token_inference, one_step_changes_only_the_learnable
 
-from trainers.mmrl import DATASET_SETTINGS, INFERENCE_RULE, MMRLCLIP, check_mmrl_config, dataset_setting
+from trainers.mmrl import DATASET_SETTINGS, INFERENCE_RULE, MMRLCLIP, check_mmrl_config, dataset_settings
 from vlprompt.clip import fill_template
 from vlprompt.config import ConfigError
 
@@ -162,12 +162,20 @@ def test_inference_follows_the_role(runner):
 
 def test_per_dataset_settings_and_config_errors(runner):
     node = trainer_node("MMRL")
-    assert dataset_setting(node.REP_DIM, "EuroSAT", "REP_DIM") == 2048
-    assert dataset_setting(node.REG_WEIGHT, "EuroSAT", "REG_WEIGHT") == 0.01
-    assert dataset_setting(node.REG_WEIGHT, "StanfordCars", "REG_WEIGHT") == 7.0 and len(DATASET_SETTINGS) == 11
-    assert dataset_setting(trainer_node("MMRL", REG_WEIGHT=2.0).REG_WEIGHT, "EuroSAT", "REG_WEIGHT") == 2.0  # explicit wins
-    with pytest.raises(ConfigError, match=r"DATASET_SETTINGS.*'SyntheticShapes'.*set TRAINER.MMRL.REG_WEIGHT"):
+    assert node.REP_DIM == node.REG_WEIGHT == "auto"
+    assert dataset_settings(node, "EuroSAT") == (2048, 0.01)
+    assert dataset_settings(node, "StanfordCars") == (512, 7.0) and len(DATASET_SETTINGS) == 11
+    assert dataset_settings(trainer_node("MMRL", REG_WEIGHT=2.0), "EuroSAT") == (2048, 2.0)  # explicit wins
+    with pytest.raises(ConfigError, match=r"TRAINER.MMRL.REG_WEIGHT is 'auto'.*DATASET_SETTINGS.*'SyntheticShapes'.*"
+                                          r"set TRAINER.MMRL.REG_WEIGHT"):
         check_mmrl_config(node, "SyntheticShapes")
+    with pytest.raises(ConfigError, match=r"TRAINER.MMRL.REP_DIM is 'auto'.*DATASET_SETTINGS.*'SyntheticShapes'.*"
+                                          r"set TRAINER.MMRL.REP_DIM"):
+        check_mmrl_config(trainer_node("MMRL", REG_WEIGHT=1.0), "SyntheticShapes")
+    with pytest.raises(ConfigError, match=r"TRAINER.MMRL.REG_WEIGHT must be at least 0.0, got -1.0"):
+        check_mmrl_config(trainer_node("MMRL", REG_WEIGHT=-1.0), "EuroSAT")
+    with pytest.raises(ConfigError, match=r"TRAINER.MMRL.REP_DIM must be 'auto' .* or a number, got 'wide'"):
+        check_mmrl_config(trainer_node("MMRL", REP_DIM="wide"), "EuroSAT")
     with pytest.raises(ConfigError, match="REP_LAYERS must be consecutive"):
         check_mmrl_config(mmrl_node(REP_LAYERS=[2, 4]), "OxfordPets")
     with pytest.raises(ConfigError, match="TRAINER.MMRL.INFERENCE"):

@@ -13,7 +13,7 @@ from baseline_setup import (  # noqa: F401
 from trainer_checks import assert_fusion_and_class_token_inference, one_step_changes_only_the_learnable
 
 from trainers.mmrlpp import (
-    BASE2NEW_SETTINGS, INFERENCE_RULE, TARGET_BETA, MMRLppCLIP, check_mmrlpp_config, dataset_setting, resolved_node,
+    BASE2NEW_SETTINGS, INFERENCE_RULE, TARGET_BETA, MMRLppCLIP, check_mmrlpp_config, dataset_rule, resolved_node,
 )
 from vlprompt.config import ConfigError
 
@@ -158,18 +158,21 @@ def test_inference_follows_the_role(runner):
 def test_per_dataset_tables_follow_the_role_and_explicit_values_win():
     node = trainer_node("MMRLPP")
     assert len(BASE2NEW_SETTINGS) == 11 and len(TARGET_BETA) == 15
-    assert dataset_setting(node.BETA, "EuroSAT", "BETA", "base") == 0.2
-    assert dataset_setting(node.BETA, "EuroSAT", "BETA", "new") == 0.2
-    assert dataset_setting(node.BETA, "EuroSAT", "BETA", "target") == 0.3  # upstream's CD table
-    assert dataset_setting(node.REG_WEIGHT, "OxfordFlowers", "REG_WEIGHT", "source") == 7.0
-    assert dataset_setting(0.5, "EuroSAT", "BETA", "target") == 0.5
+    assert node.BETA == node.REG_WEIGHT == "auto"
+    assert dataset_rule("BETA", "base").resolve(node.BETA, "EuroSAT") == 0.2
+    assert dataset_rule("BETA", "new").resolve(node.BETA, "EuroSAT") == 0.2
+    assert dataset_rule("BETA", "target").resolve(node.BETA, "EuroSAT") == 0.3  # upstream's CD table
+    assert dataset_rule("REG_WEIGHT", "source").resolve(node.REG_WEIGHT, "OxfordFlowers") == 7.0
+    assert dataset_rule("BETA", "target").resolve(0.5, "EuroSAT") == 0.5
+    source = resolved_node(node, "OxfordFlowers", "source")
+    assert source.BETA == 0.4 and source.REG_WEIGHT == 7.0
     target = resolved_node(node, "ImageNetA", "target")
-    assert target.BETA == 0.8 and target.REG_WEIGHT == -1.0  # a target evaluation does not train
+    assert target.BETA == 0.8 and target.REG_WEIGHT == "auto"  # a target evaluation does not train
     with pytest.raises(ConfigError, match=r"TARGET_BETA.*'SyntheticShapes'.*set TRAINER.MMRLPP.BETA"):
         check_mmrlpp_config(node, "SyntheticShapes", "target")
     with pytest.raises(ConfigError, match=r"BASE2NEW_SETTINGS.*'ImageNetA'.*set TRAINER.MMRLPP.BETA"):
         check_mmrlpp_config(node, "ImageNetA", "base")
-    with pytest.raises(ConfigError, match=r"TRAINER.MMRLPP.BETA must lie in \[0, 1\]"):
+    with pytest.raises(ConfigError, match=r"TRAINER.MMRLPP.BETA must be between 0.0 and 1.0, got 1.5"):
         check_mmrlpp_config(trainer_node("MMRLPP", BETA=1.5), "OxfordPets", "base")
     with pytest.raises(ConfigError, match="TRAINER.MMRLPP.REP_LAYERS must be consecutive"):
         check_mmrlpp_config(trainer_node("MMRLPP", REP_LAYERS=[6, 8]), "OxfordPets", "base")

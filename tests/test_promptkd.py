@@ -189,12 +189,14 @@ def test_the_checkpoint_holds_the_student_only(toy_world, tmp_path, teacher_dir)
 
 
 def test_kd_weight_per_dataset_by_name():
-    assert kd_weight(-1.0, "FGVCAircraft") == 200.0 and kd_weight(-1.0, "DescribableTextures") == 200.0
-    assert kd_weight(-1.0, "OxfordFlowers") == 200.0 and kd_weight(-1.0, "ImageNet") == 1000.0
+    assert kd_weight("auto", "FGVCAircraft") == 200.0 and kd_weight("auto", "DescribableTextures") == 200.0
+    assert kd_weight("auto", "OxfordFlowers") == 200.0 and kd_weight("auto", "ImageNet") == 1000.0
     assert kd_weight(5.0, "FGVCAircraft") == 5.0
     assert len(KD_WEIGHTS) == 11
-    with pytest.raises(ConfigError, match="TRAINER.PROMPTKD.KD_WEIGHT.*SyntheticShapes"):
-        kd_weight(-1.0, "SyntheticShapes")
+    with pytest.raises(ConfigError, match="TRAINER.PROMPTKD.KD_WEIGHT is 'auto'.*KD_WEIGHTS.*'SyntheticShapes'"):
+        kd_weight("auto", "SyntheticShapes")
+    with pytest.raises(ConfigError, match=r"TRAINER.PROMPTKD.KD_WEIGHT must be at least 0.0, got -1.0"):
+        kd_weight(-1.0, "FGVCAircraft")
 
 
 def test_teacher_dir_template():

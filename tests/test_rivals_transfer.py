@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from mini_datasets import write_eurosat, write_imagenet, write_imagenet_a, write_imagenetv2
-from trainers.mmrl import check_mmrl_config, dataset_setting
+from trainers.mmrl import check_mmrl_config, dataset_settings
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file
 from vlprompt.testing import write_tiny_clip
 
@@ -50,8 +50,7 @@ def test_mmrl_cross_config_fixes_lambda_and_rep_dim_on_every_transfer_dataset(st
     cfg = merged(MMRL_CROSS, stem)
     node, name = cfg.TRAINER.MMRL, cfg.DATASET.NAME
     check_mmrl_config(node, name)  # the ImageNet variants are outside the per-dataset table
-    assert dataset_setting(node.REG_WEIGHT, name, "REG_WEIGHT") == 0.2
-    assert dataset_setting(node.REP_DIM, name, "REP_DIM") == 512
+    assert dataset_settings(node, name) == (512, 0.2)
     assert (cfg.OPTIM.MAX_EPOCH, cfg.OPTIM.WARMUP_EPOCH, cfg.DATALOADER.TRAIN_X.BATCH_SIZE) == (1, 0, 32)
 
 
@@ -59,9 +58,10 @@ def test_the_base2new_config_would_not_serve_the_transfer_targets():
     """Why the cross-dataset config sets λ and REP_DIM: the table would reshape EuroSAT's model
     (2048) and has no entry for the ImageNet variants."""
     eurosat = merged(MMRL_BASE2NEW, "eurosat")
-    assert dataset_setting(eurosat.TRAINER.MMRL.REP_DIM, eurosat.DATASET.NAME, "REP_DIM") == 2048
+    assert dataset_settings(eurosat.TRAINER.MMRL, eurosat.DATASET.NAME) == (2048, 0.01)
     variant = merged(MMRL_BASE2NEW, "imagenetv2")
-    with pytest.raises(ConfigError, match="no entry for DATASET.NAME 'ImageNetV2'.*set TRAINER.MMRL.REG_WEIGHT"):
+    with pytest.raises(ConfigError, match="TRAINER.MMRL.REG_WEIGHT is 'auto'.*no entry for 'ImageNetV2'.*"
+                                          "set TRAINER.MMRL.REG_WEIGHT"):
         check_mmrl_config(variant.TRAINER.MMRL, variant.DATASET.NAME)
 
 

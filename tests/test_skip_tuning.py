@@ -322,6 +322,7 @@ def test_epochs_per_dataset_and_the_protocol_runner_loads_that_checkpoint():
     (("TRAINER.SKIPTUNING.TEMPLATE", "a photo"), r"TRAINER\.SKIPTUNING\.TEMPLATE must contain exactly one"),
     (("TRAINER.SKIPTUNING.START_LAYER", "2"), r"START_LAYER must be a block index 1\.\.1 of both towers"),
     (("TRAINER.SKIPTUNING.EPOCH_DIVISOR", "40"), r"OPTIM\.MAX_EPOCH 20 / EPOCH_DIVISOR 40 .* leaves no epoch"),
+    (("TRAINER.SKIPTUNING.EPOCH_DIVISOR", "0"), r"TRAINER\.SKIPTUNING\.EPOCH_DIVISOR must be at least 1, got 0"),
     (("TRAINER.SKIPTUNING.PREC", "fp8"), r"TRAINER\.SKIPTUNING\.PREC must be one of"),
 ])
 def test_config_errors(toy_world, tmp_path, opts, message):  # noqa: F811

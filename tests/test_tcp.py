@@ -152,7 +152,13 @@ def test_config_errors(toy_world, tmp_path):  # noqa: F811
     cases = [
         (("TRAINER.TCP.INJECT_LAYER", "2"), r"INJECT_LAYER.*0\.\.1.*2 blocks"),
         (("TRAINER.TCP.KNOWLEDGE_TEMPLATE", "a photo"), r"TRAINER\.TCP\.KNOWLEDGE_TEMPLATE must contain exactly one"),
-        (("DATASET.NAME", "Mars"), r"'Mars'.*TCP_TEMPLATES of trainers/tcp.py.*TRAINER\.TCP\.CONTEXT_TEMPLATE"),
-        (("TRAINER.TCP.PREC", "fp8"), "TRAINER.TCP.PREC"),
+        (("DATASET.NAME", "Mars"), r"TRAINER\.TCP\.CONTEXT_TEMPLATE is 'auto'.*TCP_TEMPLATES of trainers/tcp.py.*"
+                                   r"'Mars'.*set TRAINER\.TCP\.CONTEXT_TEMPLATE explicitly. "
+                                   r"It is the text after the context"),
+        (("DATASET.NAME", "Mars", "TRAINER.TCP.CONTEXT_TEMPLATE", "{}."),
+         r"TRAINER\.TCP\.KNOWLEDGE_TEMPLATE is 'auto'.*'Mars'.*It is the hand-written sentence"),
+        (("TRAINER.TCP.CONTEXT_TEMPLATE", '""'), r"TRAINER\.TCP\.CONTEXT_TEMPLATE must be 'auto'.*got ''"),
+        (("TRAINER.TCP.PREC", "fp8"),
+         r"TRAINER\.TCP\.PREC must be one of \['fp32', 'fp16', 'amp', 'bf16'\], got 'fp8'"),
     ]
     assert_config_errors(lambda *opts: pets_cfg(toy_world, tmp_path, *opts), cases)

@@ -59,7 +59,6 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip import InsertTokens, Plan, PromptedCLIP, ReplaceTokens
 from vlprompt.config import ConfigError, check_choice, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-from vlprompt.engine.amp import PRECISIONS
 from vlprompt.paths import repository_root
 
 from .coop import CoOp, CoOpCLIP
@@ -229,7 +228,6 @@ class ATPrompt(ClipTrainer):
     def check_cfg(self, cfg):
         node = cfg.TRAINER.ATPROMPT
         check_choice("TRAINER.ATPROMPT.BASE", node.BASE, list(BASES))
-        check_choice("TRAINER.ATPROMPT.PREC", node.PREC, PRECISIONS)
         if node.N_ATT < 1:
             raise ConfigError(f"TRAINER.ATPROMPT.N_ATT (soft tokens per attribute) must be >= 1, got {node.N_ATT!r}.")
         if node.BASE == "CoOp" and cfg.TRAINER.COOP.CLASS_TOKEN_POSITION != "end":

@@ -11,10 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 from yacs.config import CfgNode as CN
 
-from vlprompt.clip.templates import DEFAULT_TEMPLATE, check_template, dataset_template
+from vlprompt.clip.templates import DEFAULT_TEMPLATE, check_template
 from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-from vlprompt.engine.amp import PRECISIONS
 
 from .zsclip import TemplateCLIP
 
@@ -128,14 +127,12 @@ class CLIPAdapter(ClipTrainer):
 
     def check_cfg(self, cfg):
         node = cfg.TRAINER.CLIPADAPTER
-        if node.PREC not in PRECISIONS:
-            raise ConfigError(f"TRAINER.CLIPADAPTER.PREC must be one of {list(PRECISIONS)}, got '{node.PREC}'.")
         check_template(node.TEMPLATE, "TRAINER.CLIPADAPTER.TEMPLATE")
         check_adapter_node(node, "TRAINER.CLIPADAPTER")
 
     def build_model(self):
         node = self.cfg.TRAINER.CLIPADAPTER
         clip, tokenizer = self.build_clip()
-        templates = [dataset_template(self.dm.dataset, node.TEMPLATE)]
+        templates = [self.dataset_template(node.TEMPLATE)]
         self.model = CLIPAdapterCLIP(clip, tokenizer, self.classnames, templates, node).to(self.device).eval()
         self.register_learner("adapter", self.model.adapters)

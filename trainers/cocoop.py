@@ -20,9 +20,8 @@ from torch.utils.checkpoint import checkpoint
 from yacs.config import CfgNode as CN
 
 from vlprompt.clip import PromptedCLIP, TextContext
-from vlprompt.config import check_choice, check_range, register_cfg_extension
+from vlprompt.config import check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-from vlprompt.engine.amp import PRECISIONS
 
 
 @register_cfg_extension
@@ -130,7 +129,6 @@ class CoCoOp(ClipTrainer):
 
     def check_cfg(self, cfg):
         node = cfg.TRAINER.COCOOP
-        check_choice("TRAINER.COCOOP.PREC", node.PREC, PRECISIONS)
         if not node.CTX_INIT:  # with an init phrase, n is its number of words
             check_range("TRAINER.COCOOP.N_CTX", node.N_CTX, minimum=1)
         check_range("TRAINER.COCOOP.TEXT_CHUNK_SIZE", node.TEXT_CHUNK_SIZE, minimum=1)

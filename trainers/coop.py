@@ -13,10 +13,9 @@ import torch.nn.functional as F
 from yacs.config import CfgNode as CN
 
 from vlprompt.clip import PromptedCLIP, TextContext
-from vlprompt.config import ConfigError, register_cfg_extension
+from vlprompt.config import register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 
-PRECISIONS = ("fp16", "fp32", "amp", "bf16")
 
 
 @register_cfg_extension
@@ -60,10 +59,6 @@ class CoOpCLIP(PromptedCLIP):
 @TRAINER_REGISTRY.register()
 class CoOp(ClipTrainer):
     """CoOp trainer; the checkpointed module is the prompt learner (the context)."""
-
-    def check_cfg(self, cfg):
-        if cfg.TRAINER.COOP.PREC not in PRECISIONS:
-            raise ConfigError(f"TRAINER.COOP.PREC must be one of {list(PRECISIONS)}, got '{cfg.TRAINER.COOP.PREC}'.")
 
     def build_model(self):
         clip, tokenizer = self.build_clip()

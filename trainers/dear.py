@@ -27,14 +27,13 @@ from torch import nn
 from yacs.config import CfgNode as CN
 
 from vlprompt.clip import (
-    DEFAULT_TEMPLATE, InsertTokens, MapTokens, Plan, PromptedCLIP, UnsupportedBackboneError, fill_template,
+    InsertTokens, MapTokens, Plan, PromptedCLIP, fill_template,
 )
 from vlprompt.clip.head_roles import HeadRole, role_attention_mask
 from vlprompt.clip.role_map_registry import find_role_map
 from vlprompt.config import ConfigError, check_choice, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-from vlprompt.engine.amp import PRECISIONS
-from vlprompt.engine.roles import RoleRule
+from vlprompt.engine.option_rules import RoleRule
 
 MASK_STRATEGIES = ("role", "all_generalization", "all_mixed", "random_shuffle")
 FUSION_LOSSES = ("one_minus", "neg_log")
@@ -63,7 +62,7 @@ def add_dear_config(cfg):
 def check_dear_config(node, backbone=None):
     """Raise ConfigError for an invalid TRAINER.DEAR node (role map included; ``backbone``:
     cfg.MODEL.BACKBONE, which ROLE_MAP auto looks the map up by)."""
-    for key, allowed in (("MASK_STRATEGY", MASK_STRATEGIES), ("FUSION_LOSS", FUSION_LOSSES), ("PREC", PRECISIONS)):
+    for key, allowed in (("MASK_STRATEGY", MASK_STRATEGIES), ("FUSION_LOSS", FUSION_LOSSES)):
         check_choice(f"TRAINER.DEAR.{key}", node[key], allowed)
     INFERENCE_RULE.check(node.INFERENCE)
     for key, low in (("N_ATTR_TOKENS", 0), ("N_CTX_TEXT", 0), ("INJECT_LAYER", 1), ("TEXT_INJECT_LAYER", 0),
@@ -299,15 +298,13 @@ class DeARCLIP(PromptedCLIP):
 class DeAR(ClipTrainer):
     """DeAR trainer; the checkpointed module ("prompt_learner") holds P0, T0, W_attr and a."""
 
+    vit_required_for = "attribute tokens and per-head masks"
+
     def check_cfg(self, cfg):
         check_dear_config(cfg.TRAINER.DEAR, cfg.MODEL.BACKBONE)
 
     def build_model(self):
         clip, tokenizer = self.build_clip()
-        if clip.visual is None:
-            raise UnsupportedBackboneError(
-                f"DeAR needs a ViT image tower (attribute tokens and per-head masks); "
-                f"{self.cfg.MODEL.BACKBONE.NAME} is not one.")
         node = self.cfg.TRAINER.DEAR
         permutation_seed = None
         if node.MASK_STRATEGY == "random_shuffle":
@@ -319,7 +316,7 @@ class DeAR(ClipTrainer):
         summary = ", ".join(f"{counts.count(k)} {k}" for k in "AOGM") if counts else "no masks"
         layers = f"{node.INJECT_LAYER}..{clip.visual.num_layers}"
         print(f"Head roles ({node.MASK_STRATEGY}) of image layers {layers}: {summary}")
-        template = getattr(type(self.dm.dataset), "template", DEFAULT_TEMPLATE)
+        template = self.dataset_template()
         print(INFERENCE_RULE.describe(node.INFERENCE, self.eval_role))
         self.model = DeARCLIP(clip, tokenizer, self.classnames, template, node, roles, self.eval_role).to(self.device)
         self.register_learner("prompt_learner", self.model.prompt_learner)

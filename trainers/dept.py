@@ -55,8 +55,8 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip import PromptedCLIP
 from vlprompt.config import ConfigError, check_choice, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-from vlprompt.engine.amp import PRECISIONS
-from vlprompt.engine.roles import RoleRule, eval_role
+from vlprompt.engine.option_rules import RoleRule
+from vlprompt.engine.roles import eval_role
 
 from .coop import CoOp, CoOpCLIP
 from .maple import MaPLe, MaPLeCLIP
@@ -165,7 +165,6 @@ class DePT(ClipTrainer):
     def check_cfg(self, cfg):
         node = cfg.TRAINER.DEPT
         check_choice("TRAINER.DEPT.BASE", node.BASE, list(BASES))
-        check_choice("TRAINER.DEPT.PREC", node.PREC, PRECISIONS)
         check_range("TRAINER.DEPT.HEAD_WEIGHT", node.HEAD_WEIGHT, minimum=0.0, maximum=1.0)
         if node.HEAD_LR_MULT <= 0:
             raise ConfigError(f"TRAINER.DEPT.HEAD_LR_MULT must be > 0, got {node.HEAD_LR_MULT!r}.")

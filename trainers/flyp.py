@@ -71,11 +71,10 @@ from yacs.config import CfgNode as CN
 
 from vlprompt.clip import PromptedCLIP, fill_template
 from vlprompt.clip.templates import check_template
-from vlprompt.config import check_choice, check_range, register_cfg_extension
+from vlprompt.config import check_range, register_cfg_extension
 from vlprompt.data.data_manager import SeededItems, SeededSampler
 from vlprompt.data.samplers import SeededEpochs
 from vlprompt.engine import TRAINER_REGISTRY
-from vlprompt.engine.amp import PRECISIONS
 from vlprompt.engine.distributed import all_gather_rows, dataset_wrapper, epoch_seed, item_seeded_loader
 from vlprompt.engine.fine_tuning import FullFineTuningTrainer, add_fine_tuning_keys
 from vlprompt.optim import build_optimizer
@@ -252,7 +251,6 @@ class FLYP(FullFineTuningTrainer):
 
     def check_cfg(self, cfg):
         node = cfg.TRAINER.FLYP
-        check_choice("TRAINER.FLYP.PREC", node.PREC, PRECISIONS)
         check_template(node.TEMPLATE, "TRAINER.FLYP.TEMPLATE")
         check_range("TRAINER.FLYP.HEAD_BATCH_SIZE", node.HEAD_BATCH_SIZE, minimum=1)
         self.check_fine_tuning_cfg(cfg)

@@ -29,9 +29,8 @@ from torch import nn
 from yacs.config import CfgNode as CN
 
 from vlprompt.clip import PromptedCLIP
-from vlprompt.config import check_choice, check_range, register_cfg_extension
+from vlprompt.config import check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
-from vlprompt.engine.amp import PRECISIONS
 from vlprompt.engine.fine_tuning import FullFineTuningTrainer, add_fine_tuning_keys
 from vlprompt.metrics import compute_accuracy
 from vlprompt.optim import build_optimizer
@@ -120,7 +119,6 @@ class FT(FullFineTuningTrainer):
 
     def check_cfg(self, cfg):
         node, name = cfg.TRAINER[self.node_name], f"TRAINER.{self.node_name}"
-        check_choice(f"{name}.PREC", node.PREC, PRECISIONS)
         check_range(f"{name}.GRAD_CLIP", node.GRAD_CLIP, minimum=0, why="(0 = no clipping)")
         self.check_fine_tuning_cfg(cfg)
 

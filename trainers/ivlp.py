@@ -17,9 +17,8 @@ from vlprompt.clip import (
     PromptedCLIP, TextContext, check_context_init, check_prompt_depth, prompt_parameters,
     read_reference_checkpoints, text_prompt_plan, tower_depths, vision_prompt_plan,
 )
-from vlprompt.config import ConfigError, check_choice, check_range, register_cfg_extension
+from vlprompt.config import ConfigError, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-from vlprompt.engine.amp import PRECISIONS
 
 
 @register_cfg_extension
@@ -74,10 +73,9 @@ class IVLPCLIP(PromptedCLIP):
 
 
 def check_vl_prompt_config(cfg, node_name):
-    """check_cfg of the IVLP parameterisation (IVLP, PromptSRC): PREC, depths, sizes, init phrase."""
+    """check_cfg of the IVLP parameterisation (IVLP, PromptSRC): depths, sizes, init phrase."""
     node, prefix = cfg.TRAINER[node_name], f"TRAINER.{node_name}"
     backbone = cfg.MODEL.BACKBONE.NAME
-    check_choice(f"{prefix}.PREC", node.PREC, PRECISIONS)
     vision_layers, text_layers = tower_depths(backbone)
     if node.PROMPT_DEPTH_TEXT < 1:
         raise ConfigError(

@@ -15,10 +15,9 @@ import torch
 import torch.nn.functional as F
 from yacs.config import CfgNode as CN
 
-from vlprompt.clip import CLASS_TOKEN_POSITIONS, DEFAULT_TEMPLATE, fill_template
+from vlprompt.clip import CLASS_TOKEN_POSITIONS, fill_template
 from vlprompt.config import check_choice, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-from vlprompt.engine.amp import PRECISIONS
 
 from .coop import CoOpCLIP
 
@@ -74,7 +73,6 @@ class KgCoOp(ClipTrainer):
 
     def check_cfg(self, cfg):
         node = cfg.TRAINER.KGCOOP
-        check_choice("TRAINER.KGCOOP.PREC", node.PREC, PRECISIONS)
         check_choice("TRAINER.KGCOOP.CLASS_TOKEN_POSITION", node.CLASS_TOKEN_POSITION, CLASS_TOKEN_POSITIONS)
         if not node.CTX_INIT:  # with an init phrase, n is its number of words
             check_range("TRAINER.KGCOOP.N_CTX", node.N_CTX, minimum=1)
@@ -82,7 +80,7 @@ class KgCoOp(ClipTrainer):
 
     def knowledge_template(self):
         name = self.cfg.DATASET.NAME
-        return KNOWLEDGE_TEMPLATES.get(name) or getattr(type(self.dm.dataset), "template", DEFAULT_TEMPLATE)
+        return KNOWLEDGE_TEMPLATES.get(name) or self.dataset_template()
 
     def build_model(self):
         clip, tokenizer = self.build_clip()

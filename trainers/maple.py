@@ -23,9 +23,8 @@ from vlprompt.clip import (
     PromptedCLIP, TextContext, check_context_init, check_prompt_sizes, prompt_parameters,
     read_reference_checkpoints, text_prompt_plan, vision_prompt_plan,
 )
-from vlprompt.config import check_choice, register_cfg_extension
+from vlprompt.config import register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-from vlprompt.engine.amp import PRECISIONS
 
 
 @register_cfg_extension
@@ -108,7 +107,6 @@ class MaPLe(ClipTrainer):
 
     def check_cfg(self, cfg):
         node = cfg.TRAINER.MAPLE
-        check_choice("TRAINER.MAPLE.PREC", node.PREC, PRECISIONS)
         check_prompt_sizes(cfg, "MAPLE", text=("PROMPT_DEPTH", "N_CTX"), vision=("PROMPT_DEPTH", "N_CTX"))
         check_context_init("TRAINER.MAPLE.N_CTX", node.N_CTX, "TRAINER.MAPLE.CTX_INIT", node.CTX_INIT,
                            cfg.MODEL.BACKBONE.NAME)

@@ -52,9 +52,8 @@ from torch import nn
 from yacs.config import CfgNode as CN
 
 from vlprompt.clip import Plan, PromptedCLIP, fill_template, tower_depths
-from vlprompt.config import ConfigError, check_choice, check_range, register_cfg_extension
+from vlprompt.config import ConfigError, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-from vlprompt.engine.amp import PRECISIONS
 
 
 @register_cfg_extension
@@ -180,7 +179,6 @@ class MMA(ClipTrainer):
 
     def check_cfg(self, cfg):
         node, backbone = cfg.TRAINER.MMA, cfg.MODEL.BACKBONE.NAME
-        check_choice("TRAINER.MMA.PREC", node.PREC, PRECISIONS)
         check_range("TRAINER.MMA.ADAPTER_DIM", node.ADAPTER_DIM, minimum=1)
         if not node.ADAPTER_SCALE > 0:
             raise ConfigError(

@@ -27,10 +27,10 @@ Loss: α·CE(z_c) + (1−α)·CE(z_r) + λ·(1 − mean_b cos(f_cls, f_cls^CLIP)
 Inference (TRAINER.MMRL.INFERENCE, a RoleRule): ``fusion`` α·z_c + (1−α)·z_r for base and
 source, ``cls`` z_c for new and target (z_r is never used on classes it was not trained on).
 
-Per-dataset settings (upstream trainers/config.py, its B2N task): REG_WEIGHT < 0 and REP_DIM 0
-mean "from DATASET_SETTINGS by DATASET.NAME"; explicit values win (upstream merges the table
-before command-line options). A dataset missing from the table is a ConfigError naming the key
-to set (upstream silently keeps its config's λ 1.0 there).
+Per-dataset settings (upstream trainers/config.py, its B2N task): REG_WEIGHT and REP_DIM ``auto``
+(DatasetRules) mean "from DATASET_SETTINGS by DATASET.NAME"; explicit values win (upstream merges
+the table before command-line options). A dataset missing from the table is a ConfigError naming
+the key to set (upstream silently keeps its config's λ 1.0 there).
 
 ViT-B/16 (K 5, d_r 512, 7 layers): 2,560 + 7·(512·768 + 768) + 7·(512·512 + 512) + 768·512
 = 4,992,256 learnable parameters.
@@ -59,12 +59,10 @@ import torch.nn.functional as F
 from torch import nn
 from yacs.config import CfgNode as CN
 
-from vlprompt.clip import DEFAULT_TEMPLATE, InsertTokens, Plan, PromptedCLIP, ReplaceTokens, fill_template
-from vlprompt.clip import UnsupportedBackboneError
-from vlprompt.config import ConfigError, check_choice, check_range, register_cfg_extension
+from vlprompt.clip import InsertTokens, Plan, PromptedCLIP, ReplaceTokens, fill_template
+from vlprompt.config import ConfigError, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-from vlprompt.engine.amp import PRECISIONS
-from vlprompt.engine.roles import RoleRule
+from vlprompt.engine.option_rules import DatasetRule, RoleRule
 
 INFERENCE_RULE = RoleRule("TRAINER.MMRL.INFERENCE", base="fusion", new="cls", source="fusion", target="cls")
 LOGIT_SCALE = 100.0
@@ -82,6 +80,11 @@ DATASET_SETTINGS = {
     "OxfordPets": {"REG_WEIGHT": 0.2, "REP_DIM": 512},
     "EuroSAT": {"REG_WEIGHT": 0.01, "REP_DIM": 2048},
 }
+DATASET_RULES = {
+    key: DatasetRule(f"TRAINER.MMRL.{key}", {name: row[key] for name, row in DATASET_SETTINGS.items()},
+                     source="trainers.mmrl.DATASET_SETTINGS")
+    for key in ("REG_WEIGHT", "REP_DIM")
+}
 
 
 @register_cfg_extension
@@ -90,29 +93,28 @@ def add_mmrl_config(cfg):
     cfg.TRAINER.MMRL.PREC = "amp"  # fp16, fp32, amp or bf16
     cfg.TRAINER.MMRL.N_REP_TOKENS = 5  # K
     cfg.TRAINER.MMRL.REP_LAYERS = [6, 7, 8, 9, 10, 11, 12]  # 1-based, consecutive, both towers
-    cfg.TRAINER.MMRL.REP_DIM = 0  # d_r; 0: from DATASET_SETTINGS by DATASET.NAME
-    cfg.TRAINER.MMRL.REG_WEIGHT = -1.0  # λ; < 0: from DATASET_SETTINGS by DATASET.NAME
+    cfg.TRAINER.MMRL.REP_DIM = "auto"  # d_r; auto: from DATASET_SETTINGS by DATASET.NAME
+    cfg.TRAINER.MMRL.REG_WEIGHT = "auto"  # λ; auto: from DATASET_SETTINGS by DATASET.NAME
     cfg.TRAINER.MMRL.ALPHA = 0.7  # α: CE and fusion weight of z_c
     cfg.TRAINER.MMRL.INFERENCE = "auto"  # auto (by evaluation role), fusion or cls
 
 
-def dataset_setting(value, dataset, key):
-    """``value`` (TRAINER.MMRL.<key>), or the DATASET_SETTINGS entry of ``dataset`` when the
-    value asks for it (REG_WEIGHT < 0, REP_DIM 0)."""
-    if (key == "REG_WEIGHT" and value >= 0) or (key == "REP_DIM" and value > 0):
-        return value
-    if dataset not in DATASET_SETTINGS:
-        raise ConfigError(
-            f"TRAINER.MMRL.{key} {value!r} means 'from trainers.mmrl.DATASET_SETTINGS', which has no entry "
-            f"for DATASET.NAME {dataset!r} (it has {', '.join(DATASET_SETTINGS)}); set TRAINER.MMRL.{key}."
-        )
-    return DATASET_SETTINGS[dataset][key]
+def dataset_settings(node, dataset):
+    """(d_r, λ) of TRAINER.MMRL ``node`` on ``dataset`` (DATASET.NAME), ``auto`` read from DATASET_SETTINGS.
+
+    Raises:
+        ConfigError: ``auto`` for a dataset outside the table, d_r < 1 or λ < 0.
+    """
+    reg_weight = DATASET_RULES["REG_WEIGHT"].resolve(node.REG_WEIGHT, dataset)
+    rep_dim = DATASET_RULES["REP_DIM"].resolve(node.REP_DIM, dataset)
+    check_range("TRAINER.MMRL.REG_WEIGHT", reg_weight, minimum=0.0)
+    check_range("TRAINER.MMRL.REP_DIM", rep_dim, minimum=1)
+    return rep_dim, reg_weight
 
 
-def check_representation_config(key, inference_rule, prec, inference, n_tokens, alpha, layers):
+def check_representation_config(key, inference_rule, inference, n_tokens, alpha, layers):
     """The checks MMRL and MMRL++ share, of the values of the node named ``key`` (e.g.
-    "TRAINER.MMRL"): PREC, INFERENCE, N_REP_TOKENS, ALPHA and REP_LAYERS."""
-    check_choice(f"{key}.PREC", prec, PRECISIONS)
+    "TRAINER.MMRL"): INFERENCE, N_REP_TOKENS, ALPHA and REP_LAYERS."""
     inference_rule.check(inference)
     check_range(f"{key}.N_REP_TOKENS", n_tokens, minimum=1)
     check_range(f"{key}.ALPHA", alpha, minimum=0.0, maximum=1.0)
@@ -124,10 +126,9 @@ def check_representation_config(key, inference_rule, prec, inference, n_tokens, 
 
 
 def check_mmrl_config(node, dataset):
-    check_representation_config("TRAINER.MMRL", INFERENCE_RULE, node.PREC, node.INFERENCE, node.N_REP_TOKENS,
+    check_representation_config("TRAINER.MMRL", INFERENCE_RULE, node.INFERENCE, node.N_REP_TOKENS,
                                 node.ALPHA, node.REP_LAYERS)
-    dataset_setting(node.REG_WEIGHT, dataset, "REG_WEIGHT")
-    dataset_setting(node.REP_DIM, dataset, "REP_DIM")
+    dataset_settings(node, dataset)
 
 
 class SharedRepresentation(nn.Module):
@@ -287,24 +288,23 @@ class MMRL(ClipTrainer):
 
     model_class = MMRLCLIP
     inference_rule = INFERENCE_RULE
+    vit_required_for = "representation tokens"
 
     def check_cfg(self, cfg):
         check_mmrl_config(cfg.TRAINER.MMRL, cfg.DATASET.NAME)
 
     def model_settings(self):
-        """(node, d_r, λ) for ``model_class``, the per-dataset values resolved."""
+        """(node, d_r, λ) for ``model_class``, the per-dataset values resolved (and logged)."""
         node, dataset = self.cfg.TRAINER.MMRL, self.cfg.DATASET.NAME
-        return node, dataset_setting(node.REP_DIM, dataset, "REP_DIM"), dataset_setting(
-            node.REG_WEIGHT, dataset, "REG_WEIGHT")
+        settings = dataset_settings(node, dataset)
+        print(DATASET_RULES["REP_DIM"].describe(node.REP_DIM, dataset))
+        print(DATASET_RULES["REG_WEIGHT"].describe(node.REG_WEIGHT, dataset))
+        return (node, *settings)
 
     def build_model(self):
         clip, tokenizer = self.build_clip()
-        name = type(self).__name__
-        if clip.visual is None:
-            raise UnsupportedBackboneError(
-                f"{name} needs a ViT image tower (representation tokens); {self.cfg.MODEL.BACKBONE.NAME} is not one.")
         node, rep_dim, reg_weight = self.model_settings()
-        template = getattr(type(self.dm.dataset), "template", DEFAULT_TEMPLATE)
+        template = self.dataset_template()
         print(self.inference_rule.describe(node.INFERENCE, self.eval_role))
         self.model = self.model_class(
             clip, tokenizer, self.classnames, template, node, rep_dim, reg_weight,

@@ -29,7 +29,7 @@ Loss and logits as MMRL: α·CE(z_c) + (1−α)·CE(z_r) + λ·(1 − cos(f_cls,
 z_c on new classes and targets.
 
 Per-dataset settings (upstream trainers/config.py; merged after the config file, before
-command-line options): BETA < 0 and REG_WEIGHT < 0 mean "from the table by DATASET.NAME".
+command-line options): BETA and REG_WEIGHT ``auto`` (DatasetRules) mean "from the table by DATASET.NAME".
 The base-to-novel / few-shot table (BASE2NEW_SETTINGS) gives β and λ for the 11 datasets; an
 evaluation on a target dataset (cross-dataset, domain generalization) reads β from the
 cross-dataset table (TARGET_BETA) by the target's name, as upstream's TASK CD does, and needs
@@ -66,7 +66,8 @@ from yacs.config import CfgNode as CN
 
 from vlprompt.config import ConfigError, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
-from vlprompt.engine.roles import RoleRule, eval_role
+from vlprompt.engine.option_rules import DatasetRule, RoleRule
+from vlprompt.engine.roles import eval_role
 
 from .mmrl import MMRL, MMRLCLIP, SharedRepresentation, check_representation_config
 
@@ -92,6 +93,13 @@ TARGET_BETA = {
     "FGVCAircraft": 0.9, "UCF101": 0.9, "SUN397": 0.7, "OxfordPets": 0.6, "Caltech101": 0.6,
     "DescribableTextures": 0.5, "OxfordFlowers": 0.4, "StanfordCars": 0.3, "EuroSAT": 0.3, "Food101": 0.3,
 }
+BASE2NEW_RULES = {
+    key: DatasetRule(f"{KEY}.{key}", {name: row[key] for name, row in BASE2NEW_SETTINGS.items()},
+                     source="trainers.mmrlpp.BASE2NEW_SETTINGS (evaluation roles base, new and source)")
+    for key in ("BETA", "REG_WEIGHT")
+}
+TARGET_BETA_RULE = DatasetRule(f"{KEY}.BETA", TARGET_BETA,
+                               source="trainers.mmrlpp.TARGET_BETA (evaluation role target)")
 
 
 @register_cfg_extension
@@ -101,53 +109,44 @@ def add_mmrlpp_config(cfg):
     cfg.TRAINER.MMRLPP.N_REP_TOKENS = 5  # K
     cfg.TRAINER.MMRLPP.REP_LAYERS = [6, 7, 8, 9, 10, 11, 12]  # 1-based, consecutive, both towers
     cfg.TRAINER.MMRLPP.REP_DIM = 512  # d_r
-    cfg.TRAINER.MMRLPP.REG_WEIGHT = -1.0  # λ; < 0: from BASE2NEW_SETTINGS by DATASET.NAME
+    cfg.TRAINER.MMRLPP.REG_WEIGHT = "auto"  # λ; auto: from BASE2NEW_SETTINGS by DATASET.NAME
     cfg.TRAINER.MMRLPP.ALPHA = 0.7  # α: CE and fusion weight of z_c
-    cfg.TRAINER.MMRLPP.BETA = -1.0  # β in [0, 1]; < 0: from the per-dataset tables (by evaluation role)
+    cfg.TRAINER.MMRLPP.BETA = "auto"  # β in [0, 1]; auto: from the per-dataset tables (by evaluation role)
     cfg.TRAINER.MMRLPP.RES_LORA_DIM = 4  # r: rank of the per-layer residuals of the aligners
     cfg.TRAINER.MMRLPP.PROJ_LORA_DIM = 64  # r_p: rank of the residual of proj_rep
     cfg.TRAINER.MMRLPP.INFERENCE = "auto"  # auto (by evaluation role), fusion or cls
 
 
-def dataset_setting(value, dataset, key, role):
-    """``value`` (TRAINER.MMRLPP.<key>, "BETA" or "REG_WEIGHT") when it is >= 0, else the table
-    entry of ``dataset``: TARGET_BETA for β of a ``target`` evaluation, else BASE2NEW_SETTINGS.
-
-    Raises:
-        ConfigError: the table has no entry for ``dataset``.
-    """
-    if value >= 0:
-        return value
-    target = key == "BETA" and role == "target"
-    table, name = (TARGET_BETA, "TARGET_BETA") if target else (BASE2NEW_SETTINGS, "BASE2NEW_SETTINGS")
-    if dataset not in table:
-        raise ConfigError(
-            f"{KEY}.{key} {value!r} means 'from trainers.mmrlpp.{name}' (evaluation role {role!r}), which has "
-            f"no entry for DATASET.NAME {dataset!r} (it has {', '.join(table)}); set {KEY}.{key}."
-        )
-    return table[dataset] if target else table[dataset][key]
+def dataset_rule(key, role):
+    """The DatasetRule of TRAINER.MMRLPP.<key> ("BETA" or "REG_WEIGHT") for an evaluation in ``role``:
+    TARGET_BETA for β of a ``target`` evaluation, else BASE2NEW_SETTINGS."""
+    return TARGET_BETA_RULE if key == "BETA" and role == "target" else BASE2NEW_RULES[key]
 
 
 def resolved_node(node, dataset, role):
-    """A copy of cfg.TRAINER.MMRLPP with BETA and REG_WEIGHT taken from the tables where asked
-    for; a target evaluation does not train, so its REG_WEIGHT stays as given."""
+    """A copy of cfg.TRAINER.MMRLPP with BETA and REG_WEIGHT taken from the tables where they are
+    ``auto``; a target evaluation does not train, so its REG_WEIGHT stays as given.
+
+    Raises:
+        ConfigError: ``auto`` for a dataset outside the table, β outside [0, 1] or λ < 0.
+    """
     node = node.clone()
     node.defrost()
-    node.BETA = dataset_setting(node.BETA, dataset, "BETA", role)
+    node.BETA = dataset_rule("BETA", role).resolve(node.BETA, dataset)
+    check_range(f"{KEY}.BETA", node.BETA, minimum=0.0, maximum=1.0)
     if role != "target":
-        node.REG_WEIGHT = dataset_setting(node.REG_WEIGHT, dataset, "REG_WEIGHT", role)
+        node.REG_WEIGHT = dataset_rule("REG_WEIGHT", role).resolve(node.REG_WEIGHT, dataset)
+        check_range(f"{KEY}.REG_WEIGHT", node.REG_WEIGHT, minimum=0.0)
     node.freeze()
     return node
 
 
 def check_mmrlpp_config(node, dataset, role):
-    check_representation_config(KEY, INFERENCE_RULE, node.PREC, node.INFERENCE, node.N_REP_TOKENS, node.ALPHA,
+    check_representation_config(KEY, INFERENCE_RULE, node.INFERENCE, node.N_REP_TOKENS, node.ALPHA,
                                 node.REP_LAYERS)
     check_range(f"{KEY}.REP_DIM", node.REP_DIM, minimum=1)
     check_range(f"{KEY}.RES_LORA_DIM", node.RES_LORA_DIM, minimum=1)
     check_range(f"{KEY}.PROJ_LORA_DIM", node.PROJ_LORA_DIM, minimum=1)
-    if node.BETA > 1:
-        raise ConfigError(f"{KEY}.BETA must lie in [0, 1] (or be < 0: from the per-dataset tables), got {node.BETA}.")
     resolved_node(node, dataset, role)
 
 
@@ -235,7 +234,7 @@ class MMRLppCLIP(MMRLCLIP):
     NAME, KEY = "MMRL++", KEY
 
     def build_representation(self, node, rep_dim, num_layers):
-        if not 0 <= node.BETA <= 1:
+        if isinstance(node.BETA, str) or not 0 <= node.BETA <= 1:
             raise ConfigError(f"{KEY}.BETA must be resolved to a value in [0, 1] (resolved_node), got {node.BETA}.")
         clip = self.clip
         print(f"MMRL++: β {node.BETA}, residual rank {node.RES_LORA_DIM}, projection rank {node.PROJ_LORA_DIM}")
@@ -257,5 +256,9 @@ class MMRLpp(MMRL):
         check_mmrlpp_config(cfg.TRAINER.MMRLPP, cfg.DATASET.NAME, eval_role(cfg))
 
     def model_settings(self):
-        node = resolved_node(self.cfg.TRAINER.MMRLPP, self.cfg.DATASET.NAME, self.eval_role)
+        given, dataset, role = self.cfg.TRAINER.MMRLPP, self.cfg.DATASET.NAME, self.eval_role
+        node = resolved_node(given, dataset, role)
+        print(dataset_rule("BETA", role).describe(given.BETA, dataset))
+        if role != "target":
+            print(dataset_rule("REG_WEIGHT", role).describe(given.REG_WEIGHT, dataset))
         return node, node.REP_DIM, node.REG_WEIGHT

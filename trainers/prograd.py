@@ -51,10 +51,9 @@ import torch
 import torch.nn.functional as F
 from yacs.config import CfgNode as CN
 
-from vlprompt.clip import CLASS_TOKEN_POSITIONS, DEFAULT_TEMPLATE, fill_template
+from vlprompt.clip import CLASS_TOKEN_POSITIONS, fill_template
 from vlprompt.config import ConfigError, check_choice, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-from vlprompt.engine.amp import PRECISIONS
 from vlprompt.metrics import compute_accuracy
 
 from .coop import CoOpCLIP
@@ -193,7 +192,6 @@ class ProGrad(ClipTrainer):
 
     def check_cfg(self, cfg):
         node = cfg.TRAINER.PROGRAD
-        check_choice("TRAINER.PROGRAD.PREC", node.PREC, PRECISIONS)
         check_choice("TRAINER.PROGRAD.CLASS_TOKEN_POSITION", node.CLASS_TOKEN_POSITION, CLASS_TOKEN_POSITIONS)
         check_range("TRAINER.PROGRAD.N_CTX", node.N_CTX, minimum=1)
         check_range("TRAINER.PROGRAD.LAMBDA", node.LAMBDA, minimum=0.0)
@@ -205,8 +203,7 @@ class ProGrad(ClipTrainer):
 
     def build_model(self):
         clip, tokenizer = self.build_clip()
-        dataset_template = getattr(type(self.dm.dataset), "template", DEFAULT_TEMPLATE)
-        template = template_for(self.cfg.DATASET.NAME, dataset_template)
+        template = template_for(self.cfg.DATASET.NAME, self.dataset_template())
         node = self.cfg.TRAINER.PROGRAD
         self.model = ProGradCLIP(clip, tokenizer, self.classnames, node, template).to(self.device)
         self.register_learner("prompt_learner", self.model.prompt_learner)

@@ -52,11 +52,10 @@ from yacs.config import CfgNode as CN
 
 from vlprompt.clip import MapTokens, check_prompt_sizes, vision_prompt_plan
 from vlprompt.config import (
-    ConfigError, check_choice, check_range, register_cfg_extension,
+    ConfigError, check_range, register_cfg_extension,
 )
 from vlprompt.data import DataManager, build_data_loader
 from vlprompt.engine import TRAINER_REGISTRY
-from vlprompt.engine.amp import PRECISIONS
 from vlprompt.engine.run_folder import RunFolder
 from vlprompt.fileio import atomic_write
 
@@ -334,7 +333,6 @@ class PromptAlign(TPT):
         if cfg.TRAINER.TPT.PROMPT != "maple":
             raise ConfigError(f'PromptAlign tunes MaPLe\'s prompts: TRAINER.TPT.PROMPT must be "maple", '
                               f"got {cfg.TRAINER.TPT.PROMPT!r} (configs/trainers/PromptAlign/ set it).")
-        check_choice("TRAINER.PROMPTALIGN.PREC", node.PREC, PRECISIONS)
         check_prompt_sizes(cfg, "MAPLE", text=("PROMPT_DEPTH", "N_CTX"), vision=("PROMPT_DEPTH", "N_CTX"))
         if not node.ALIGN_LAYERS or min(node.ALIGN_LAYERS) < 0:
             raise ConfigError(f"TRAINER.PROMPTALIGN.ALIGN_LAYERS must list block indices >= 0, got {node.ALIGN_LAYERS}.")

@@ -17,7 +17,7 @@ checkpoint per dataset), distils its predictions into a student that has no text
 * loss, no cross-entropy and no labels: L = w · KL(softmax(z_T/τ) ‖ softmax(z_S/τ)) · τ² / (B·C)
   (KL summed over the batch, divided by numel(z_S)), τ = TEMPERATURE = 1, w = KD_WEIGHT
   (upstream's script: 200 for FGVCAircraft, OxfordFlowers, DescribableTextures, 1000 for the
-  other eight datasets; KD_WEIGHT < 0 reads that table by DATASET.NAME).
+  other eight datasets; KD_WEIGHT auto reads that table by DATASET.NAME).
 
 Transductive training (TRANSDUCTIVE True, upstream's setting): the student trains on the
 unlabelled training images of ALL classes, base and new. The training run of base-to-novel is
@@ -93,12 +93,12 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip import PromptedCLIP, Tokenizer, check_prompt_sizes, load_clip, prompt_parameters
 from vlprompt.clip import CLIPRunner, UnsupportedBackboneError, vision_prompt_plan
 from vlprompt.config import (
-    ConfigError, check_choice, check_range, extend_cfg, get_cfg_default, merge_from_file, register_cfg_extension,
+    ConfigError, check_range, extend_cfg, get_cfg_default, merge_from_file, register_cfg_extension,
 )
 from vlprompt.data import DataManager
 from vlprompt.data.checks import check_images
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-from vlprompt.engine.amp import PRECISIONS
+from vlprompt.engine.option_rules import DatasetRule
 from vlprompt.engine.run_folder import CONFIG_FILENAME, RESULTS_FILENAME, RunFolder
 from vlprompt.paths import repository_root
 from vlprompt.utils import load_checkpoint, save_checkpoint
@@ -111,6 +111,7 @@ KD_WEIGHTS = {
     "ImageNet": 1000.0, "Caltech101": 1000.0, "EuroSAT": 1000.0, "Food101": 1000.0, "OxfordPets": 1000.0,
     "StanfordCars": 1000.0, "SUN397": 1000.0, "UCF101": 1000.0,
 }
+KD_WEIGHT_RULE = DatasetRule("TRAINER.PROMPTKD.KD_WEIGHT", KD_WEIGHTS, source="trainers.promptkd.KD_WEIGHTS")
 TEACHER_TRAINER = "PromptSRC"
 TEACHER_MODEL_NAME = "VLPromptLearner"  # the model name PromptSRC registers (its checkpoint folder)
 TEACHER_DIR_FIELDS = ("dataset", "name", "seed")
@@ -125,7 +126,7 @@ def add_promptkd_config(cfg):
     cfg.TRAINER.PROMPTKD.PROMPT_DEPTH_VISION = 9  # layers with vision prompts (>= 1)
     cfg.TRAINER.PROMPTKD.PREC = "fp16"  # fp16 = autocast with fp32 master weights on CUDA
     cfg.TRAINER.PROMPTKD.TEMPERATURE = 1.0  # τ of the distillation
-    cfg.TRAINER.PROMPTKD.KD_WEIGHT = -1.0  # w; < 0: from KD_WEIGHTS by DATASET.NAME
+    cfg.TRAINER.PROMPTKD.KD_WEIGHT = "auto"  # w; auto: from KD_WEIGHTS by DATASET.NAME
     cfg.TRAINER.PROMPTKD.TEACHER_DIR = ""  # PromptSRC run folder; may hold {dataset}, {name} and {seed}
     cfg.TRAINER.PROMPTKD.TEACHER_BACKBONE = "ViT-L/14"  # backbone of an upstream-format teacher folder
     cfg.TRAINER.PROMPTKD.TEACHER_WEIGHTS = ""  # its CLIP weights (MODEL.BACKBONE.WEIGHTS semantics)
@@ -134,15 +135,14 @@ def add_promptkd_config(cfg):
 
 
 def kd_weight(value, dataset):
-    """w: ``value`` (TRAINER.PROMPTKD.KD_WEIGHT) when >= 0, else the KD_WEIGHTS entry of ``dataset``."""
-    if value >= 0:
-        return float(value)
-    if dataset not in KD_WEIGHTS:
-        raise ConfigError(
-            f"TRAINER.PROMPTKD.KD_WEIGHT {value!r} means 'from trainers.promptkd.KD_WEIGHTS', which has no "
-            f"entry for DATASET.NAME {dataset!r} (it has {', '.join(KD_WEIGHTS)}); set TRAINER.PROMPTKD.KD_WEIGHT."
-        )
-    return KD_WEIGHTS[dataset]
+    """w: ``value`` (TRAINER.PROMPTKD.KD_WEIGHT), or for ``auto`` the KD_WEIGHTS entry of ``dataset``.
+
+    Raises:
+        ConfigError: ``auto`` for a dataset outside KD_WEIGHTS, or w < 0.
+    """
+    weight = KD_WEIGHT_RULE.resolve(value, dataset)
+    check_range("TRAINER.PROMPTKD.KD_WEIGHT", weight, minimum=0.0)
+    return float(weight)
 
 
 def distillation_loss(student_logits, teacher_logits, temperature):
@@ -427,8 +427,6 @@ class PromptKDCLIP(PromptedCLIP):
 
     def __init__(self, clip, teacher, classnames, node, weight):
         super().__init__(clip)
-        if clip.visual is None:
-            raise UnsupportedBackboneError("PromptKD's student needs a ViT image tower (deep vision prompts).")
         self.vision_prompts = prompt_parameters(node.PROMPT_DEPTH_VISION, node.N_CTX_VISION, clip.visual.width)
         self.projector = Projector(clip.visual.output_dim, teacher.embed_dim)
         object.__setattr__(self, "teacher", teacher)
@@ -470,9 +468,10 @@ class PromptKD(ClipTrainer):
             (all classes with TRANSDUCTIVE, else the run's own).
     """
 
+    vit_required_for = "deep vision prompts"
+
     def check_cfg(self, cfg):
         node = cfg.TRAINER.PROMPTKD
-        check_choice("TRAINER.PROMPTKD.PREC", node.PREC, PRECISIONS)
         check_prompt_sizes(cfg, "PROMPTKD", vision=("PROMPT_DEPTH_VISION", "N_CTX_VISION"))
         check_range("TRAINER.PROMPTKD.TEMPERATURE", node.TEMPERATURE, minimum=1e-6)
         check_range("TRAINER.PROMPTKD.UNLABELLED_SHOTS", node.UNLABELLED_SHOTS, minimum=0,
@@ -490,6 +489,7 @@ class PromptKD(ClipTrainer):
                 len(self.classnames), f"the {cfg.DATASET.SUBSAMPLE_CLASSES} classes of {cfg.DATASET.NAME} here")
         teacher = PromptSRCTeacher(self.teacher_run, self.classnames, self.device)
         weight = kd_weight(node.KD_WEIGHT, cfg.DATASET.NAME)
+        print(KD_WEIGHT_RULE.describe(node.KD_WEIGHT, cfg.DATASET.NAME))
         self.model = PromptKDCLIP(clip, teacher, self.classnames, node, weight).to(self.device)
         self.register_learner("VLPromptLearner", self.model)
         self.train_classnames = self.classnames

@@ -66,12 +66,11 @@ import torch.nn.functional as F
 from torch import nn
 from yacs.config import CfgNode as CN
 
-from vlprompt.clip import InsertTokens, MapTokens, Plan, PromptedCLIP, UnsupportedBackboneError, fill_template
+from vlprompt.clip import InsertTokens, MapTokens, Plan, PromptedCLIP, fill_template
 from vlprompt.clip import check_prompt_sizes
 from vlprompt.clip.templates import dataset_template
-from vlprompt.config import check_choice, check_range, register_cfg_extension
+from vlprompt.config import check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-from vlprompt.engine.amp import PRECISIONS
 
 from .prograd import PROGRAD_TEMPLATES
 
@@ -202,7 +201,6 @@ class ProVPCLIP(PromptedCLIP):
 
 def check_provp_config(cfg):
     node = cfg.TRAINER.PROVP
-    check_choice("TRAINER.PROVP.PREC", node.PREC, PRECISIONS)
     check_prompt_sizes(cfg, "PROVP", vision=("PROMPT_DEPTH", "N_PROMPTS"))
     check_range("TRAINER.PROVP.ALPHA", node.ALPHA, minimum=0.0, maximum=1.0)
     check_range("TRAINER.PROVP.INIT_PATCH_SIZE", node.INIT_PATCH_SIZE, minimum=1)
@@ -213,14 +211,13 @@ def check_provp_config(cfg):
 class ProVP(ClipTrainer):
     """ProVP-Ref trainer; the checkpointed module ("prompt_learner") holds P."""
 
+    vit_required_for = "prompts of the image tower's blocks"
+
     def check_cfg(self, cfg):
         check_provp_config(cfg)
 
     def build_model(self):
         clip, tokenizer = self.build_clip()
-        if clip.visual is None:
-            raise UnsupportedBackboneError(
-                f"ProVP prompts a ViT image tower; {self.cfg.MODEL.BACKBONE.NAME} is not one.")
         template = provp_template(self.cfg.DATASET.NAME, self.dm.dataset)
         self.model = ProVPCLIP(clip, tokenizer, self.classnames, template, self.cfg.TRAINER.PROVP).to(self.device)
         self.register_learner("prompt_learner", self.model.prompt_learner)

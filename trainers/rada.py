@@ -16,10 +16,9 @@ a :class:`RationalAdapter` (the generator registered as its ``mask_generator`` s
 import torch.nn.functional as F
 from yacs.config import CfgNode as CN
 
-from vlprompt.clip.templates import DEFAULT_TEMPLATE, check_template, dataset_template
+from vlprompt.clip.templates import DEFAULT_TEMPLATE, check_template
 from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-from vlprompt.engine.amp import PRECISIONS
 
 from .rada_mask_generators import build_mask_generator, check_generator_node
 from .rada_rational import ATTN_NORMS, MASK_LOSSES, QUERY_INPUTS, RationalAdapter
@@ -55,8 +54,9 @@ def add_rada_config(cfg):
 
 def check_rada_node(node, name):
     """Raise ConfigError for invalid RAda keys of ``node`` (called ``name`` in messages); checks
-    the generator keys and, where the node has them, PREC, TEMPLATE and the mask-loss keys."""
-    choices = (("PREC", PRECISIONS), ("ATTN_NORM", ATTN_NORMS), ("MASK_LOSS", MASK_LOSSES))
+    the generator keys and, where the node has them, TEMPLATE and the mask-loss keys (PREC is the
+    engine's: SimpleTrainer.check_declared_cfg)."""
+    choices = (("ATTN_NORM", ATTN_NORMS), ("MASK_LOSS", MASK_LOSSES))
     for key, allowed in choices:
         if key in node and node[key] not in allowed:
             raise ConfigError(f"{name}.{key} must be one of {list(allowed)}, got '{node[key]}'.")
@@ -121,6 +121,6 @@ class RAda(ClipTrainer):
     def build_model(self):
         node = self.cfg.TRAINER.RADA
         clip, tokenizer = self.build_clip()
-        templates = [dataset_template(self.dm.dataset, node.TEMPLATE)]
+        templates = [self.dataset_template(node.TEMPLATE)]
         self.model = RAdaCLIP(clip, tokenizer, self.classnames, templates, node).to(self.device).eval()
         self.register_learner("mask_generator", self.model.mask_generator)

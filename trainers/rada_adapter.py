@@ -14,7 +14,7 @@ are vit_b16_base2new_paper.yaml. The image encoder is frozen: training reads cac
 """
 from yacs.config import CfgNode as CN
 
-from vlprompt.clip.templates import DEFAULT_TEMPLATE, dataset_template
+from vlprompt.clip.templates import DEFAULT_TEMPLATE
 from vlprompt.config import register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 
@@ -69,7 +69,7 @@ class RAdaAdapter(ClipTrainer):
     def build_model(self):
         node = self.cfg.TRAINER.RADAADAPTER
         clip, tokenizer = self.build_clip()
-        templates = [dataset_template(self.dm.dataset, node.TEMPLATE)]
+        templates = [self.dataset_template(node.TEMPLATE)]
         self.model = RAdaAdapterCLIP(clip, tokenizer, self.classnames, templates, node).to(self.device).eval()
         self.register_learner("mask_generator", self.model.mask_generator)
         self.register_learner("adapter", self.model.adapters)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from yacs.config import CfgNode as CN
 
-from vlprompt.clip.templates import DEFAULT_TEMPLATE, dataset_template
+from vlprompt.clip.templates import DEFAULT_TEMPLATE
 from vlprompt.config import register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.test_time import (
@@ -54,7 +54,7 @@ class RAdaTTT(TestTimeTrainer):
     def build_model(self):
         node = self.cfg.TRAINER.RADATTT
         clip, tokenizer = self.build_clip()
-        templates = [dataset_template(self.dm.dataset, node.TEMPLATE)]
+        templates = [self.dataset_template(node.TEMPLATE)]
         self.model = RAdaCLIP(clip, tokenizer, self.classnames, templates, node).to(self.device).eval()
         self.register_model("mask_generator", self.model.mask_generator)
         self.episode_start = None

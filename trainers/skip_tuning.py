@@ -40,8 +40,8 @@ the uninterrupted run.
 Recipe (configs/trainers/SkipTuning/vit_b16_bs4.yaml): SGD (momentum 0.9, weight decay 5e-4),
 text lr OPTIM.LR 2e-5, image lr IMAGE_LR 5e-6, one warm-up epoch at a constant 1e-6 (both groups),
 cosine over 20 epochs, batch 4; EPOCH_DIVISOR 4 for ImageNet, SUN397 and Food101 (table
-EPOCH_DIVISORS, read by DATASET.NAME): int(20 / 4) = 5 epochs, the number the protocol runner
-loads (``training_epochs``). Checkpoints hold the tuned parameters only (the engine drops frozen
+EPOCH_DIVISORS, read by DATASET.NAME for EPOCH_DIVISOR auto): int(20 / 4) = 5 epochs, the number
+the protocol runner loads (``training_epochs``). Checkpoints hold the tuned parameters only (the engine drops frozen
 ones): ViT-B/16 6·7,087,872 + 6·3,152,384 + 2·768 + 768·512 + 2·512 + 512·512 = 62,099,456 values.
 
 Verified by reading the official code (Koorye/SkipTuning @ 8c4636ed): trainers/skip_tuning.py
@@ -80,11 +80,12 @@ import torch
 import torch.nn.functional as F
 from yacs.config import CfgNode as CN
 
-from vlprompt.clip import DEFAULT_TEMPLATE, PromptedCLIP, UnsupportedBackboneError, fill_template
+from vlprompt.clip import PromptedCLIP, fill_template
+from vlprompt.clip.templates import check_template
 from vlprompt.config import ConfigError, check_choice, check_range, register_cfg_extension
 from vlprompt.data.data_manager import build_data_loader
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-from vlprompt.engine.amp import PRECISIONS
+from vlprompt.engine.option_rules import AUTO, DatasetRule
 from vlprompt.optim import build_lr_scheduler, build_optimizer
 from vlprompt.utils import count_num_param, get_rng_state, load_pretrained_weights, set_rng_state
 
@@ -108,6 +109,11 @@ TEMPLATES = {
 }
 # DATASET.NAME -> divisor of OPTIM.MAX_EPOCH (upstream SkipTuning.__init__); other datasets: 1.
 EPOCH_DIVISORS = {"ImageNet": 4, "SUN397": 4, "Food101": 4}
+EPOCH_DIVISOR_RULE = DatasetRule("TRAINER.SKIPTUNING.EPOCH_DIVISOR", EPOCH_DIVISORS, default=1,
+                                 source="trainers.skip_tuning.EPOCH_DIVISORS")
+# auto for a dataset outside TEMPLATES: "", the dataset class's own template.
+TEMPLATE_RULE = DatasetRule("TRAINER.SKIPTUNING.TEMPLATE", TEMPLATES, default="",
+                            source="trainers.skip_tuning.TEMPLATES")
 BATCHES = ("auto", "same_class", "random")
 
 
@@ -120,8 +126,8 @@ def add_skip_tuning_config(cfg):
     node.MAX_TOP = 50
     node.LAMBDA = 0.3  # scale of the exponential pdf over the ranks after n_top
     node.IMAGE_LR = 5e-6  # learning rate of the image tower's tuned part (the text's: OPTIM.LR)
-    node.EPOCH_DIVISOR = 0  # epochs = int(OPTIM.MAX_EPOCH / divisor); 0: EPOCH_DIVISORS by DATASET.NAME
-    node.TEMPLATE = ""  # class sentence; "": TEMPLATES by DATASET.NAME, else the dataset's template
+    node.EPOCH_DIVISOR = "auto"  # epochs = int(OPTIM.MAX_EPOCH / divisor); auto: EPOCH_DIVISORS, else 1
+    node.TEMPLATE = "auto"  # class sentence; auto: TEMPLATES by DATASET.NAME; "" or auto outside it: the dataset's
     node.BATCHES = "auto"  # same_class, random, or auto (same_class when DATASET.NUM_SHOTS >= 4)
     node.CACHE_BATCH_SIZE = 128  # images per pass of the frozen lower blocks when caching
 
@@ -265,8 +271,6 @@ class SkipTuningCLIP(PromptedCLIP):
 
     def __init__(self, clip, tokenizer, classnames, template, start_layer):
         super().__init__(clip)
-        if clip.visual is None:
-            raise UnsupportedBackboneError("Skip Tuning fine-tunes ViT blocks; the image tower is not a ViT.")
         depth = min(clip.visual.num_layers, clip.text.num_layers)
         if not 1 <= start_layer < depth:
             raise ConfigError(
@@ -337,19 +341,18 @@ class SkipTuningCLIP(PromptedCLIP):
 
 
 def epoch_divisor(node, dataset):
-    """TRAINER.SKIPTUNING.EPOCH_DIVISOR, or with 0 the EPOCH_DIVISORS entry of ``dataset`` (1 if none)."""
-    return node.EPOCH_DIVISOR if node.EPOCH_DIVISOR > 0 else EPOCH_DIVISORS.get(dataset, 1)
-
-
-def class_template(node, name, dataset):
-    """TRAINER.SKIPTUNING.TEMPLATE, else TEMPLATES[name] (DATASET.NAME), else the dataset class's template."""
-    return node.TEMPLATE or TEMPLATES.get(name) or getattr(type(dataset), "template", DEFAULT_TEMPLATE)
+    """TRAINER.SKIPTUNING.EPOCH_DIVISOR (>= 1), or for auto the EPOCH_DIVISORS entry of ``dataset`` (1 if none)."""
+    divisor = EPOCH_DIVISOR_RULE.resolve(node.EPOCH_DIVISOR, dataset)
+    check_range("TRAINER.SKIPTUNING.EPOCH_DIVISOR", divisor, minimum=1)
+    return divisor
 
 
 @TRAINER_REGISTRY.register()
 class SkipTuning(ClipTrainer):
     """Skip Tuning trainer; the checkpointed module ("SkipTuning") is the model, whose saved state
     is its tuned parameters only. Each epoch trains on a fresh cache of block-S image states."""
+
+    vit_required_for = "its tuned upper blocks read cached block inputs"
 
     @classmethod
     def training_epochs(cls, cfg):
@@ -358,7 +361,6 @@ class SkipTuning(ClipTrainer):
 
     def check_cfg(self, cfg):
         node = cfg.TRAINER.SKIPTUNING
-        check_choice("TRAINER.SKIPTUNING.PREC", node.PREC, PRECISIONS)
         check_choice("TRAINER.SKIPTUNING.BATCHES", node.BATCHES, BATCHES)
         if node.TOP_RATIO <= 0:
             raise ConfigError(
@@ -369,10 +371,9 @@ class SkipTuning(ClipTrainer):
             raise ConfigError(f"TRAINER.SKIPTUNING.LAMBDA (the pdf's scale) must be > 0, got {node.LAMBDA}.")
         if node.IMAGE_LR < 0:
             raise ConfigError(f"TRAINER.SKIPTUNING.IMAGE_LR must be >= 0, got {node.IMAGE_LR}.")
-        check_range("TRAINER.SKIPTUNING.EPOCH_DIVISOR", node.EPOCH_DIVISOR, minimum=0)
         check_range("TRAINER.SKIPTUNING.CACHE_BATCH_SIZE", node.CACHE_BATCH_SIZE, minimum=1)
-        if node.TEMPLATE and node.TEMPLATE.count("{}") != 1:
-            raise ConfigError(f"TRAINER.SKIPTUNING.TEMPLATE must contain exactly one '{{}}', got '{node.TEMPLATE}'.")
+        if node.TEMPLATE != AUTO:
+            check_template(node.TEMPLATE, "TRAINER.SKIPTUNING.TEMPLATE")
         if self.training_epochs(cfg) < 1:
             raise ConfigError(
                 f"OPTIM.MAX_EPOCH {cfg.OPTIM.MAX_EPOCH} / EPOCH_DIVISOR {epoch_divisor(node, cfg.DATASET.NAME)} "
@@ -382,7 +383,7 @@ class SkipTuning(ClipTrainer):
     def build_model(self):
         cfg, node = self.cfg, self.cfg.TRAINER.SKIPTUNING
         clip, tokenizer = self.build_clip()
-        template = class_template(node, cfg.DATASET.NAME, self.dm.dataset)
+        template = self.dataset_template(TEMPLATE_RULE.resolve(node.TEMPLATE, cfg.DATASET.NAME))
         self.model = SkipTuningCLIP(clip, tokenizer, self.classnames, template, node.START_LAYER).to(self.device)
         if cfg.MODEL.INIT_WEIGHTS:
             load_pretrained_weights(self.model, cfg.MODEL.INIT_WEIGHTS)

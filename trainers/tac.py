@@ -63,13 +63,12 @@ from torch import nn
 from yacs.config import CfgNode as CN
 
 from vlprompt.clip import (
-    InsertTokens, Plan, PromptedCLIP, PromptTooLongError, ReplaceTokens, UnsupportedBackboneError,
-    check_prompt_depth, prompt_parameters, read_reference_checkpoints, tower_depths,
+    InsertTokens, Plan, PromptedCLIP, PromptTooLongError, ReplaceTokens, check_prompt_depth, prompt_parameters,
+    read_reference_checkpoints, tower_depths,
 )
-from vlprompt.config import ConfigError, check_choice, check_range, register_cfg_extension
+from vlprompt.config import ConfigError, check_range, register_cfg_extension
 from vlprompt.data.descriptions import DescriptionsError, descriptions_file, read_class_descriptions
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-from vlprompt.engine.amp import PRECISIONS
 
 from .promptsrc import GaussianPromptAggregation
 
@@ -304,7 +303,6 @@ def _rename_reference_keys(module, state_dict, prefix, *args):
 def check_tac_config(cfg):
     """check_cfg of TAC: precision, depths and sizes against the backbone, weights, RETURN_IMG0."""
     node, backbone = cfg.TRAINER.TAC, cfg.MODEL.BACKBONE.NAME
-    check_choice("TRAINER.TAC.PREC", node.PREC, PRECISIONS)
     vision_layers, text_layers = tower_depths(backbone)
     check_prompt_depth("TRAINER.TAC.PROMPT_DEPTH_TEXT", node.PROMPT_DEPTH_TEXT, text_layers, 1, "text", backbone)
     check_prompt_depth("TRAINER.TAC.PROMPT_DEPTH_VISION", node.PROMPT_DEPTH_VISION, vision_layers, 1, "image", backbone)
@@ -324,14 +322,13 @@ def check_tac_config(cfg):
 class TAC(ClipTrainer):
     """TAC trainer; the whole model is registered (as upstream) under "VLPromptLearner"."""
 
+    vit_required_for = "cluster and prompt tokens"
+
     def check_cfg(self, cfg):
         check_tac_config(cfg)
 
     def build_model(self):
         clip, tokenizer = self.build_clip()
-        if clip.visual is None:
-            raise UnsupportedBackboneError(
-                f"TAC needs a ViT image tower (cluster and prompt tokens); {self.cfg.MODEL.BACKBONE.NAME} is not one.")
         self.model = TACCLIP(clip, tokenizer, self.classnames, self.cfg.TRAINER.TAC).to(self.device)
         self.register_learner("VLPromptLearner", self.model)
         self.weight_average = GaussianPromptAggregation(np.full(self.max_epoch, 1.0 / self.max_epoch))

@@ -52,9 +52,9 @@ from yacs.config import CfgNode as CN
 
 from vlprompt.clip import Plan, PromptedCLIP, ReplaceTokens, TextContext, fill_template, tower_depths
 from vlprompt.clip.templates import check_template
-from vlprompt.config import ConfigError, check_choice, check_range, register_cfg_extension
+from vlprompt.config import ConfigError, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-from vlprompt.engine.amp import PRECISIONS
+from vlprompt.engine.option_rules import DatasetRule
 
 # DATASET.NAME -> (text after the context, knowledge template); "{}" is the class name.
 TCP_TEMPLATES = {
@@ -74,6 +74,14 @@ TCP_TEMPLATES = {
     "ImageNetA": ("{}.", "a photo of a {}."),
     "ImageNetR": ("{}.", "a photo of a {}."),
 }
+TEMPLATE_RULES = {
+    key: DatasetRule(f"TRAINER.TCP.{key}", {name: pair[column] for name, pair in TCP_TEMPLATES.items()},
+                     source="TCP_TEMPLATES of trainers/tcp.py", hint=hint)
+    for column, (key, hint) in enumerate((
+        ("CONTEXT_TEMPLATE", "It is the text after the context, e.g. '{}.'."),
+        ("KNOWLEDGE_TEMPLATE", "It is the hand-written sentence, e.g. 'a photo of a {}.'."),
+    ))
+}
 
 
 @register_cfg_extension
@@ -83,8 +91,8 @@ def add_tcp_config(cfg):
     cfg.TRAINER.TCP.PREC = "fp16"  # fp16 = autocast with fp32 master weights on CUDA
     cfg.TRAINER.TCP.INJECT_LAYER = 8  # 0-based text block whose input gets T_c
     cfg.TRAINER.TCP.W_TEXT = 8.0  # weight of 1 - mean cos(t_c, e_c) (hard-coded 8.0 upstream)
-    cfg.TRAINER.TCP.CONTEXT_TEMPLATE = ""  # text after the context; "" = TCP_TEMPLATES[DATASET.NAME]
-    cfg.TRAINER.TCP.KNOWLEDGE_TEMPLATE = ""  # sentence of e_c; "" = TCP_TEMPLATES[DATASET.NAME]
+    cfg.TRAINER.TCP.CONTEXT_TEMPLATE = "auto"  # text after the context; auto: TCP_TEMPLATES[DATASET.NAME]
+    cfg.TRAINER.TCP.KNOWLEDGE_TEMPLATE = "auto"  # sentence of e_c; auto: TCP_TEMPLATES[DATASET.NAME]
 
 
 class QuickGELU(nn.Module):
@@ -181,20 +189,12 @@ def tcp_templates(cfg):
         ConfigError: a template without exactly one "{}", or a dataset outside TCP_TEMPLATES whose
             templates the config does not give.
     """
-    node = cfg.TRAINER.TCP
-    table = TCP_TEMPLATES.get(cfg.DATASET.NAME, (None, None))
-    templates = []
-    given = (("CONTEXT_TEMPLATE", node.CONTEXT_TEMPLATE, table[0]),
-             ("KNOWLEDGE_TEMPLATE", node.KNOWLEDGE_TEMPLATE, table[1]))
-    for key, value, default in given:
-        template = value or default
-        if template is None:
-            raise ConfigError(
-                f"TCP has no per-dataset templates for DATASET.NAME {cfg.DATASET.NAME!r} (looked up in "
-                f"TCP_TEMPLATES of trainers/tcp.py: {sorted(TCP_TEMPLATES)}); set TRAINER.TCP.{key} "
-                "(CONTEXT_TEMPLATE: the text after the context, e.g. '{}.'; KNOWLEDGE_TEMPLATE: the "
-                "hand-written sentence, e.g. 'a photo of a {}.')."
-            )
+    node, templates = cfg.TRAINER.TCP, []
+    for key, value in (("CONTEXT_TEMPLATE", node.CONTEXT_TEMPLATE), ("KNOWLEDGE_TEMPLATE", node.KNOWLEDGE_TEMPLATE)):
+        template = TEMPLATE_RULES[key].resolve(value, cfg.DATASET.NAME)
+        if not template:
+            raise ConfigError(f"TRAINER.TCP.{key} must be 'auto' (from TCP_TEMPLATES by DATASET.NAME) or a "
+                              "template with one '{}', got ''.")
         check_template(template, f"TRAINER.TCP.{key}")
         templates.append(template)
     return tuple(templates)
@@ -206,7 +206,6 @@ class TCP(ClipTrainer):
 
     def check_cfg(self, cfg):
         node, backbone = cfg.TRAINER.TCP, cfg.MODEL.BACKBONE.NAME
-        check_choice("TRAINER.TCP.PREC", node.PREC, PRECISIONS)
         check_range("TRAINER.TCP.N_CTX", node.N_CTX, minimum=1)
         check_range("TRAINER.TCP.W_TEXT", node.W_TEXT, minimum=0.0)
         _, text_layers = tower_depths(backbone)

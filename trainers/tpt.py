@@ -44,7 +44,6 @@ from yacs.config import CfgNode as CN
 
 from vlprompt.config import check_choice, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
-from vlprompt.engine.amp import PRECISIONS
 from vlprompt.engine.test_time import (
     TestTimeTrainer, add_episode_keys, average_prediction_entropy, episode_optimizer, select_confident,
 )
@@ -209,7 +208,6 @@ class TPT(TestTimeTrainer):
 
     def check_cfg(self, cfg):
         node = cfg.TRAINER.TPT
-        check_choice("TRAINER.TPT.PREC", node.PREC, PRECISIONS)
         check_choice("TRAINER.TPT.PROMPT", node.PROMPT, list(PROMPTS))
         super().check_cfg(cfg)
 

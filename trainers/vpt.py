@@ -12,9 +12,8 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip import (
     PromptedCLIP, check_prompt_sizes, prompt_parameters, read_reference_checkpoints, vision_prompt_plan,
 )
-from vlprompt.config import check_choice, register_cfg_extension
+from vlprompt.config import register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-from vlprompt.engine.amp import PRECISIONS
 
 
 @register_cfg_extension
@@ -64,7 +63,6 @@ class VPT(ClipTrainer):
     """VPT trainer; the whole model is registered (as the reference) under "prompt_learner"."""
 
     def check_cfg(self, cfg):
-        check_choice("TRAINER.VPT.PREC", cfg.TRAINER.VPT.PREC, PRECISIONS)
         check_prompt_sizes(cfg, "VPT", vision=("PROMPT_DEPTH_VISION", "N_CTX_VISION"))
 
     def build_model(self):

@@ -9,7 +9,7 @@ for ImageNet), then re-normalises. Both run with ``--eval-only``.
 import torch
 import torch.nn.functional as F
 
-from vlprompt.clip import DEFAULT_TEMPLATE, IMAGENET_TEMPLATES_SELECT, PromptedCLIP, fill_template
+from vlprompt.clip import IMAGENET_TEMPLATES_SELECT, PromptedCLIP, fill_template
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 
 
@@ -56,7 +56,7 @@ class ZeroshotCLIP(ClipTrainer):
     frozen_image_encoder = True  # FEATURE_CACHE.ENABLED True caches the test images' features
 
     def templates(self):
-        return [getattr(type(self.dm.dataset), "template", DEFAULT_TEMPLATE)]
+        return [self.dataset_template()]
 
     def build_model(self):
         clip, tokenizer = self.build_clip()
@@ -75,5 +75,5 @@ class ZeroshotCLIP2(ZeroshotCLIP):
     def templates(self):
         templates = list(IMAGENET_TEMPLATES_SELECT)
         if self.cfg.DATASET.NAME != "ImageNet":
-            templates.append(getattr(type(self.dm.dataset), "template", DEFAULT_TEMPLATE))
+            templates.append(self.dataset_template())
         return templates

@@ -2,9 +2,10 @@
 
 The merge itself is yacs's (``CfgNode.merge_from_other_cfg`` / ``merge_from_list``):
 every key must exist, string values are literal-evaluated, int and float do not mix,
-list and tuple convert into each other. Before merging, the input is checked with
-yacs's own decoding and type rules, and any failure becomes one :class:`ConfigError`
-paragraph naming the key, where it came from, and what would be accepted.
+list and tuple convert into each other; a number may replace the string ``auto`` and ``auto`` a
+number (options whose ``auto`` a rule resolves, :mod:`vlprompt.engine.option_rules`). Before
+merging, the input is checked with yacs's own decoding and type rules, and any failure becomes
+one :class:`ConfigError` paragraph naming the key, where it came from, and what would be accepted.
 
 Inheritance: a config file may name a base config at its top level,
 ``_BASE_: ../_base_/clip.yaml``, whose path is relative to the folder of the file that names
@@ -24,6 +25,7 @@ __all__ = ["ConfigError", "config_chain", "merge_from_file", "merge_from_list", 
 
 COMMAND_LINE = "command line"
 BASE_KEY = "_BASE_"
+AUTO = "auto"  # the value of an option a rule resolves (vlprompt.engine.option_rules)
 
 
 class ConfigError(ValueError):
@@ -106,9 +108,20 @@ def _type_hint(expected, given):
     return ""
 
 
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _auto_or_number(expected, decoded):
+    """Whether ``decoded`` replaces ``expected`` across the ``auto`` / number line (either way)."""
+    return (expected == AUTO and _is_number(decoded)) or (_is_number(expected) and decoded == AUTO)
+
+
 def _checked_value(expected, value, full_key, source):
     """Decode ``value`` like yacs and return it coerced to the type of ``expected``."""
     decoded = CfgNode._decode_cfg_value(copy.deepcopy(value))
+    if _auto_or_number(expected, decoded):
+        return decoded
     try:
         return _check_and_coerce_cfg_value_type(decoded, expected, full_key.split(".")[-1], full_key)
     except ValueError:
@@ -134,6 +147,19 @@ def _check_node(cfg, node, other, prefix, source):
         checked = _checked_value(node[name], value, full_key, source)
         if isinstance(checked, CfgNode):
             _check_node(cfg, node[name], checked, full_key + ".", source)
+
+
+def _assign_auto_or_number(cfg, other):
+    """Set the keys of ``other`` that cross the ``auto`` / number line directly in ``cfg``, so that
+    yacs's merge, which does not allow that change of type, then finds equal types."""
+    for name, value in other.items():
+        if name not in cfg:
+            continue
+        decoded = CfgNode._decode_cfg_value(copy.deepcopy(value))
+        if isinstance(cfg[name], CfgNode) and isinstance(decoded, CfgNode):
+            _assign_auto_or_number(cfg[name], decoded)
+        elif _auto_or_number(cfg[name], decoded):
+            cfg[name] = decoded
 
 
 def _lookup(cfg, full_key, source):
@@ -251,6 +277,7 @@ def merge_from_file(cfg, path):
     for file, node in chain:
         _check_node(cfg, cfg, node, "", _file_source(file, files))
     for _, node in chain:
+        _assign_auto_or_number(cfg, node)
         cfg.merge_from_other_cfg(node)
 
 
@@ -287,4 +314,6 @@ def merge_from_list(cfg, opts):
             raise ConfigError(f'"{full_key}" is not a config key: it looks like a command-line option. {OPTIONS_FIRST}')
     for full_key, value in zip(opts[0::2], opts[1::2]):
         _checked_value(_lookup(cfg, full_key, COMMAND_LINE), value, full_key, COMMAND_LINE)
+        *parents, name = full_key.split(".")
+        _assign_auto_or_number(_lookup(cfg, ".".join(parents), COMMAND_LINE) if parents else cfg, {name: value})
     cfg.merge_from_list(opts)

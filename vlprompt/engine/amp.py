@@ -21,12 +21,20 @@ PRECISIONS = ("fp32", "fp16", "amp", "bf16")
 _AUTOCAST_DTYPES = {"fp16": torch.float16, "amp": torch.float16, "bf16": torch.bfloat16}
 
 
+def precision_key(cfg):
+    """The key the precision is read from, "TRAINER.<TRAINER.NAME upper>.PREC", or None when the
+    trainer's node (or its PREC) does not exist."""
+    node = cfg.TRAINER.get(cfg.TRAINER.NAME.upper())
+    if not isinstance(node, dict) or "PREC" not in node:
+        return None
+    return f"TRAINER.{cfg.TRAINER.NAME.upper()}.PREC"
+
+
 def resolve_precision(cfg) -> str:
     """Return the precision requested by ``cfg.TRAINER.<TRAINER.NAME upper>.PREC``, or "fp32" if absent."""
-    node = cfg.TRAINER.get(cfg.TRAINER.NAME.upper())
-    if not isinstance(node, dict):
+    if precision_key(cfg) is None:
         return "fp32"
-    return node.get("PREC", "fp32")
+    return cfg.TRAINER[cfg.TRAINER.NAME.upper()].PREC
 
 
 class MixedPrecision:

@@ -3,7 +3,9 @@
 A method trainer only says which model to build and which module holds its learnable
 parameters; this class does the rest the CoOp-family trainers repeat:
 
-* builds the frozen CLIP runner and tokenizer from ``MODEL.BACKBONE.{NAME,WEIGHTS}``;
+* builds the frozen CLIP runner and tokenizer from ``MODEL.BACKBONE.{NAME,WEIGHTS}``, refusing
+  a backbone whose image tower is not a ViT for a method that declares ``vit_required_for``;
+* gives the class sentence of the dataset (``dataset_template``);
 * gives the class names of the current split with "_" replaced by " ";
 * ``forward_backward``: autocast forward of ``model.loss(images, labels)``, (scaled)
   backward and step, the ``loss``/``acc`` summary (plus the method's named terms), and
@@ -14,7 +16,8 @@ parameters; this class does the rest the CoOp-family trainers repeat:
   provides ``encode_image_features(images)``, ``forward_features(features)`` and, to train,
   ``loss_features(features, labels)``.
 """
-from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
+from vlprompt.clip import CLIPRunner, Tokenizer, UnsupportedBackboneError, load_clip
+from vlprompt.clip.templates import dataset_template
 from vlprompt.config import ConfigError
 from vlprompt.data.feature_cache import FeatureCache
 from vlprompt.metrics import compute_accuracy
@@ -40,10 +43,13 @@ class ClipTrainer(TrainerX):
         frozen_image_encoder (bool, class attribute): the model never changes its image
             encoder, so FEATURE_CACHE may be enabled (override ``uses_frozen_image_encoder``
             when it depends on the config).
+        vit_required_for (str, class attribute): what the method needs a ViT image tower for
+            (e.g. "representation tokens"); when set, ``build_clip`` refuses another backbone.
         feature_cache (FeatureCache or None): set when FEATURE_CACHE.ENABLED.
     """
 
     frozen_image_encoder = False
+    vit_required_for = ""
 
     def __init__(self, cfg):
         self.feature_cache = None
@@ -82,12 +88,25 @@ class ClipTrainer(TrainerX):
 
         Returns:
             (CLIPRunner, Tokenizer)
+
+        Raises:
+            UnsupportedBackboneError: ``vit_required_for`` is set and the image tower is not a ViT.
         """
         backbone = self.cfg.MODEL.BACKBONE
         print(f"Loading CLIP (backbone: {backbone.NAME})")
         model, info = load_clip(backbone.NAME, backbone.WEIGHTS, device=self.device)
         print(f"CLIP weights: {info['weights']} (open_clip config {info['model_name']}, QuickGELU {info['quick_gelu']})")
-        return CLIPRunner(model), Tokenizer(backbone.NAME)
+        runner = CLIPRunner(model)
+        if self.vit_required_for and runner.visual is None:
+            raise UnsupportedBackboneError(
+                f"{type(self).__name__} needs a ViT image tower ({self.vit_required_for}); "
+                f"{backbone.NAME} is not one.")
+        return runner, Tokenizer(backbone.NAME)
+
+    def dataset_template(self, template=""):
+        """The class sentence with "{}": ``template`` when given, else the dataset class's
+        ``template`` attribute, else DEFAULT_TEMPLATE ("a photo of a {}.")."""
+        return dataset_template(self.dm.dataset, template)
 
     @property
     def eval_role(self):

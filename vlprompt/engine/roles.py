@@ -21,8 +21,8 @@ is the one place that infers it:
 * an ``--eval-only`` run without a model folder (zero-shot methods) uses the same-dataset rule.
 
 Methods read the role as ``ClipTrainer.eval_role`` (or :func:`eval_role` of a config), and a
-method option whose value depends on it is a :class:`RoleRule`: its value ``auto`` picks one
-value per role, explicit values override.
+method option whose value depends on it is a :class:`~vlprompt.engine.option_rules.RoleRule`:
+its value ``auto`` picks one value per role, explicit values override.
 """
 from dataclasses import dataclass
 from typing import Mapping, Optional
@@ -32,12 +32,11 @@ from vlprompt.config import ConfigError
 from .run_folder import CONFIG_FILENAME, RESULTS_FILENAME, RunFolder
 
 __all__ = [
-    "EVAL_ROLES", "AUTO", "EvalRole", "RoleRule", "check_eval_role", "infer_eval_role", "resolve_eval_role",
-    "eval_role", "trained_dataset",
+    "EVAL_ROLES", "EvalRole", "check_eval_role", "infer_eval_role", "resolve_eval_role", "eval_role",
+    "trained_dataset",
 ]
 
 EVAL_ROLES = ("base", "new", "source", "target")
-AUTO = "auto"
 
 _SAME_DATASET_ROLES = {"base": "base", "new": "new", "all": "source"}
 
@@ -119,52 +118,3 @@ def eval_role(cfg) -> str:
     """
     check_eval_role(cfg.TEST.ROLE)
     return cfg.TEST.ROLE or infer_eval_role(cfg, eval_only=True).role
-
-
-class RoleRule:
-    """A method option whose value ``auto`` follows the evaluation role.
-
-    Example (DeAR): ``RoleRule("TRAINER.DEAR.INFERENCE", base="fusion", new="fusion",
-    source="fusion", target="cls")``; ``rule.resolve(node.INFERENCE, trainer.eval_role)``
-    gives "cls" for ``auto`` on a target dataset and the configured value otherwise.
-
-    Args:
-        key: the dotted config key (named in messages).
-        **by_role: the value of ``auto`` for each of EVAL_ROLES (all four required).
-    """
-
-    def __init__(self, key, **by_role):
-        missing, unknown = set(EVAL_ROLES) - set(by_role), set(by_role) - set(EVAL_ROLES)
-        if missing or unknown:
-            raise ValueError(f"RoleRule {key} needs one value for each of {EVAL_ROLES}; "
-                             f"missing {sorted(missing)}, unknown {sorted(unknown)}")
-        self.key = key
-        self.by_role = dict(by_role)
-
-    @property
-    def choices(self):
-        """``auto`` and the values the rule can give, in role order."""
-        return (AUTO,) + tuple(dict.fromkeys(self.by_role[role] for role in EVAL_ROLES))
-
-    def check(self, value):
-        """Raise ConfigError unless ``value`` is one of :attr:`choices`."""
-        if value not in self.choices:
-            raise ConfigError(f"{self.key} must be one of {list(self.choices)}, got {value!r} "
-                              f"({AUTO}: {self.describe_auto()}).")
-
-    def resolve(self, value, role):
-        """The value to use: ``by_role[role]`` for ``auto``, else ``value`` itself."""
-        self.check(value)
-        check_eval_role(role)
-        if not role:
-            raise ValueError(f"{self.key}: resolving needs an evaluation role, one of {EVAL_ROLES}")
-        return self.by_role[role] if value == AUTO else value
-
-    def describe_auto(self):
-        """E.g. "base fusion, new fusion, source fusion, target cls"."""
-        return ", ".join(f"{role} {self.by_role[role]}" for role in EVAL_ROLES)
-
-    def describe(self, value, role):
-        """One log line: what the option resolves to for ``role`` and why."""
-        why = f"{AUTO} for the {role} role" if value == AUTO else f"set explicitly; evaluation role {role}"
-        return f"{self.key}: {self.resolve(value, role)} ({why})"

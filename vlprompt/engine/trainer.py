@@ -28,14 +28,14 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from vlprompt.config import ConfigError
+from vlprompt.config import ConfigError, check_choice
 from vlprompt.config.validate import check_training_cfg, validate_cfg
 from vlprompt.data import DataManager
 from vlprompt.data.checks import DatasetContentError, check_images, check_labels
 from vlprompt.evaluation import build_evaluator
 from vlprompt.utils import AverageMeter, MetricMeter, tolist_if_not
 
-from .amp import MixedPrecision, resolve_precision
+from .amp import PRECISIONS, MixedPrecision, precision_key, resolve_precision
 from .checkpointing import CheckpointHook, CheckpointingMixin
 from .evaluation import EvaluationMixin, FinalEvaluationHook
 from .hooks import HookBase, call_hooks
@@ -164,8 +164,9 @@ class TrainerBase(OptimizationMixin, CheckpointingMixin, WriterMixin):
 class SimpleTrainer(EvaluationMixin, TrainerBase):
     """Trainer built from a config: data, model, evaluator, default hooks; testing, results file.
 
-    Constructor order (trainers rely on it): ``validate_cfg(cfg)`` (the core keys) and
-    ``check_cfg(cfg)`` (``self.cfg`` not yet set), both before any data is read; device,
+    Constructor order (trainers rely on it): ``validate_cfg(cfg)`` (the core keys),
+    ``check_declared_cfg(cfg)`` (what the class declares, e.g. ``precisions``) and
+    ``check_cfg(cfg)`` (``self.cfg`` not yet set), all before any data is read; device,
     epochs / output dir / cfg / precision, ``build_data_loader()`` (labels checked),
     ``build_model()``, evaluator, ``best_result``, ``register_hooks(build_hooks())``. After
     ``build_model()`` the GradScaler is dropped if a registered optimizer holds half-precision
@@ -182,9 +183,14 @@ class SimpleTrainer(EvaluationMixin, TrainerBase):
     the files left out with DATASET.SKIP_BAD_IMAGES.
     """
 
+    # The values of TRAINER.<TRAINER.NAME upper-cased>.PREC this trainer accepts (a trainer whose
+    # node has no PREC runs in fp32); check_declared_cfg refuses any other.
+    precisions = PRECISIONS
+
     def __init__(self, cfg):
         super().__init__()
         validate_cfg(cfg)
+        self.check_declared_cfg(cfg)
         self.check_cfg(cfg)
         use_cuda = torch.cuda.is_available() and cfg.USE_CUDA
         self.device = torch.device("cuda") if use_cuda else torch.device("cpu")
@@ -205,8 +211,21 @@ class SimpleTrainer(EvaluationMixin, TrainerBase):
         self.best_result = -np.inf
         self.register_hooks(self.build_hooks())
 
+    @classmethod
+    def check_declared_cfg(cls, cfg):
+        """Check what the class declares (subclasses extend it, calling super): the precision
+        (``TRAINER.<NAME>.PREC``, where the trainer's node has one) must be one of ``precisions``.
+
+        Raises:
+            ConfigError: naming the key, the allowed values and the value given.
+        """
+        key = precision_key(cfg)
+        if key is not None:
+            check_choice(key, resolve_precision(cfg), cls.precisions)
+
     def check_cfg(self, cfg):
-        """Hook to validate trainer-specific config keys (e.g. PREC); called before ``self.cfg`` is set."""
+        """Hook to validate trainer-specific config keys; called after ``check_declared_cfg`` and
+        before ``self.cfg`` is set."""
 
     @classmethod
     def training_epochs(cls, cfg):

@@ -1,0 +1,143 @@
+"""Method options whose value ``auto`` is chosen by the run: :class:`RoleRule` and :class:`DatasetRule`.
+
+A method declares such an option once, beside its config defaults, and reads it through the rule:
+
+* :class:`RoleRule`: ``auto`` picks one value per evaluation role (base, new, source, target;
+  :mod:`vlprompt.engine.roles`), e.g. the inference head of DeAR, MMRL or DePT;
+* :class:`DatasetRule`: ``auto`` reads a per-dataset table by DATASET.NAME, e.g. MMRL's
+  regularisation weight or TCP's templates.
+
+Any other value is used as given (an explicit value always wins). A numeric option may default
+to ``auto``: the config merge (:mod:`vlprompt.config.merge`) lets a number replace ``auto`` and
+``auto`` replace a number.
+"""
+from typing import Any, Mapping
+
+from vlprompt.config import ConfigError
+from vlprompt.config.merge import AUTO  # the merge lets a number replace it
+
+from .roles import EVAL_ROLES, check_eval_role
+
+__all__ = ["AUTO", "RoleRule", "DatasetRule"]
+
+_REQUIRED = object()
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class RoleRule:
+    """A method option whose value ``auto`` follows the evaluation role.
+
+    Example (DeAR): ``RoleRule("TRAINER.DEAR.INFERENCE", base="fusion", new="fusion",
+    source="fusion", target="cls")``; ``rule.resolve(node.INFERENCE, trainer.eval_role)``
+    gives "cls" for ``auto`` on a target dataset and the configured value otherwise.
+
+    Args:
+        key: the dotted config key (named in messages).
+        **by_role: the value of ``auto`` for each of EVAL_ROLES (all four required).
+    """
+
+    def __init__(self, key, **by_role):
+        missing, unknown = set(EVAL_ROLES) - set(by_role), set(by_role) - set(EVAL_ROLES)
+        if missing or unknown:
+            raise ValueError(f"RoleRule {key} needs one value for each of {EVAL_ROLES}; "
+                             f"missing {sorted(missing)}, unknown {sorted(unknown)}")
+        self.key = key
+        self.by_role = dict(by_role)
+
+    @property
+    def choices(self):
+        """``auto`` and the values the rule can give, in role order."""
+        return (AUTO,) + tuple(dict.fromkeys(self.by_role[role] for role in EVAL_ROLES))
+
+    def check(self, value):
+        """Raise ConfigError unless ``value`` is one of :attr:`choices`."""
+        if value not in self.choices:
+            raise ConfigError(f"{self.key} must be one of {list(self.choices)}, got {value!r} "
+                              f"({AUTO}: {self.describe_auto()}).")
+
+    def resolve(self, value, role):
+        """The value to use: ``by_role[role]`` for ``auto``, else ``value`` itself."""
+        self.check(value)
+        check_eval_role(role)
+        if not role:
+            raise ValueError(f"{self.key}: resolving needs an evaluation role, one of {EVAL_ROLES}")
+        return self.by_role[role] if value == AUTO else value
+
+    def describe_auto(self):
+        """E.g. "base fusion, new fusion, source fusion, target cls"."""
+        return ", ".join(f"{role} {self.by_role[role]}" for role in EVAL_ROLES)
+
+    def describe(self, value, role):
+        """One log line: what the option resolves to for ``role`` and why."""
+        why = f"{AUTO} for the {role} role" if value == AUTO else f"set explicitly; evaluation role {role}"
+        return f"{self.key}: {self.resolve(value, role)} ({why})"
+
+
+class DatasetRule:
+    """A method option whose value ``auto`` is read from a per-dataset table by DATASET.NAME.
+
+    Example (PromptKD): ``DatasetRule("TRAINER.PROMPTKD.KD_WEIGHT", KD_WEIGHTS,
+    source="trainers.promptkd.KD_WEIGHTS")``; ``rule.resolve(node.KD_WEIGHT, cfg.DATASET.NAME)``
+    gives the table's weight of the dataset for ``auto`` and the configured value otherwise.
+
+    Args:
+        key: the dotted config key (named in messages).
+        table: DATASET.NAME -> the value of ``auto`` for that dataset.
+        default: the value of ``auto`` for a dataset missing from the table; without it such a
+            dataset is a ConfigError naming the key, the dataset and the datasets of the table.
+        source: where the table is written (named in messages), e.g. "trainers.tcp.TCP_TEMPLATES".
+        hint: a sentence added to the message of a missing dataset (e.g. what a value looks like).
+    """
+
+    def __init__(self, key: str, table: Mapping[str, Any], default: Any = _REQUIRED, source: str = "",
+                 hint: str = ""):
+        if AUTO in table:
+            raise ValueError(f"DatasetRule {key}: {AUTO!r} cannot be a dataset name of the table.")
+        self.key = key
+        self.table = dict(table)
+        self.default = default
+        self.source = source or "its per-dataset table"
+        self.hint = hint
+
+    @property
+    def has_default(self) -> bool:
+        return self.default is not _REQUIRED
+
+    def lookup(self, dataset: str):
+        """The table's value of ``dataset``, else the default.
+
+        Raises:
+            ConfigError: ``dataset`` is not in the table and the rule has no default.
+        """
+        if dataset in self.table:
+            return self.table[dataset]
+        if self.has_default:
+            return self.default
+        raise ConfigError(
+            f"{self.key} is {AUTO!r}: its value is read from {self.source} by DATASET.NAME, which has no "
+            f"entry for {dataset!r} (it has {', '.join(self.table)}); set {self.key} explicitly. {self.hint}".strip()
+        )
+
+    def resolve(self, value, dataset: str):
+        """The value to use: :meth:`lookup` of ``dataset`` for ``auto``, else ``value`` itself.
+
+        Raises:
+            ConfigError: see :meth:`lookup`; or the table holds numbers and ``value`` is neither
+                ``auto`` nor a number.
+        """
+        if value == AUTO:
+            return self.lookup(dataset)
+        if self.table and all(map(_is_number, self.table.values())) and not _is_number(value):
+            raise ConfigError(f"{self.key} must be {AUTO!r} (read from {self.source} by DATASET.NAME) "
+                              f"or a number, got {value!r}.")
+        return value
+
+    def describe(self, value, dataset: str) -> str:
+        """One log line: what the option resolves to for ``dataset`` and why."""
+        if value != AUTO:
+            return f"{self.key}: {value!r} (set explicitly)"
+        where = "from" if dataset in self.table else "the default of"
+        return f"{self.key}: {self.lookup(dataset)!r} ({AUTO}: {where} {self.source} for {dataset})"
