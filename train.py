@@ -6,7 +6,7 @@
         --output-dir output/oxford_pets/CoOp/seed1 --seed 1 DATASET.NUM_SHOTS 16
 
 ``python train.py --help`` lists the options; :mod:`vlprompt_app.commands.train` holds the
-command (trailing KEY VALUE overrides, evaluation roles, exit statuses).
+command (trailing KEY VALUE overrides, evaluation scopes, exit statuses).
 """
 import sys
 

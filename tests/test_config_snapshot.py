@@ -13,7 +13,7 @@ entries (one per file and key)::
       key: TRAINER.DEAR.INFERENCE
       before: fusion        # the snapshot's value; leave out for a key that did not exist
       after: auto           # today's value; leave out for a key that no longer exists
-      reason: the inference rule follows the evaluation role
+      reason: the inference rule follows the evaluation scope
 
 ``file: defaults`` changes a default value (a trainer node's default, a new or removed key);
 it applies to every config that does not set the key itself. A change of one config's value

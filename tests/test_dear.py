@@ -386,7 +386,7 @@ def test_inference_follows_the_evaluation_role_unless_set(tiny, inference, role,
     clip = CLIPRunner(copy.deepcopy(model))
     roles = deep_head_roles(node, clip.visual.num_layers, clip.visual.num_heads)
     torch.manual_seed(0)
-    dear = DeARCLIP(clip, tokenizer, CLASSES, TEMPLATE, node, roles, eval_role=role).eval()
+    dear = DeARCLIP(clip, tokenizer, CLASSES, TEMPLATE, node, roles, eval_scope=role).eval()
     randomise_prompts(dear)
     x = images()
     with torch.no_grad():

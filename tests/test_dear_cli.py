@@ -189,7 +189,7 @@ def test_shipped_configs_merge_and_pass_check_cfg(name):
         os.chdir(cwd)
     assert cfg.OPTIM.NAME == "adamw" and cfg.OPTIM.LR == 1e-3 and cfg.OPTIM.MAX_EPOCH == 10
     assert tuple(cfg.INPUT.RRCROP_SCALE) == (0.5, 1.0) and cfg.DATALOADER.TRAIN_X.BATCH_SIZE == 16
-    assert cfg.TRAINER.DEAR.INFERENCE == "auto"  # fusion or f_cls by the evaluation role
+    assert cfg.TRAINER.DEAR.INFERENCE == "auto"  # fusion or f_cls by the evaluation scope
 
 
 GROUND_TRUTH_CORE_COUNTS = {"shape": 14, "size": 11, "location": 7, "color": 7}  # 39 of 48 heads, none texture

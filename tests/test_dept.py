@@ -119,7 +119,7 @@ def pets_cfg(toy_world, tmp_path, *opts):  # noqa: F811
     ("target", "all", "auto", "sim", False),
     ("base", "base", "sim", "sim", True),  # explicit override
 ])
-def test_inference_follows_the_evaluation_role(toy_world, tmp_path, role, subsample, inference, expected,  # noqa: F811
+def test_inference_follows_the_evaluation_scope(toy_world, tmp_path, role, subsample, inference, expected,  # noqa: F811
                                                has_head):
     trainer = build_seeded(pets_cfg(toy_world, tmp_path, "TEST.ROLE", role, "DATASET.SUBSAMPLE_CLASSES", subsample,
                                     "TRAINER.DEPT.INFERENCE", inference))
@@ -133,7 +133,7 @@ def test_inference_follows_the_evaluation_role(toy_world, tmp_path, role, subsam
 
 def test_the_head_is_never_applied_to_classes_it_was_not_trained_on(toy_world, tmp_path):  # noqa: F811
     for role, subsample in (("new", "new"), ("target", "all")):
-        with pytest.raises(ConfigError, match=f"INFERENCE fused needs the linear head.*the {role} role"):
+        with pytest.raises(ConfigError, match=f"INFERENCE fused needs the linear head.*the {role} scope"):
             build_seeded(pets_cfg(toy_world, tmp_path, "TEST.ROLE", role, "DATASET.SUBSAMPLE_CLASSES", subsample,
                                   "TRAINER.DEPT.INFERENCE", "fused"))
 

@@ -1,4 +1,4 @@
-"""RAda's fft and ttt protocols: grid expansion (folders, phases, evaluation roles, staged
+"""RAda's fft and ttt protocols: grid expansion (folders, phases, evaluation scopes, staged
 methods, the ttt source model), a tiny end-to-end run of each through tools/run_protocol.py
 with resumption, the Table 1 / Table 3 layouts of tools/parse_results.py, and the published
 files."""

@@ -1,6 +1,6 @@
 """MMRL++ (trainers/mmrlpp.py): the shared residual aligners P^l(R) = R (W + A^l B^l)ᵀ + b^l, the
 β blend of the representation tokens at the later layers of both towers, proj_rep = proj + A_p B_p,
-the loss, the per-dataset β / λ tables and the role-dependent inference, checked against a hand
+the loss, the per-dataset β / λ tables and the scope-dependent inference, checked against a hand
 computation with open_clip's own blocks."""
 import math
 

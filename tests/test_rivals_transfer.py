@@ -84,10 +84,10 @@ def transfer_world(tmp_path_factory):
 
 
 RULES = {  # trainer: (config, log line of the source, log line of a target)
-    "MMRL": ("vit_b16_cross_datasets", "TRAINER.MMRL.INFERENCE: fusion (auto for the source role)",
-             "TRAINER.MMRL.INFERENCE: cls (auto for the target role)"),
-    "DePT": ("vit_b16_maple", "TRAINER.DEPT.INFERENCE: fused (auto for the source role)",
-             "TRAINER.DEPT.INFERENCE: sim (auto for the target role)"),
+    "MMRL": ("vit_b16_cross_datasets", "TRAINER.MMRL.INFERENCE: fusion (auto for the source scope)",
+             "TRAINER.MMRL.INFERENCE: cls (auto for the target scope)"),
+    "DePT": ("vit_b16_maple", "TRAINER.DEPT.INFERENCE: fused (auto for the source scope)",
+             "TRAINER.DEPT.INFERENCE: sim (auto for the target scope)"),
 }
 
 LEARNERS = {"MMRL": "representation", "DePT": "DePT"}  # the registered (checkpointed) module of each
@@ -120,6 +120,6 @@ def test_protocol_runs_score_the_source_with_fusion_and_every_target_with_the_ru
             assert record["completed"] and record["eval_role"] == "target", (name, target)
             assert (record["dataset"], record["num_classes"]) == (dataset, classes)
             log = (run / "log.txt").read_text()
-            assert "Evaluation role: target" in log and target_line in log, (name, target)
+            assert "Evaluation scope: target" in log and target_line in log, (name, target)
             learner = LEARNERS[name]
             assert f'Loading weights to {learner} from "{source / learner}' in log  # the ImageNet model

@@ -324,7 +324,7 @@ def test_fewshot_and_transfer_layouts_with_shared_source_training():
                                      "--load-epoch", "3")
     zs_fewshot = chains[4].runs[0]
     assert zs_fewshot.argv[-1] == "--eval-only"  # all classes, no shot count
-    # every run is given its evaluation role: the source runs (few-shot and transfer
+    # every run is given its evaluation scope: the source runs (few-shot and transfer
     # training), the transfer targets, and the zero-shot method's target evaluations
     role = {r.output_dir: r.argv[r.argv.index("--eval-role") + 1] for c in chains for r in c.runs}
     assert [role[r.output_dir] for r in transfer] == ["source", "target", "target", "target"]
@@ -339,7 +339,7 @@ def test_fewshot_and_transfer_layouts_with_shared_source_training():
 def test_bad_grid_input_gets_one_clear_message(tmp_path):
     with pytest.raises(ConfigError, match="DATASET.NUM_SHOTS, which the protocol sets itself"):
         grid({}, [COOP], opts=["DATASET.NUM_SHOTS", "4"])
-    with pytest.raises(ConfigError, match="TEST.ROLE, which the protocol sets itself .*evaluation role"):
+    with pytest.raises(ConfigError, match="TEST.ROLE, which the protocol sets itself .*evaluation scope"):
         grid({}, [COOP], test_opts=["TEST.ROLE", "target"])
     with pytest.raises(ConfigError, match="odd number"):
         grid({}, [COOP], test_opts=["TEST.SPLIT"])

@@ -14,7 +14,7 @@ moves with it). A_k ~ N(0, 0.01); CoOp's context ~ N(0, 0.02). With MaPLe, its d
 prompts of layers 2..J replace the n context slots, which now start after the attribute block
 (position 1 + K(m+1)); the attribute tokens pass through the deeper layers, as upstream.
 Loss: cross-entropy of the base method's logits s·f̂·t̂ᵀ; inference is the base method's, the
-same for every evaluation role (the attributes describe the dataset, not its classes). On another
+same for every evaluation scope (the attributes describe the dataset, not its classes). On another
 dataset (a cross-dataset or domain-generalization target) the prompt takes that dataset's K'
 words and the trained A_1..A_min(K, K'), as upstream's evaluation does; loading the source's
 checkpoint reports the tokens left unused (K > K') or at their init (K' > K).

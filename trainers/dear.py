@@ -13,7 +13,7 @@ the start-of-text token (re-mixed the same way after each layer).
 
 Logits = sum_k softmax(a)_k * 100 * cos(f_k, t_c) with f_0 = f_cls (task-adaptive fusion);
 INFERENCE cls uses f_cls only; INFERENCE auto (the default) follows the paper for the
-evaluation role: fusion on the training dataset (base, new and source classes: the paper's
+evaluation scope: fusion on the training dataset (base, new and source classes: the paper's
 base-to-novel, few-shot and transfer-source results), f_cls on targets (cross-dataset and
 domain generalization, "decoupled inference"). Loss = CE + lambda_reg * (1 - cos to frozen CLIP, image
 and text) + lambda_fusion * (1 - w_0). Layer numbers are 1-indexed in the config and
@@ -33,11 +33,11 @@ from vlprompt.clip.head_roles import HeadRole, role_attention_mask
 from vlprompt.clip.role_map_registry import find_role_map
 from vlprompt.config import ConfigError, check_choice, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-from vlprompt.engine.option_rules import RoleRule
+from vlprompt.engine.option_rules import ScopeRule
 
 MASK_STRATEGIES = ("role", "all_generalization", "all_mixed", "random_shuffle")
 FUSION_LOSSES = ("one_minus", "neg_log")
-INFERENCE_RULE = RoleRule("TRAINER.DEAR.INFERENCE", base="fusion", new="fusion", source="fusion", target="cls")
+INFERENCE_RULE = ScopeRule("TRAINER.DEAR.INFERENCE", base="fusion", new="fusion", source="fusion", target="cls")
 
 
 @register_cfg_extension
@@ -55,7 +55,7 @@ def add_dear_config(cfg):
     cfg.TRAINER.DEAR.LAMBDA_REG = 1.0
     cfg.TRAINER.DEAR.LAMBDA_FUSION = 0.7
     cfg.TRAINER.DEAR.FUSION_LOSS = "one_minus"  # one_minus: 1 - w_0; neg_log: -log w_0
-    cfg.TRAINER.DEAR.INFERENCE = "auto"  # auto (by evaluation role), fusion or cls (decoupled: f_cls only)
+    cfg.TRAINER.DEAR.INFERENCE = "auto"  # auto (by evaluation scope), fusion or cls (decoupled: f_cls only)
     cfg.TRAINER.DEAR.PREC = "amp"
 
 
@@ -152,11 +152,11 @@ class DeARCLIP(PromptedCLIP):
         template: the dataset's sentence template with one "{}".
         node: cfg.TRAINER.DEAR.
         head_roles: {1-indexed image layer: one HeadRole per head} (deep_head_roles).
-        eval_role: the evaluation role (vlprompt.engine.roles), which INFERENCE auto follows;
+        eval_scope: the evaluation scope (vlprompt.engine.eval_scope), which INFERENCE auto follows;
             the default, source, evaluates the classes of the training dataset.
     """
 
-    def __init__(self, clip, tokenizer, classnames, template, node, head_roles, eval_role="source"):
+    def __init__(self, clip, tokenizer, classnames, template, node, head_roles, eval_scope="source"):
         super().__init__(clip)
         self.attributes = tuple(node.ATTRIBUTES) if node.N_ATTR_TOKENS > 0 else ()
         self.tokens_per_attribute = node.N_ATTR_TOKENS
@@ -169,7 +169,7 @@ class DeARCLIP(PromptedCLIP):
                 f"0 = INJECT_LAYER), but the text tower has {clip.text.num_layers} layers."
             )
         self.lambda_reg, self.lambda_fusion = node.LAMBDA_REG, node.LAMBDA_FUSION
-        self.fusion_loss, self.inference = node.FUSION_LOSS, INFERENCE_RULE.resolve(node.INFERENCE, eval_role)
+        self.fusion_loss, self.inference = node.FUSION_LOSS, INFERENCE_RULE.resolve(node.INFERENCE, eval_scope)
         self.head_roles = head_roles
         self.prompt_learner = DeARPrompts(len(self.attributes), self.tokens_per_attribute, node.N_CTX_TEXT,
                                           clip.visual.proj, clip.text.width)
@@ -317,6 +317,6 @@ class DeAR(ClipTrainer):
         layers = f"{node.INJECT_LAYER}..{clip.visual.num_layers}"
         print(f"Head roles ({node.MASK_STRATEGY}) of image layers {layers}: {summary}")
         template = self.dataset_template()
-        print(INFERENCE_RULE.describe(node.INFERENCE, self.eval_role))
-        self.model = DeARCLIP(clip, tokenizer, self.classnames, template, node, roles, self.eval_role).to(self.device)
+        print(INFERENCE_RULE.describe(node.INFERENCE, self.eval_scope))
+        self.model = DeARCLIP(clip, tokenizer, self.classnames, template, node, roles, self.eval_scope).to(self.device)
         self.register_learner("prompt_learner", self.model.prompt_learner)

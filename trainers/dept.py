@@ -13,11 +13,11 @@ with w = HEAD_WEIGHT = 0.7, i.e. the head sees 2B samples: the true classes' tex
 t_y [B, E] stacked on top of the image features [B, E], both labelled y. The base method's
 node's PREC is not read (TRAINER.DEPT.PREC is the precision).
 
-Inference (TRAINER.DEPT.INFERENCE, a RoleRule; ``auto`` follows the evaluation role):
+Inference (TRAINER.DEPT.INFERENCE, a ScopeRule; ``auto`` follows the evaluation scope):
 * ``fused`` (auto for base and source): (1 - w)·s·f̂·t̂ᵀ + w·h(γ_I ⊙ f + β_I), a weighted sum of
   LOGITS (not of probabilities);
 * ``sim`` (auto for new and target): s·f̂·t̂ᵀ only, the base method's logits.
-The head scores only the classes it was trained on: it is built for the base and source roles
+The head scores only the classes it was trained on: it is built for the base and source scopes
 (the training classes of the training dataset) and not at all for new and target, where
 INFERENCE ``fused`` is a ConfigError (an error, not a silent fallback to ``sim``).
 
@@ -43,7 +43,7 @@ c61a1b57, on a seeded random ViT-B/16 with the base's prompts (MaPLe's prompts a
 CoOp's 16 shared context vectors), FiLM γ/β and the head all drawn away from their inits;
 fixtures tests/fixtures/official/dept-maple.json and dept-coop.json, test
 tests/test_fidelity.py): on MaPLe and on CoOp, the similarity logits, head
-logits, fused base-role logits and training loss (0.3·CE + 0.7·CE_head over [text_y; image])
+logits, fused base-scope logits and training loss (0.3·CE + 0.7·CE_head over [text_y; image])
 agree; the relative max differences are in docs/fidelity.md.
 tests/test_dept.py checks the equations above independently.
 """
@@ -55,16 +55,16 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip import PromptedCLIP
 from vlprompt.config import ConfigError, check_choice, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-from vlprompt.engine.option_rules import RoleRule
-from vlprompt.engine.roles import eval_role
+from vlprompt.engine.option_rules import ScopeRule
+from vlprompt.engine.eval_scope import eval_scope
 
 from .coop import CoOp, CoOpCLIP
 from .maple import MaPLe, MaPLeCLIP
 
 # TRAINER.DEPT.BASE -> (base trainer, whose check_cfg validates the base node; base model; its node).
 BASES = {"CoOp": (CoOp, CoOpCLIP, "COOP"), "MaPLe": (MaPLe, MaPLeCLIP, "MAPLE")}
-INFERENCE_RULE = RoleRule("TRAINER.DEPT.INFERENCE", base="fused", new="sim", source="fused", target="sim")
-HEAD_ROLES = ("base", "source")  # roles that score the training classes, which the head knows
+INFERENCE_RULE = ScopeRule("TRAINER.DEPT.INFERENCE", base="fused", new="sim", source="fused", target="sim")
+HEAD_SCOPES = ("base", "source")  # scopes that score the training classes, which the head knows
 
 
 @register_cfg_extension
@@ -74,7 +74,7 @@ def add_dept_config(cfg):
     cfg.TRAINER.DEPT.PREC = "fp16"  # fp16 = autocast with fp32 master weights on CUDA (the base node's PREC is unused)
     cfg.TRAINER.DEPT.HEAD_WEIGHT = 0.7  # w: loss and fusion (1 - w)·sim + w·head (LINEAR_PROBE.WEIGHT upstream)
     cfg.TRAINER.DEPT.HEAD_LR_MULT = 6.5  # FiLM and head train at OPTIM.LR × this (LR_EXP upstream)
-    cfg.TRAINER.DEPT.INFERENCE = "auto"  # auto (by evaluation role), fused or sim
+    cfg.TRAINER.DEPT.INFERENCE = "auto"  # auto (by evaluation scope), fused or sim
 
 
 class FiLM(nn.Module):
@@ -96,7 +96,7 @@ class DePTCLIP(PromptedCLIP):
         base: the base method's model; it provides ``compute_text_features()`` [C, E] and
             ``unnormalised_image_features(images)`` [B, E].
         node: cfg.TRAINER.DEPT.
-        inference: "fused" or "sim" (INFERENCE_RULE resolved for the evaluation role).
+        inference: "fused" or "sim" (INFERENCE_RULE resolved for the evaluation scope).
         head_classes: C, the classes the head scores (those of ``base``), or 0 for no head
             (then ``inference`` must be "sim" and ``loss`` cannot be used).
 
@@ -145,7 +145,7 @@ class DePTCLIP(PromptedCLIP):
         CE_head is over the 2B rows [γ_T ⊙ t_y + β_T ; γ_I ⊙ f + β_I] with labels [y; y].
         """
         if self.head is None:
-            raise RuntimeError("DePT was built without its linear head (a new or target role); it cannot train")
+            raise RuntimeError("DePT was built without its linear head (a new or target scope); it cannot train")
         features = self.base.unnormalised_image_features(images)
         text = self.compute_text_features()
         logits = self.similarity_logits(features, F.normalize(text, dim=-1))
@@ -168,11 +168,11 @@ class DePT(ClipTrainer):
         check_range("TRAINER.DEPT.HEAD_WEIGHT", node.HEAD_WEIGHT, minimum=0.0, maximum=1.0)
         if node.HEAD_LR_MULT <= 0:
             raise ConfigError(f"TRAINER.DEPT.HEAD_LR_MULT must be > 0, got {node.HEAD_LR_MULT!r}.")
-        role = eval_role(cfg)
-        if INFERENCE_RULE.resolve(node.INFERENCE, role) == "fused" and role not in HEAD_ROLES:
+        scope = eval_scope(cfg)
+        if INFERENCE_RULE.resolve(node.INFERENCE, scope) == "fused" and scope not in HEAD_SCOPES:
             raise ConfigError(
                 f"TRAINER.DEPT.INFERENCE fused needs the linear head, which scores only the classes it was "
-                f"trained on (evaluation roles {' and '.join(HEAD_ROLES)}); the {role} role scores other "
+                f"trained on (evaluation scopes {' and '.join(HEAD_SCOPES)}); the {scope} scope scores other "
                 "classes: use INFERENCE auto or sim."
             )
         base_trainer = BASES[node.BASE][0]
@@ -183,9 +183,9 @@ class DePT(ClipTrainer):
         node = self.cfg.TRAINER.DEPT
         _, base_model, base_key = BASES[node.BASE]
         base = base_model(clip, tokenizer, self.classnames, self.cfg.TRAINER[base_key])
-        print(f"DePT on {node.BASE}; " + INFERENCE_RULE.describe(node.INFERENCE, self.eval_role))
-        inference = INFERENCE_RULE.resolve(node.INFERENCE, self.eval_role)
-        head_classes = len(self.classnames) if self.eval_role in HEAD_ROLES else 0
+        print(f"DePT on {node.BASE}; " + INFERENCE_RULE.describe(node.INFERENCE, self.eval_scope))
+        inference = INFERENCE_RULE.resolve(node.INFERENCE, self.eval_scope)
+        head_classes = len(self.classnames) if self.eval_scope in HEAD_SCOPES else 0
         self.model = DePTCLIP(base, node, inference, head_classes).to(self.device)
         head = set(map(id, self.model.head_parameters()))
         prompts = [p for p in self.model.parameters() if p.requires_grad and id(p) not in head]
@@ -196,5 +196,5 @@ class DePT(ClipTrainer):
         ])
 
     def get_class_dependent_keys(self, name):
-        # The head scores the training classes; a role without it (new, target) drops its rows.
+        # The head scores the training classes; a scope without it (new, target) drops its rows.
         return [] if self.model.head is not None else ["head.weight", "head.bias"]

@@ -17,7 +17,7 @@ Everything trains: both towers, their projections and the logit scale.
 Inference. The zero-shot head is rebuilt from the current text tower at every evaluation:
   w_c = normalise(mean_t normalise(text tower(t(name_c)))) [C, E];  logits = s·f̂·wᵀ [B, C],
 so a model trained on ImageNet evaluates on any class list (ImageNet-A/-R's 200 classes) by
-encoding those names. Every evaluation role is alike (no role-dependent part).
+encoding those names. Every evaluation scope is alike (no role-dependent part).
 
 Recipe (configs/trainers/FLYP/vit_b16.yaml): AdamW lr 1e-5, weight decay 0.1 on every parameter,
 global batch 512, 10 epochs, 500 linear warm-up iterations then a per-iteration cosine to 0

@@ -24,7 +24,7 @@ Loss: α·CE(z_c) + (1−α)·CE(z_r) + λ·(1 − mean_b cos(f_cls, f_cls^CLIP)
       + λ·(1 − mean_c cos(t_c, t_c^CLIP)),
 α = ALPHA = 0.7, λ = REG_WEIGHT, the references from frozen CLIP with the same sentences.
 
-Inference (TRAINER.MMRL.INFERENCE, a RoleRule): ``fusion`` α·z_c + (1−α)·z_r for base and
+Inference (TRAINER.MMRL.INFERENCE, a ScopeRule): ``fusion`` α·z_c + (1−α)·z_r for base and
 source, ``cls`` z_c for new and target (z_r is never used on classes it was not trained on).
 
 Per-dataset settings (upstream trainers/config.py, its B2N task): REG_WEIGHT and REP_DIM ``auto``
@@ -46,7 +46,7 @@ trainers/config.py (λ per dataset, EuroSAT REP_DIM 2048).
 Side by side with the official code (tools/official_equivalence.py MMRL, vlprompt_app/fidelity/methods/mmrl.py,
 tests/test_fidelity.py): yunncheng/MMRL @ 27d8821f's CustomCLIP and MMRL_Loss on a
 seeded random ViT-B/16 (Dassl.pytorch @ c61a1b57), R, each of the 7 maps per tower and proj_rep
-drawn at 10x their init std, 2 images, 3 classes: the fused base-role logits, the class-token
+drawn at 10x their init std, 2 images, 3 classes: the fused base-scope logits, the class-token
 logits, the representation logits and the training loss with the λ regularisers agree (relative
 max differences in docs/fidelity.md; tokens one block early, or two layers' maps swapped, fail).
 Not done yet: the cross-dataset / domain-generalization recipe (ImageNet, batch 32, 1 epoch, no
@@ -62,9 +62,9 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip import InsertTokens, Plan, PromptedCLIP, ReplaceTokens, fill_template
 from vlprompt.config import ConfigError, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-from vlprompt.engine.option_rules import DatasetRule, RoleRule
+from vlprompt.engine.option_rules import DatasetRule, ScopeRule
 
-INFERENCE_RULE = RoleRule("TRAINER.MMRL.INFERENCE", base="fusion", new="cls", source="fusion", target="cls")
+INFERENCE_RULE = ScopeRule("TRAINER.MMRL.INFERENCE", base="fusion", new="cls", source="fusion", target="cls")
 LOGIT_SCALE = 100.0
 # DATASET.NAME -> the settings upstream's trainers/config.py merges for it (B2N recipe).
 DATASET_SETTINGS = {
@@ -96,7 +96,7 @@ def add_mmrl_config(cfg):
     cfg.TRAINER.MMRL.REP_DIM = "auto"  # d_r; auto: from DATASET_SETTINGS by DATASET.NAME
     cfg.TRAINER.MMRL.REG_WEIGHT = "auto"  # λ; auto: from DATASET_SETTINGS by DATASET.NAME
     cfg.TRAINER.MMRL.ALPHA = 0.7  # α: CE and fusion weight of z_c
-    cfg.TRAINER.MMRL.INFERENCE = "auto"  # auto (by evaluation role), fusion or cls
+    cfg.TRAINER.MMRL.INFERENCE = "auto"  # auto (by evaluation scope), fusion or cls
 
 
 def dataset_settings(node, dataset):
@@ -305,9 +305,9 @@ class MMRL(ClipTrainer):
         clip, tokenizer = self.build_clip()
         node, rep_dim, reg_weight = self.model_settings()
         template = self.dataset_template()
-        print(self.inference_rule.describe(node.INFERENCE, self.eval_role))
+        print(self.inference_rule.describe(node.INFERENCE, self.eval_scope))
         self.model = self.model_class(
             clip, tokenizer, self.classnames, template, node, rep_dim, reg_weight,
-            self.inference_rule.resolve(node.INFERENCE, self.eval_role),
+            self.inference_rule.resolve(node.INFERENCE, self.eval_scope),
         ).to(self.device)
         self.register_learner("representation", self.model.representation)

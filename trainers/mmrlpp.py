@@ -1,7 +1,7 @@
 """MMRL++: parameter-efficient and interaction-aware representation learning (Guo et al., 2025).
 
 MMRL (trainers/mmrl.py) with three changes; everything else (R, the towers' token placement,
-f_cls, t_c, the logits, the loss and the role-dependent inference) is MMRL's, shared through
+f_cls, t_c, the logits, the loss and the scope-dependent inference) is MMRL's, shared through
 :class:`trainers.mmrl.MMRLCLIP`.
 
 1. Shared residual representation aligners (SRRA, RES_LORA_DIM = r = 4). For each tower one
@@ -53,7 +53,7 @@ Side by side with the official code (tools/official_equivalence.py MMRLpp,
 vlprompt_app/fidelity/methods/mmrl.py, tests/test_fidelity.py): upstream's CustomCLIP
 and MMRLpp_Loss on a seeded random ViT-B/16 (Dassl.pytorch @ c61a1b57), β 0.7, every learnable
 value (R, W, b^l, A^l, B^l of both towers, A_p, B_p) drawn away from its init, 2 images, 3
-classes: the fused base-role logits, the class-token logits, the representation logits and the
+classes: the fused base-scope logits, the class-token logits, the representation logits and the
 training loss with the λ regularisers agree (relative max differences in docs/fidelity.md; tokens
 one block early, β and 1 − β exchanged, or two layers' residuals swapped, fail).
 """
@@ -66,13 +66,13 @@ from yacs.config import CfgNode as CN
 
 from vlprompt.config import ConfigError, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
-from vlprompt.engine.option_rules import DatasetRule, RoleRule
-from vlprompt.engine.roles import eval_role
+from vlprompt.engine.option_rules import DatasetRule, ScopeRule
+from vlprompt.engine.eval_scope import eval_scope
 
 from .mmrl import MMRL, MMRLCLIP, SharedRepresentation, check_representation_config
 
 KEY = "TRAINER.MMRLPP"
-INFERENCE_RULE = RoleRule(f"{KEY}.INFERENCE", base="fusion", new="cls", source="fusion", target="cls")
+INFERENCE_RULE = ScopeRule(f"{KEY}.INFERENCE", base="fusion", new="cls", source="fusion", target="cls")
 # DATASET.NAME -> β and λ, upstream's trainers/config.py for TASK B2N and FS.
 BASE2NEW_SETTINGS = {
     "ImageNet": {"BETA": 0.9, "REG_WEIGHT": 0.2},
@@ -95,11 +95,11 @@ TARGET_BETA = {
 }
 BASE2NEW_RULES = {
     key: DatasetRule(f"{KEY}.{key}", {name: row[key] for name, row in BASE2NEW_SETTINGS.items()},
-                     source="trainers.mmrlpp.BASE2NEW_SETTINGS (evaluation roles base, new and source)")
+                     source="trainers.mmrlpp.BASE2NEW_SETTINGS (evaluation scopes base, new and source)")
     for key in ("BETA", "REG_WEIGHT")
 }
 TARGET_BETA_RULE = DatasetRule(f"{KEY}.BETA", TARGET_BETA,
-                               source="trainers.mmrlpp.TARGET_BETA (evaluation role target)")
+                               source="trainers.mmrlpp.TARGET_BETA (evaluation scope target)")
 
 
 @register_cfg_extension
@@ -111,19 +111,19 @@ def add_mmrlpp_config(cfg):
     cfg.TRAINER.MMRLPP.REP_DIM = 512  # d_r
     cfg.TRAINER.MMRLPP.REG_WEIGHT = "auto"  # λ; auto: from BASE2NEW_SETTINGS by DATASET.NAME
     cfg.TRAINER.MMRLPP.ALPHA = 0.7  # α: CE and fusion weight of z_c
-    cfg.TRAINER.MMRLPP.BETA = "auto"  # β in [0, 1]; auto: from the per-dataset tables (by evaluation role)
+    cfg.TRAINER.MMRLPP.BETA = "auto"  # β in [0, 1]; auto: from the per-dataset tables (by evaluation scope)
     cfg.TRAINER.MMRLPP.RES_LORA_DIM = 4  # r: rank of the per-layer residuals of the aligners
     cfg.TRAINER.MMRLPP.PROJ_LORA_DIM = 64  # r_p: rank of the residual of proj_rep
-    cfg.TRAINER.MMRLPP.INFERENCE = "auto"  # auto (by evaluation role), fusion or cls
+    cfg.TRAINER.MMRLPP.INFERENCE = "auto"  # auto (by evaluation scope), fusion or cls
 
 
-def dataset_rule(key, role):
-    """The DatasetRule of TRAINER.MMRLPP.<key> ("BETA" or "REG_WEIGHT") for an evaluation in ``role``:
+def dataset_rule(key, scope):
+    """The DatasetRule of TRAINER.MMRLPP.<key> ("BETA" or "REG_WEIGHT") for an evaluation in ``scope``:
     TARGET_BETA for β of a ``target`` evaluation, else BASE2NEW_SETTINGS."""
-    return TARGET_BETA_RULE if key == "BETA" and role == "target" else BASE2NEW_RULES[key]
+    return TARGET_BETA_RULE if key == "BETA" and scope == "target" else BASE2NEW_RULES[key]
 
 
-def resolved_node(node, dataset, role):
+def resolved_node(node, dataset, scope):
     """A copy of cfg.TRAINER.MMRLPP with BETA and REG_WEIGHT taken from the tables where they are
     ``auto``; a target evaluation does not train, so its REG_WEIGHT stays as given.
 
@@ -132,22 +132,22 @@ def resolved_node(node, dataset, role):
     """
     node = node.clone()
     node.defrost()
-    node.BETA = dataset_rule("BETA", role).resolve(node.BETA, dataset)
+    node.BETA = dataset_rule("BETA", scope).resolve(node.BETA, dataset)
     check_range(f"{KEY}.BETA", node.BETA, minimum=0.0, maximum=1.0)
-    if role != "target":
-        node.REG_WEIGHT = dataset_rule("REG_WEIGHT", role).resolve(node.REG_WEIGHT, dataset)
+    if scope != "target":
+        node.REG_WEIGHT = dataset_rule("REG_WEIGHT", scope).resolve(node.REG_WEIGHT, dataset)
         check_range(f"{KEY}.REG_WEIGHT", node.REG_WEIGHT, minimum=0.0)
     node.freeze()
     return node
 
 
-def check_mmrlpp_config(node, dataset, role):
+def check_mmrlpp_config(node, dataset, scope):
     check_representation_config(KEY, INFERENCE_RULE, node.INFERENCE, node.N_REP_TOKENS, node.ALPHA,
                                 node.REP_LAYERS)
     check_range(f"{KEY}.REP_DIM", node.REP_DIM, minimum=1)
     check_range(f"{KEY}.RES_LORA_DIM", node.RES_LORA_DIM, minimum=1)
     check_range(f"{KEY}.PROJ_LORA_DIM", node.PROJ_LORA_DIM, minimum=1)
-    resolved_node(node, dataset, role)
+    resolved_node(node, dataset, scope)
 
 
 class LowRankResidual(nn.Module):
@@ -253,12 +253,12 @@ class MMRLpp(MMRL):
     inference_rule = INFERENCE_RULE
 
     def check_cfg(self, cfg):
-        check_mmrlpp_config(cfg.TRAINER.MMRLPP, cfg.DATASET.NAME, eval_role(cfg))
+        check_mmrlpp_config(cfg.TRAINER.MMRLPP, cfg.DATASET.NAME, eval_scope(cfg))
 
     def model_settings(self):
-        given, dataset, role = self.cfg.TRAINER.MMRLPP, self.cfg.DATASET.NAME, self.eval_role
-        node = resolved_node(given, dataset, role)
-        print(dataset_rule("BETA", role).describe(given.BETA, dataset))
-        if role != "target":
-            print(dataset_rule("REG_WEIGHT", role).describe(given.REG_WEIGHT, dataset))
+        given, dataset, scope = self.cfg.TRAINER.MMRLPP, self.cfg.DATASET.NAME, self.eval_scope
+        node = resolved_node(given, dataset, scope)
+        print(dataset_rule("BETA", scope).describe(given.BETA, dataset))
+        if scope != "target":
+            print(dataset_rule("REG_WEIGHT", scope).describe(given.REG_WEIGHT, dataset))
         return node, node.REP_DIM, node.REG_WEIGHT

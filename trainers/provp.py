@@ -32,7 +32,7 @@ the re-formation term being InfoNCE between the prompted features f̂_p [B, E] a
 features f̂_CLIP [B, E] of the same (augmented) images, without temperature; λ = REF_WEIGHT = 1
 (0: ProVP without re-formation, upstream's OPTIM.USE_REF False).
 
-Inference is the same for every evaluation role (base, new, source, target): the prompted image
+Inference is the same for every evaluation scope (base, new, source, target): the prompted image
 feature against the class list's frozen text features (no role rule).
 
 ViT-B/16: 12·16·768 = 147,456 learnable parameters.

@@ -27,7 +27,7 @@ forms every batch from one class (per class, its images shuffled and cut into ba
 rest left out; the next batch's class drawn uniformly among the classes with batches left);
 random cuts a shuffled list of all images into batches of B (the rest left out).
 
-Inference (every evaluation role alike: the method has no role-dependent part): the whole
+Inference (every evaluation scope alike: the method has no role-dependent part): the whole
 fine-tuned CLIP, s·f̂·t̂ᵀ over all classes of the evaluated dataset.
 
 Resuming continues after the last checkpoint (weights, optimizer, scheduler, RNG states and the

@@ -32,7 +32,7 @@ Deep prompts in both towers (as PromptSRC) plus K task-aware cluster tokens shar
   model.pth.tar-E holds and what is evaluated). The sum is in every checkpoint (trainer state),
   so a killed and resumed run ends with the same average.
 
-Inference is the same for every evaluation role (base, new, source, target): the trained centres
+Inference is the same for every evaluation scope (base, new, source, target): the trained centres
 and maps, the prompts, and the class sentences of the evaluated classes.
 
 Verified by reading the official code (FushengHao/TAC @ 914c3067): trainers/tac.py

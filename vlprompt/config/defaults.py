@@ -163,8 +163,8 @@ _C.TEST.COMPUTE_CMAT = False
 _C.TEST.NO_TEST = False
 _C.TEST.SPLIT = "test"  # "val" or "test"
 _C.TEST.FINAL_MODEL = "last_step"  # "last_step" or "best_val"
-# Project key: evaluation role, "base", "new", "source" or "target"; "" = inferred from the run
-# (train.py --eval-role; vlprompt/engine/roles.py). Methods may choose their inference by it.
+# Project key: evaluation scope, "base", "new", "source" or "target"; "" = inferred from the run
+# (train.py --eval-role; vlprompt/engine/eval_scope.py). Methods may choose their inference by it.
 _C.TEST.ROLE = ""
 
 ###########################

@@ -113,14 +113,14 @@ def _check_optim(cfg):
 
 
 def _check_train_and_test(cfg):
-    from vlprompt.engine.roles import check_eval_role
+    from vlprompt.engine.eval_scope import check_eval_scope
 
     check_range("TRAIN.PRINT_FREQ", cfg.TRAIN.PRINT_FREQ, minimum=1)
     check_range("TRAIN.CHECKPOINT_ITERS", cfg.TRAIN.CHECKPOINT_ITERS, minimum=0, why="0 turns mid-epoch checkpoints off.")
     check_choice("TRAIN.NONFINITE_LOSS", cfg.TRAIN.NONFINITE_LOSS, NONFINITE_LOSS_CHOICES)
     check_choice("TEST.SPLIT", cfg.TEST.SPLIT, TEST_SPLITS)
     check_choice("TEST.FINAL_MODEL", cfg.TEST.FINAL_MODEL, FINAL_MODELS)
-    check_eval_role(cfg.TEST.ROLE)
+    check_eval_scope(cfg.TEST.ROLE)
     if cfg.TEST.FINAL_MODEL == "best_val" and cfg.TEST.NO_TEST:
         raise ConfigError(
             "TEST.FINAL_MODEL best_val selects the model by evaluating on val after every epoch, but "

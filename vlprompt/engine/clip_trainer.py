@@ -24,7 +24,7 @@ from vlprompt.metrics import compute_accuracy
 from vlprompt.optim import build_lr_scheduler, build_optimizer
 from vlprompt.utils import count_num_param, load_pretrained_weights
 
-from .roles import eval_role
+from .eval_scope import eval_scope
 from .trainer import TrainerX
 
 __all__ = ["ClipTrainer"]
@@ -109,10 +109,10 @@ class ClipTrainer(TrainerX):
         return dataset_template(self.dm.dataset, template)
 
     @property
-    def eval_role(self):
-        """The evaluation role, "base", "new", "source" or "target" (:mod:`vlprompt.engine.roles`);
+    def eval_scope(self):
+        """The evaluation scope, "base", "new", "source" or "target" (:mod:`vlprompt.engine.eval_scope`);
         known from construction on, so ``build_model`` may choose the inference by it."""
-        return eval_role(self.cfg)
+        return eval_scope(self.cfg)
 
     @property
     def classnames(self):

@@ -1,9 +1,9 @@
-"""Method options whose value ``auto`` is chosen by the run: :class:`RoleRule` and :class:`DatasetRule`.
+"""Method options whose value ``auto`` is chosen by the run: :class:`ScopeRule` and :class:`DatasetRule`.
 
 A method declares such an option once, beside its config defaults, and reads it through the rule:
 
-* :class:`RoleRule`: ``auto`` picks one value per evaluation role (base, new, source, target;
-  :mod:`vlprompt.engine.roles`), e.g. the inference head of DeAR, MMRL or DePT;
+* :class:`ScopeRule`: ``auto`` picks one value per evaluation scope (base, new, source, target;
+  :mod:`vlprompt.engine.eval_scope`), e.g. the inference head of DeAR, MMRL or DePT;
 * :class:`DatasetRule`: ``auto`` reads a per-dataset table by DATASET.NAME, e.g. MMRL's
   regularisation weight or TCP's templates.
 
@@ -16,9 +16,9 @@ from typing import Any, Mapping
 from vlprompt.config import ConfigError
 from vlprompt.config.merge import AUTO  # the merge lets a number replace it
 
-from .roles import EVAL_ROLES, check_eval_role
+from .eval_scope import EVAL_SCOPES, check_eval_scope
 
-__all__ = ["AUTO", "RoleRule", "DatasetRule"]
+__all__ = ["AUTO", "ScopeRule", "DatasetRule"]
 
 _REQUIRED = object()
 
@@ -27,30 +27,30 @@ def _is_number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-class RoleRule:
-    """A method option whose value ``auto`` follows the evaluation role.
+class ScopeRule:
+    """A method option whose value ``auto`` follows the evaluation scope.
 
-    Example (DeAR): ``RoleRule("TRAINER.DEAR.INFERENCE", base="fusion", new="fusion",
-    source="fusion", target="cls")``; ``rule.resolve(node.INFERENCE, trainer.eval_role)``
+    Example (DeAR): ``ScopeRule("TRAINER.DEAR.INFERENCE", base="fusion", new="fusion",
+    source="fusion", target="cls")``; ``rule.resolve(node.INFERENCE, trainer.eval_scope)``
     gives "cls" for ``auto`` on a target dataset and the configured value otherwise.
 
     Args:
         key: the dotted config key (named in messages).
-        **by_role: the value of ``auto`` for each of EVAL_ROLES (all four required).
+        **by_scope: the value of ``auto`` for each of EVAL_SCOPES (all four required).
     """
 
-    def __init__(self, key, **by_role):
-        missing, unknown = set(EVAL_ROLES) - set(by_role), set(by_role) - set(EVAL_ROLES)
+    def __init__(self, key, **by_scope):
+        missing, unknown = set(EVAL_SCOPES) - set(by_scope), set(by_scope) - set(EVAL_SCOPES)
         if missing or unknown:
-            raise ValueError(f"RoleRule {key} needs one value for each of {EVAL_ROLES}; "
+            raise ValueError(f"ScopeRule {key} needs one value for each of {EVAL_SCOPES}; "
                              f"missing {sorted(missing)}, unknown {sorted(unknown)}")
         self.key = key
-        self.by_role = dict(by_role)
+        self.by_scope = dict(by_scope)
 
     @property
     def choices(self):
-        """``auto`` and the values the rule can give, in role order."""
-        return (AUTO,) + tuple(dict.fromkeys(self.by_role[role] for role in EVAL_ROLES))
+        """``auto`` and the values the rule can give, in scope order."""
+        return (AUTO,) + tuple(dict.fromkeys(self.by_scope[scope] for scope in EVAL_SCOPES))
 
     def check(self, value):
         """Raise ConfigError unless ``value`` is one of :attr:`choices`."""
@@ -58,22 +58,22 @@ class RoleRule:
             raise ConfigError(f"{self.key} must be one of {list(self.choices)}, got {value!r} "
                               f"({AUTO}: {self.describe_auto()}).")
 
-    def resolve(self, value, role):
-        """The value to use: ``by_role[role]`` for ``auto``, else ``value`` itself."""
+    def resolve(self, value, scope):
+        """The value to use: ``by_scope[scope]`` for ``auto``, else ``value`` itself."""
         self.check(value)
-        check_eval_role(role)
-        if not role:
-            raise ValueError(f"{self.key}: resolving needs an evaluation role, one of {EVAL_ROLES}")
-        return self.by_role[role] if value == AUTO else value
+        check_eval_scope(scope)
+        if not scope:
+            raise ValueError(f"{self.key}: resolving needs an evaluation scope, one of {EVAL_SCOPES}")
+        return self.by_scope[scope] if value == AUTO else value
 
     def describe_auto(self):
         """E.g. "base fusion, new fusion, source fusion, target cls"."""
-        return ", ".join(f"{role} {self.by_role[role]}" for role in EVAL_ROLES)
+        return ", ".join(f"{scope} {self.by_scope[scope]}" for scope in EVAL_SCOPES)
 
-    def describe(self, value, role):
-        """One log line: what the option resolves to for ``role`` and why."""
-        why = f"{AUTO} for the {role} role" if value == AUTO else f"set explicitly; evaluation role {role}"
-        return f"{self.key}: {self.resolve(value, role)} ({why})"
+    def describe(self, value, scope):
+        """One log line: what the option resolves to for ``scope`` and why."""
+        why = f"{AUTO} for the {scope} scope" if value == AUTO else f"set explicitly; evaluation scope {scope}"
+        return f"{self.key}: {self.resolve(value, scope)} ({why})"
 
 
 class DatasetRule:

@@ -2,8 +2,8 @@
 
 [decision] Besides Dassl's one-decimal "=> result" block in log.txt, every
 final evaluation (the test after training, or an eval-only test) writes ``results.json``
-atomically, with the evaluator's metrics at full precision and the evaluation role
-(:mod:`vlprompt.engine.roles`), so that result parsers need not scrape logs.
+atomically, with the evaluator's metrics at full precision and the evaluation scope
+(:mod:`vlprompt.engine.eval_scope`), so that result parsers need not scrape logs.
 
 A training run also writes its merged config as ``config.yaml`` (detectron2's name) when it
 starts (:meth:`RunFolder.write_config`), so that a later ``--eval-only --model-dir`` run knows
@@ -43,7 +43,7 @@ def make_results_record(
     """Build the results record (a JSON-ready dict) of one evaluation.
 
     Args:
-        cfg: the run's (frozen) config; TEST.ROLE gives "eval_role" (see ``roles.eval_role``).
+        cfg: the run's (frozen) config; TEST.ROLE gives "eval_role", the evaluation scope (see ``eval_scope.eval_scope``).
         run_info: the keys of ``RUN_INFO_DEFAULTS``.
         split: the split actually evaluated ("val" or "test").
         metrics: the evaluator's result dict (name -> number).
@@ -54,7 +54,7 @@ def make_results_record(
         skipped_images: {"train"|"val"|"test": unreadable images left out} (DATASET.SKIP_BAD_IMAGES).
         skipped_nonfinite_steps: training steps skipped for a non-finite loss (TRAIN.NONFINITE_LOSS skip).
     """
-    from .roles import eval_role  # roles reads the records this module writes
+    from .eval_scope import eval_scope  # roles reads the records this module writes
 
     skipped_images = {split: int((skipped_images or {}).get(split, 0)) for split in ("train", "val", "test")}
     dataset_config_file = run_info["dataset_config_file"]
@@ -69,7 +69,7 @@ def make_results_record(
         "seed": cfg.SEED,
         "backbone": cfg.MODEL.BACKBONE.NAME,
         "split": split,
-        "eval_role": eval_role(cfg),
+        "eval_role": eval_scope(cfg),
         "epoch": int(epoch),
         "eval_only": bool(run_info["eval_only"]),
         "model_dir": run_info["model_dir"],

@@ -8,12 +8,12 @@ Layout (Dassl's names where Dassl has them)::
         config.yaml                 the merged config of a training run (detectron2's name),
                                     written when it starts
         results.json                the record of the final evaluation (metrics at full
-                                    precision, evaluation role, "completed": true), written last
+                                    precision, evaluation scope, "completed": true), written last
         <model name>/model.pth.tar-N    checkpoints by completed epoch (learned tensors only),
                                     model-best.pth.tar with TEST.FINAL_MODEL best_val
         test_time/<split>.json|.bin     a test-time method's per-image episode records
 
-Every reader goes through :class:`RunFolder`: the evaluation-role inference (which dataset a
+Every reader goes through :class:`RunFolder`: the evaluation-scope inference (which dataset a
 model was trained on), the protocol runner (whether a run completed), the results tables,
 and methods that start from another run (a PromptKD teacher, PromptAlign's source MaPLe).
 Folders written by earlier versions of the project (no ``config.yaml``: the training dataset

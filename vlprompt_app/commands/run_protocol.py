@@ -12,8 +12,8 @@ Protocols (``--protocol``, several allowed): ``base2new``, ``fewshot``, ``cross_
 staged method TRAINER:CFG1@E:CFG2 runs both stages), ``ttt`` (test-time methods on each
 target; ``--source-model`` trains the model they start from); their datasets, shots and seeds come from ``--benchmark`` (configs/benchmarks/*.yaml,
 default ``paper``) unless given. Runs write to the reference repositories' folders under
-``--output`` (vlprompt_app/protocols/layout.py). Each run is given its evaluation role
-(``--eval-role`` base, new, source or target; vlprompt/engine/roles.py), so methods whose
+``--output`` (vlprompt_app/protocols/layout.py). Each run is given its evaluation scope
+(``--eval-role`` base, new, source or target; vlprompt/engine/eval_scope.py), so methods whose
 inference depends on it (DeAR's INFERENCE auto) need no per-protocol test options. A run
 whose results.json says it completed is skipped, so the same command resumes a grid;
 ``--dry-run`` lists what would run.

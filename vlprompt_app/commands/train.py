@@ -7,8 +7,8 @@
 
 Trailing KEY VALUE pairs override the config (merged last, so ``SEED 1`` beats
 ``--seed 2``); options come first, and an option given after the first KEY is an error that
-shows the reordered command. Every run knows its evaluation role (base, new, source or target; see
-vlprompt/engine/roles.py): ``--eval-role`` / ``TEST.ROLE`` gives it, otherwise it is inferred
+shows the reordered command. Every run knows its evaluation scope (base, new, source or target; see
+vlprompt/engine/eval_scope.py): ``--eval-role`` / ``TEST.ROLE`` gives it, otherwise it is inferred
 (an ``--eval-only`` run compares its dataset with the one recorded in ``--model-dir``); the
 log prints it and results.json records it. A training run writes its merged config to
 ``OUTPUT_DIR/config.yaml``. Bad input (unknown trainer, dataset or config key, wrong value type or
@@ -96,14 +96,14 @@ def reset_cfg(cfg, args):
 
 def setup_cfg(args):
     """Defaults -> trainer nodes -> dataset YAML -> method YAML -> flags -> overrides, checked;
-    then TEST.ROLE is set to the resolved evaluation role.
+    then TEST.ROLE is set to the resolved evaluation scope.
 
     Returns:
-        (frozen cfg, EvalRole)
+        (frozen cfg, EvalScope)
     """
     from vlprompt.config import extend_cfg, get_cfg_default, merge_from_file, merge_from_list
     from vlprompt.config.validate import validate_cfg
-    from vlprompt.engine.roles import resolve_eval_role
+    from vlprompt.engine.eval_scope import resolve_eval_scope
 
     import_project()
     cfg = get_cfg_default()
@@ -116,10 +116,10 @@ def setup_cfg(args):
     merge_from_list(cfg, args.opts)
     check_names(cfg)
     validate_cfg(cfg)
-    role = resolve_eval_role(cfg, eval_only=args.eval_only, model_dir=args.model_dir if args.eval_only else "")
-    cfg.TEST.ROLE = role.role
+    scope = resolve_eval_scope(cfg, eval_only=args.eval_only, model_dir=args.model_dir if args.eval_only else "")
+    cfg.TEST.ROLE = scope.scope
     cfg.freeze()
-    return cfg, role
+    return cfg, scope
 
 
 def check_trainer_flag(name):
@@ -160,7 +160,7 @@ def main(args):
     from vlprompt.engine.run_folder import RunFolder
     from vlprompt.utils import collect_env_info, set_random_seed, setup_logger
 
-    cfg, role = setup_cfg(args)
+    cfg, scope = setup_cfg(args)
     training = not (args.eval_only or args.no_train)
     if training:
         check_training_cfg(cfg)
@@ -172,9 +172,9 @@ def main(args):
         torch.backends.cudnn.benchmark = True
 
     print_args(args, cfg)
-    if role.warning:
-        print(f"Warning: {role.warning}")
-    print(f"Evaluation role: {role.role} ({role.reason})")
+    if scope.warning:
+        print(f"Warning: {scope.warning}")
+    print(f"Evaluation scope: {scope.scope} ({scope.reason})")
     if training:
         RunFolder(cfg.OUTPUT_DIR).write_config(cfg)
     print("Collecting env info ...")
@@ -218,7 +218,7 @@ def build_parser():
     parser.add_argument("--load-epoch", type=int, help="load model weights at this epoch for evaluation")
     parser.add_argument("--no-train", action="store_true", help="do not call trainer.train()")
     parser.add_argument("--eval-role", type=str, default="",
-                        help="evaluation role: base, new, source or target (default: inferred; sets TEST.ROLE)")
+                        help="evaluation scope: base, new, source or target (default: inferred; sets TEST.ROLE)")
     parser.add_argument("opts", default=None, nargs=argparse.REMAINDER, help="modify config options using the command line")
     return parser
 

@@ -22,8 +22,8 @@ A method that learns nothing (a trainer class with ``learns = False``, e.g. Zero
 is evaluated with ``--eval-only`` and no ``--model-dir`` in every phase; in the few-shot
 protocol it is evaluated once (shot count 0, see :mod:`vlprompt_app.protocols.layout`).
 
-Every run gets its evaluation role explicitly (``--eval-role``, see
-:mod:`vlprompt.engine.roles`): ``base`` for the base-to-novel training run, ``new`` for its
+Every run gets its evaluation scope explicitly (``--eval-role``, see
+:mod:`vlprompt.engine.eval_scope`): ``base`` for the base-to-novel training run, ``new`` for its
 new-class evaluation, ``source`` for few-shot runs and the transfer source training, ``target``
 for the transfer targets (``source`` should a target be the source dataset itself).
 
@@ -261,7 +261,7 @@ def check_opts(opts: Sequence[str], flag: str) -> None:
     if owned:
         raise ConfigError(
             f"{flag} sets {', '.join(owned)}, which the protocol sets itself (shots, base/new "
-            "classes, output folder, seed, evaluation role); use --shots, --seeds and --output instead.")
+            "classes, output folder, seed, evaluation scope); use --shots, --seeds and --output instead.")
 
 
 def merged_max_epoch(method: Method, dataset_config: str, opts: Sequence[str]) -> int:
@@ -303,7 +303,7 @@ class _Builder:
     def train(self, method: Method, dataset: str, seed: int, output_dir: Path,
               keys: Sequence[str], role: str) -> Run:
         """The training run (an --eval-only run for a method that learns nothing); ``role``:
-        the evaluation role of its final test."""
+        the evaluation scope of its final test."""
         argv = self._argv(method, dataset, seed, output_dir, role)
         if not method.learns:
             return Run(str(output_dir), tuple(argv + ["--eval-only", *keys, *self.spec.opts,

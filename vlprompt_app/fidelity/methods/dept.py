@@ -1,7 +1,7 @@
 """DePT on MaPLe and on CoOp against Koorye/DePT's trainers/elp_maple.py and elp_coop.py (run with
 ``DATASET.SUBSAMPLE_CLASSES`` base so the head exists).
 
-Compared: the similarity logits s·f̂·t̂ᵀ, the head logits h(γ_I ⊙ f + β_I), the fused base-role
+Compared: the similarity logits s·f̂·t̂ᵀ, the head logits h(γ_I ⊙ f + β_I), the fused base-scope
 logits 0.3·sim + 0.7·head (all [B, C]) and one batch's loss 0.3·CE + 0.7·CE_head over
 [text_y; image]; the base method's prompts (MaPLe's prompts and couplings, or CoOp's 16 shared
 context vectors), FiLM γ/β of both towers and the head all drawn away from their init.

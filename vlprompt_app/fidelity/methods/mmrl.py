@@ -78,7 +78,7 @@ def build_mmrlpp(clip, tokenizer, classnames, node, spec):
 
 
 def run_ours(model, node, images, labels):
-    """The base-role outputs and the training loss of our MMRLCLIP / MMRLppCLIP."""
+    """The base-scope outputs and the training loss of our MMRLCLIP / MMRLppCLIP."""
     with torch.no_grad():
         f_cls, f_rep, _ = model.encode_image(images)
         z_c, z_r = model.logits(f_cls, f_rep, model.class_text_features())

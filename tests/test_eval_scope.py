@@ -1,4 +1,4 @@
-"""Evaluation roles (vlprompt/engine/roles.py): inference, override, errors, RoleRule, the
+"""Evaluation scopes (vlprompt/engine/eval_scope.py): inference, override, errors, ScopeRule, the
 record in results.json, and DeAR's INFERENCE auto through a trainer and through train.py
 (tiny random CLIP, miniature OxfordPets and Caltech101 trees)."""
 import json
@@ -14,8 +14,8 @@ from vlprompt.clip.head_roles import parse_role_map
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file, merge_from_list
 from vlprompt.config.validate import validate_cfg
 from vlprompt.engine import build_trainer
-from vlprompt.engine.option_rules import RoleRule
-from vlprompt.engine.roles import EVAL_ROLES, eval_role, infer_eval_role, resolve_eval_role
+from vlprompt.engine.option_rules import ScopeRule
+from vlprompt.engine.eval_scope import EVAL_SCOPES, eval_scope, infer_eval_scope, resolve_eval_scope
 from vlprompt.engine.run_folder import RunFolder
 from vlprompt.testing import write_oxford_pets_tree, write_tiny_clip
 from vlprompt.utils import close_logger, set_random_seed
@@ -48,84 +48,84 @@ def trained_folder(tmp_path, name, subsample="base"):
 
 @pytest.mark.parametrize("subsample, role", [("base", "base"), ("all", "source")])
 def test_a_training_run_evaluates_its_training_classes(subsample, role):
-    assert infer_eval_role(cfg_of(subsample=subsample)).role == role
+    assert infer_eval_scope(cfg_of(subsample=subsample)).scope == role
 
 
 @pytest.mark.parametrize("subsample, role", [("base", "base"), ("new", "new"), ("all", "source")])
 def test_eval_only_on_the_training_dataset_follows_the_subsample(tmp_path, subsample, role):
     model_dir = trained_folder(tmp_path, "OxfordPets")
-    found = infer_eval_role(cfg_of("OxfordPets", subsample), eval_only=True, model_dir=model_dir)
-    assert (found.role, found.warning) == (role, "")
+    found = infer_eval_scope(cfg_of("OxfordPets", subsample), eval_only=True, model_dir=model_dir)
+    assert (found.scope, found.warning) == (role, "")
     # without a trained model (zero-shot methods) the same rule applies
-    assert infer_eval_role(cfg_of("OxfordPets", subsample), eval_only=True).role == role
+    assert infer_eval_scope(cfg_of("OxfordPets", subsample), eval_only=True).scope == role
 
 
 @pytest.mark.parametrize("subsample", ["base", "new", "all"])
 def test_eval_only_on_another_dataset_is_a_target(tmp_path, subsample):
     model_dir = trained_folder(tmp_path, "ImageNet", "all")
-    found = infer_eval_role(cfg_of("ImageNetSketch", subsample), eval_only=True, model_dir=model_dir)
-    assert found.role == "target"
+    found = infer_eval_scope(cfg_of("ImageNetSketch", subsample), eval_only=True, model_dir=model_dir)
+    assert found.scope == "target"
     assert "trained on ImageNet" in found.reason and "evaluates ImageNetSketch" in found.reason
 
 
 def test_training_results_json_is_read_when_there_is_no_config_yaml(tmp_path):
     record = {"dataset": "OxfordPets", "subsample_classes": "base", "eval_only": False, "completed": True}
     (tmp_path / "results.json").write_text(json.dumps(record))
-    assert infer_eval_role(cfg_of("Caltech101"), eval_only=True, model_dir=str(tmp_path)).role == "target"
+    assert infer_eval_scope(cfg_of("Caltech101"), eval_only=True, model_dir=str(tmp_path)).scope == "target"
     # an eval-only record in that folder says nothing about the training data
     (tmp_path / "results.json").write_text(json.dumps(dict(record, eval_only=True)))
-    found = infer_eval_role(cfg_of("Caltech101", "new"), eval_only=True, model_dir=str(tmp_path))
-    assert found.role == "new" and "--eval-role target" in found.warning
+    found = infer_eval_scope(cfg_of("Caltech101", "new"), eval_only=True, model_dir=str(tmp_path))
+    assert found.scope == "new" and "--eval-role target" in found.warning
 
 
 def test_a_folder_without_records_warns_and_assumes_the_same_dataset(tmp_path):
-    found = infer_eval_role(cfg_of("Caltech101", "all"), eval_only=True, model_dir=str(tmp_path))
-    assert found.role == "source"
+    found = infer_eval_scope(cfg_of("Caltech101", "all"), eval_only=True, model_dir=str(tmp_path))
+    assert found.scope == "source"
     assert f'"{tmp_path}" records no training dataset (config.yaml or a training results.json)' in found.warning
 
 
 def test_unreadable_config_yaml_is_a_clear_error(tmp_path):
     (tmp_path / "config.yaml").write_text("DATASET: [unclosed\n")
     with pytest.raises(ConfigError, match=r"Cannot read the training dataset from .*config.yaml.*--eval-role"):
-        infer_eval_role(cfg_of(), eval_only=True, model_dir=str(tmp_path))
+        infer_eval_scope(cfg_of(), eval_only=True, model_dir=str(tmp_path))
 
 
 def test_given_role_wins_and_the_log_reason_names_the_inferred_one(tmp_path):
     model_dir = trained_folder(tmp_path, "OxfordPets")
-    found = resolve_eval_role(cfg_of("Caltech101", role="source"), eval_only=True, model_dir=model_dir)
-    assert found.role == "source"
+    found = resolve_eval_scope(cfg_of("Caltech101", role="source"), eval_only=True, model_dir=model_dir)
+    assert found.scope == "source"
     assert "given by TEST.ROLE / --eval-role; inferred from the run it would be target" in found.reason
-    agreeing = resolve_eval_role(cfg_of("Caltech101", role="target"), eval_only=True, model_dir=model_dir)
+    agreeing = resolve_eval_scope(cfg_of("Caltech101", role="target"), eval_only=True, model_dir=model_dir)
     assert agreeing.reason == "given by TEST.ROLE / --eval-role"
 
 
 def test_invalid_role_lists_the_four_roles():
     message = r"TEST.ROLE \(--eval-role\) must be one of base, new, source, target .* got 'novel'"
-    for check in (resolve_eval_role, eval_role, validate_cfg):
+    for check in (resolve_eval_scope, eval_scope, validate_cfg):
         with pytest.raises(ConfigError, match=message):
             check(cfg_of(role="novel"))
 
 
 def test_eval_role_of_a_config_without_a_resolved_role():
-    assert [eval_role(cfg_of(subsample=s)) for s in ("base", "new", "all")] == ["base", "new", "source"]
-    assert [eval_role(cfg_of(role=r)) for r in EVAL_ROLES] == list(EVAL_ROLES)
+    assert [eval_scope(cfg_of(subsample=s)) for s in ("base", "new", "all")] == ["base", "new", "source"]
+    assert [eval_scope(cfg_of(role=r)) for r in EVAL_SCOPES] == list(EVAL_SCOPES)
 
 
-# ----------------------------------------------------------------------------- RoleRule
+# ----------------------------------------------------------------------------- ScopeRule
 
 
-def test_role_rule_auto_follows_the_role_and_explicit_values_override():
-    rule = RoleRule("TRAINER.X.HEAD", base="fused", new="sim", source="fused", target="sim")
+def test_scope_rule_auto_follows_the_scope_and_explicit_values_override():
+    rule = ScopeRule("TRAINER.X.HEAD", base="fused", new="sim", source="fused", target="sim")
     assert rule.choices == ("auto", "fused", "sim")
-    assert [rule.resolve("auto", role) for role in EVAL_ROLES] == ["fused", "sim", "fused", "sim"]
-    assert [rule.resolve("sim", role) for role in EVAL_ROLES] == ["sim"] * 4
-    assert rule.describe("auto", "new") == "TRAINER.X.HEAD: sim (auto for the new role)"
-    assert rule.describe("fused", "new") == "TRAINER.X.HEAD: fused (set explicitly; evaluation role new)"
+    assert [rule.resolve("auto", role) for role in EVAL_SCOPES] == ["fused", "sim", "fused", "sim"]
+    assert [rule.resolve("sim", role) for role in EVAL_SCOPES] == ["sim"] * 4
+    assert rule.describe("auto", "new") == "TRAINER.X.HEAD: sim (auto for the new scope)"
+    assert rule.describe("fused", "new") == "TRAINER.X.HEAD: fused (set explicitly; evaluation scope new)"
     with pytest.raises(ConfigError, match=r"TRAINER.X.HEAD must be one of \['auto', 'fused', 'sim'\], got 'head' "
                                           r"\(auto: base fused, new sim, source fused, target sim\)"):
         rule.check("head")
     with pytest.raises(ValueError, match=r"missing \['target'\]"):
-        RoleRule("TRAINER.X.HEAD", base="a", new="b", source="c")
+        ScopeRule("TRAINER.X.HEAD", base="a", new="b", source="c")
 
 
 # ----------------------------------------------------------------------------- DeAR
@@ -188,7 +188,7 @@ def dear_logits(trainer):
 ])
 def test_dear_base2new_config_uses_f_cls_on_targets_and_fusion_elsewhere(world, tmp_path, role, opts, uses):
     trainer = dear_trainer(world, tmp_path, "TEST.ROLE", role, *opts)
-    assert trainer.eval_role == role and trainer.model.inference == uses
+    assert trainer.eval_scope == role and trainer.model.inference == uses
     logits, cls_only, fused = dear_logits(trainer)
     assert not torch.allclose(cls_only, fused, atol=1e-3)
     torch.testing.assert_close(logits, cls_only if uses == "cls" else fused, rtol=1e-5, atol=1e-5)
@@ -212,13 +212,13 @@ def results(folder):
     return json.loads((folder / "results.json").read_text())
 
 
-def test_train_py_infers_the_role_of_each_evaluation(world, tmp_path, monkeypatch, capsys):
+def test_train_py_infers_the_scope_of_each_evaluation(world, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     trained = tmp_path / "train_base"
     status, log = run_train(world, trained, "oxford_pets", "DATASET.SUBSAMPLE_CLASSES", "base")
     assert status == 0, log[-3000:]
-    assert "Evaluation role: base (a training run evaluates its training classes (base classes of OxfordPets))" in log
-    assert "TRAINER.DEAR.INFERENCE: fusion (auto for the base role)" in log
+    assert "Evaluation scope: base (a training run evaluates its training classes (base classes of OxfordPets))" in log
+    assert "TRAINER.DEAR.INFERENCE: fusion (auto for the base scope)" in log
     assert results(trained)["eval_role"] == "base"
     assert "NAME: OxfordPets" in (trained / "config.yaml").read_text()
 
@@ -226,17 +226,17 @@ def test_train_py_infers_the_role_of_each_evaluation(world, tmp_path, monkeypatc
     status, log = run_train(world, new, "oxford_pets", "--eval-only", "--model-dir", str(trained),
                             "--load-epoch", "1", "DATASET.SUBSAMPLE_CLASSES", "new")
     assert status == 0, log[-3000:]
-    assert "Evaluation role: new (the new classes of OxfordPets, the model's training dataset)" in log
-    assert "TRAINER.DEAR.INFERENCE: fusion (auto for the new role)" in log
+    assert "Evaluation scope: new (the new classes of OxfordPets, the model's training dataset)" in log
+    assert "TRAINER.DEAR.INFERENCE: fusion (auto for the new scope)" in log
     assert results(new)["eval_role"] == "new" and not (new / "config.yaml").exists()
 
     target = tmp_path / "caltech101"
     status, log = run_train(world, target, "caltech101", "--eval-only", "--model-dir", str(trained),
                             "--load-epoch", "1")
     assert status == 0, log[-3000:]
-    assert (f"Evaluation role: target (the model was trained on OxfordPets ({trained / 'config.yaml'}), "
+    assert (f"Evaluation scope: target (the model was trained on OxfordPets ({trained / 'config.yaml'}), "
             "this run evaluates Caltech101)") in log
-    assert "TRAINER.DEAR.INFERENCE: cls (auto for the target role)" in log
+    assert "TRAINER.DEAR.INFERENCE: cls (auto for the target scope)" in log
     record = results(target)
     assert record["eval_role"] == "target" and record["dataset"] == "Caltech101" and record["num_classes"] == 5
 
@@ -244,8 +244,8 @@ def test_train_py_infers_the_role_of_each_evaluation(world, tmp_path, monkeypatc
     status, log = run_train(world, forced, "caltech101", "--eval-only", "--model-dir", str(trained),
                             "--load-epoch", "1", "--eval-role", "source")
     assert status == 0, log[-3000:]
-    assert "Evaluation role: source (given by TEST.ROLE / --eval-role; inferred from the run it would be target" in log
-    assert "TRAINER.DEAR.INFERENCE: fusion (auto for the source role)" in log
+    assert "Evaluation scope: source (given by TEST.ROLE / --eval-role; inferred from the run it would be target" in log
+    assert "TRAINER.DEAR.INFERENCE: fusion (auto for the source scope)" in log
     assert results(forced)["eval_role"] == "source"
 
     capsys.readouterr()
@@ -260,4 +260,4 @@ def test_readme_role_rule_example():
     namespace = {}
     exec(compile(code_blocks(section("Adding a trainer"), "python")[1], "README-role-rule", "exec"), namespace)
     head = namespace["HEAD"]
-    assert [head.resolve("auto", role) for role in EVAL_ROLES] == ["fused", "text", "fused", "text"]
+    assert [head.resolve("auto", role) for role in EVAL_SCOPES] == ["fused", "text", "fused", "text"]
