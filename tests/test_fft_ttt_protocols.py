@@ -17,7 +17,7 @@ from vlprompt.synthetic.downstream import SETS, ensure_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from vlprompt_app.commands import parse_results as pr
+from vlprompt_app.commands import parse_results
 from vlprompt_app.commands import run_protocol
 
 CONFIGS = ROOT / "configs"
@@ -196,7 +196,7 @@ def test_tiny_fft_and_ttt_runs_complete_and_resume(data_root, tmp_path, capsys):
     assert "Nothing to run: all 1 runs of the grid are completed." in out
     assert {p: p.stat().st_mtime_ns for p in output.rglob("results.json")} == mtimes
 
-    assert pr.main([str(output), "--benchmark", "synthetic", "--protocol", "ttt", "--shots", "1",
+    assert parse_results.main([str(output), "--benchmark", "synthetic", "--protocol", "ttt", "--shots", "1",
                     "--format", "markdown"]) == 0
     rows = _pipe_rows(capsys.readouterr().out)  # accuracies as logged (one decimal)
     assert rows["RAdaTTT (synthetic)"][0] == f"{round(accuracies[1], 1):.2f} ± 0.00"
@@ -221,7 +221,7 @@ def _pipe_rows(text):
 
 
 def _cli(capsys, *argv):
-    assert pr.main([str(a) for a in argv]) == 0
+    assert parse_results.main([str(a) for a in argv]) == 0
     return capsys.readouterr()
 
 

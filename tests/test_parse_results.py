@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 TOOLS_DIR = Path(__file__).resolve().parents[1] / "tools"
-from vlprompt_app.commands import parse_results as pr
+from vlprompt_app import results as pr
+from vlprompt_app.commands import parse_results
 
 SCRIPT = TOOLS_DIR / "parse_results.py"
 
@@ -274,7 +275,7 @@ def test_cli_table_via_subprocess(tmp_path):
 def test_cli_ci95_multi_exp_and_json(tmp_path, capsys):
     build_experiments(tmp_path)
     out_json = tmp_path / "summary" / "res.json"
-    assert pr.main([str(tmp_path), "--ci95", "--multi-exp", "--json", str(out_json)]) == 0
+    assert parse_results.main([str(tmp_path), "--ci95", "--multi-exp", "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
     assert "accuracy (mean ± 95% CI)" in out
     assert "81.17 ± 1.16" in out  # 1.96 * 1.0274 / sqrt(3)
@@ -289,7 +290,7 @@ def test_cli_ci95_multi_exp_and_json(tmp_path, capsys):
 def test_cli_warns_on_stderr_about_several_logs(tmp_path, capsys):
     write(tmp_path / "exp" / "seed1" / "log.txt", CRASHED_LOG)
     write(tmp_path / "exp" / "seed1" / "log.txt-2024-03-05-14-07-09", train_log(81.0))
-    assert pr.main([str(tmp_path)]) == 0
+    assert parse_results.main([str(tmp_path)]) == 0
     captured = capsys.readouterr()
     assert "using the newest, log.txt-2024-03-05-14-07-09" in captured.err
     assert "81.00 ± 0.00" in captured.out
@@ -302,17 +303,17 @@ def test_cli_errors(tmp_path, capsys):
     assert "does not exist" in missing.stderr and "Traceback" not in missing.stderr
 
     (tmp_path / "empty" / "sub").mkdir(parents=True)
-    assert pr.main([str(tmp_path / "empty")]) == 1
+    assert parse_results.main([str(tmp_path / "empty")]) == 1
     err = capsys.readouterr().err
     assert "No run folder found" in err
     assert "log.txt, log.txt-YYYY-MM-DD-HH-MM-SS or results.json" in err
 
     write(tmp_path / "evalonly" / "seed1" / "log.txt", eval_only_log(70.0))
-    assert pr.main([str(tmp_path / "evalonly")]) == 1
+    assert parse_results.main([str(tmp_path / "evalonly")]) == 1
     err = capsys.readouterr().err
     assert "none has a '* accuracy: X%' line after 'Finish training' or 'Finished training'" in err
     assert "--test-log" in err
-    assert pr.main([str(tmp_path / "evalonly"), "--test-log"]) == 0
+    assert parse_results.main([str(tmp_path / "evalonly"), "--test-log"]) == 0
     assert "70.00 ± 0.00" in capsys.readouterr().out
 
 
@@ -378,7 +379,7 @@ def test_cli_base2new_layout_detected(tmp_path):
 
 def test_base2new_released_weights_layout_reads_test_base(tmp_path, capsys):
     build_base2new(tmp_path, base_side="test_base")
-    assert pr.main([str(tmp_path)]) == 0
+    assert parse_results.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "Base from " + str(tmp_path / "test_base") + " ('* accuracy: X%' after '=> result')" in out
     average_row = next(line for line in out.splitlines() if "| Average" in line)
@@ -388,7 +389,7 @@ def test_base2new_released_weights_layout_reads_test_base(tmp_path, capsys):
 def test_base2new_dataset_missing_novel_is_not_averaged(tmp_path, capsys):
     build_base2new(tmp_path)
     write(tmp_path / "train_base" / "eurosat" / TAIL / "seed1" / "log.txt", train_log(90.0))
-    assert pr.main(["--base", str(tmp_path / "train_base"),
+    assert parse_results.main(["--base", str(tmp_path / "train_base"),
                     "--new", str(tmp_path / "test_new")]) == 0
     out = capsys.readouterr().out
     eurosat_row = next(line for line in out.splitlines() if "| eurosat" in line)

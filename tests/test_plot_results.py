@@ -9,7 +9,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from vlprompt_app.commands import parse_results
+from vlprompt_app import results as parse_results
 from vlprompt_app.commands import plot_results as plots
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

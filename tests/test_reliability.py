@@ -631,7 +631,7 @@ def _tool_writers(tmp_path):
     from vlprompt.utils import save_figure
 
     from vlprompt_app.commands import head_roles
-    from vlprompt_app.commands import parse_results
+    from vlprompt_app import results
 
     def role_map(version):
         path = tmp_path / "roles" / "head_roles.yaml"
@@ -656,7 +656,7 @@ def _tool_writers(tmp_path):
         return tmp_path / "plot.png"
 
     def table_json(version):
-        parse_results._write_json({"accuracy": version}, str(tmp_path / "tables" / "results.json"))
+        results.write_json({"accuracy": version}, str(tmp_path / "tables" / "results.json"))
         return tmp_path / "tables" / "results.json"
 
     return [

@@ -15,7 +15,7 @@ from vlprompt_app.protocols.tables import Cell, Measurements, format_cell, harmo
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from vlprompt_app.commands import parse_results as pr
+from vlprompt_app.commands import parse_results
 
 EVAL_LOG = ("Loading trainer: CoOp\nEvaluate on the *test* set\n=> result\n* total: 100\n"
             "* correct: 54\n* accuracy: {acc:.1f}%\n* error: {err:.1f}%\n* macro_f1: 50.0%\n")
@@ -59,7 +59,7 @@ def b2n_root(tmp_path):
 
 
 def cli(capsys, *argv):
-    assert pr.main([str(a) for a in argv]) == 0
+    assert parse_results.main([str(a) for a in argv]) == 0
     captured = capsys.readouterr()
     return captured.out, captured.err
 
@@ -294,8 +294,8 @@ def test_bad_published_file_and_missing_protocol_data(tmp_path, capsys):
     with pytest.raises(PublishedError, match="are for the protocol 'base2new', not 'dg'"):
         load_published(bad, "dg")
     write_result(tmp_path / "run" / "dtd" / "CoOp" / "c_4shots" / "seed1", 50.0)
-    assert pr.main([str(tmp_path / "run"), "--protocol", "base2new"]) == 1
+    assert parse_results.main([str(tmp_path / "run"), "--protocol", "base2new"]) == 1
     assert "No completed run of base2new" in capsys.readouterr().err
-    assert pr.main([str(tmp_path / "run"), "--protocol", "base2new", "--published", str(bad),
+    assert parse_results.main([str(tmp_path / "run"), "--protocol", "base2new", "--published", str(bad),
                     "--benchmark", "nope"]) == 2
     assert "Benchmark file" in capsys.readouterr().err

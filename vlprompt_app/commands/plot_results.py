@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from vlprompt_app.commands import parse_results
+from vlprompt_app import results as parse_results
 from vlprompt.paths import repository_root
 from vlprompt.engine.results import WISEFT_SWEEP_FILENAME
 from vlprompt.fileio import save_figure

@@ -39,9 +39,9 @@ ROW_TEMPLATES = [3, 41]  # the rows' template indices into the 80 ImageNet templ
 
 def build_ours(clip, tokenizer, classnames, node, spec):
     from trainers.flyp import FLYPCLIP
-    from vlprompt.clip import IMAGENET_TEMPLATES
+    from vlprompt.clip import imagenet_templates
 
-    templates = IMAGENET_TEMPLATES if node.TEMPLATE_ENSEMBLE else [node.TEMPLATE]
+    templates = imagenet_templates() if node.TEMPLATE_ENSEMBLE else [node.TEMPLATE]
     return FLYPCLIP(clip, tokenizer, classnames, templates)
 
 

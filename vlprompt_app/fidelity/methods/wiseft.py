@@ -70,15 +70,15 @@ def build_ours(clip, tokenizer, classnames, node, spec):
     """{"zero_shot", "fine_tuned"}: FineTunedCLIP on ``clip`` (80-template head) and on the second seeded
     CLIP, whose head is the zero-shot head plus the seeded noise."""
     from trainers.ft import FineTunedCLIP
-    from vlprompt.clip import IMAGENET_TEMPLATES, CLIPRunner
+    from vlprompt.clip import CLIPRunner, imagenet_templates
 
     def build(runner, templates):
         model = FineTunedCLIP(runner, tokenizer, classnames, templates).eval()
         model.set_trainable(True)
         return model
 
-    zero_shot = build(clip, IMAGENET_TEMPLATES)
-    fine_tuned = build(CLIPRunner(seeded_clip(BACKBONE, spec.seeds["finetuned_weights"])), IMAGENET_TEMPLATES[:1])
+    zero_shot = build(clip, imagenet_templates())
+    fine_tuned = build(CLIPRunner(seeded_clip(BACKBONE, spec.seeds["finetuned_weights"])), imagenet_templates()[:1])
     noise = head_noise(len(classnames), zero_shot.head.weight.shape[1], spec.seeds["head_noise"])
     with torch.no_grad():  # its head is replaced
         fine_tuned.head.weight.copy_(zero_shot.head.weight + noise["weight"])
