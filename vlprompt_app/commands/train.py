@@ -123,8 +123,13 @@ def setup_cfg(args):
 
 
 def check_trainer_flag(name):
-    """An unknown ``--trainer`` fails before torch and the methods are imported."""
+    """An unknown ``--trainer`` fails before torch and the methods are imported. Known are the
+    trainers of ``trainers/`` (read from its source) and, when the engine is already imported
+    (train.run called in-process), whatever its registry holds."""
     names = registered_trainer_names()
+    engine = sys.modules.get("vlprompt.engine")
+    if engine is not None:
+        names = sorted(set(names) | set(engine.TRAINER_REGISTRY.registered_names()))
     if name and name not in names:
         close = difflib.get_close_matches(name, names, n=1)
         hint = f" (do you mean {close[0]}?)" if close else ""
