@@ -21,7 +21,6 @@ then comes from a training run's ``results.json``) and CoOp-family folders (logs
 checkpoints only) read too; what a folder does not record reads as None.
 """
 import json
-import os
 import re
 from datetime import datetime
 from pathlib import Path
@@ -41,7 +40,6 @@ BEST_CHECKPOINT = "model-best.pth.tar"
 
 _TIMESTAMP_FORMAT = "%Y-%m-%d-%H-%M-%S"
 _TIMESTAMPED_LOG = re.compile(r"^log\.txt-(\d{4}-\d{2}-\d{2}-\d{2}-\d{2}-\d{2})$")
-_EPOCH_CHECKPOINT = re.compile(r"^model\.pth\.tar-(\d+)$")
 
 
 class RunFolderError(ValueError):
@@ -89,21 +87,10 @@ class RunFolder:
         stamped = [p for p in self.path.iterdir() if p.is_file() and _TIMESTAMPED_LOG.match(p.name)]
         return plain + sorted(stamped, key=lambda p: p.name)
 
-    def holds_a_run(self) -> bool:
-        """True when the folder holds a log or a results file (the mark of a run folder)."""
-        return bool(self.logs()) or self.results_path.is_file()
-
     def checkpoint_path(self, model_name: str, epoch: Optional[int] = None) -> Path:
         """``<model name>/model.pth.tar-<epoch>`` (the weights after ``epoch`` completed epochs), or
         ``<model name>/model-best.pth.tar`` when ``epoch`` is None."""
         return self.path / model_name / (BEST_CHECKPOINT if epoch is None else f"{CHECKPOINT_PREFIX}{epoch}")
-
-    def checkpoint_epochs(self, model_name: str) -> List[int]:
-        """The epochs N of the ``<model name>/model.pth.tar-N`` files present, ascending."""
-        folder = self.path / model_name
-        if not folder.is_dir():
-            return []
-        return sorted(int(m.group(1)) for m in map(_EPOCH_CHECKPOINT.match, os.listdir(folder)) if m)
 
     # ---------------------------------------------------------------- writing
 
@@ -217,12 +204,3 @@ class RunFolder:
         """``num_classes`` of a training run's ``results.json``; None without one."""
         record = self.training_record()
         return None if record is None else record.get("num_classes")
-
-    def trainer_name(self) -> Optional[str]:
-        """The trainer that wrote the folder (``config.yaml``'s TRAINER.NAME, else ``results.json``'s
-        "trainer"), None when the folder records none."""
-        data = self.read_config_data()
-        if data is not None and isinstance(data.get("TRAINER"), dict) and data["TRAINER"].get("NAME"):
-            return data["TRAINER"]["NAME"]
-        record = self.read_results()
-        return record.get("trainer") if record is not None else None
