@@ -251,7 +251,8 @@ def build_cfg(case, settings, output_dir):
     cfg.FEATURE_CACHE.DIR = osp.join(output_dir, "feature_cache")
     cfg.OUTPUT_DIR = output_dir
     node = cfg.TRAINER.get(case.trainer.upper())
-    if node is not None and "PREC" in node:  # trainers without a node (zero-shot CLIP) follow the engine's default
+    # trainers without a node (zero-shot CLIP) follow the engine's default; prec None keeps the config file's
+    if node is not None and "PREC" in node and settings["prec"] is not None:
         node.PREC = settings["prec"]
     prepared = case.prepare(settings, output_dir) if case.prepare is not None else ()
     merge_from_list(cfg, list(case.opts) + list(prepared) + list(settings["opts"]))

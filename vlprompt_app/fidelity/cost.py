@@ -82,6 +82,7 @@ from .weights import write_weights
 WEIGHTS_SEED = DEFAULT_SEEDS["weights"]
 IMAGES_SEED = DEFAULT_SEEDS["images"]
 CONTRACT_RATIO = 0.5  # the cost contract: our train cost ratio at most half of the official one
+PRECISIONS = ("fp32", "recipe")
 
 
 def timed_by_the_tool(spec):
@@ -114,6 +115,12 @@ def add_arguments(parser):
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--views", type=int, help="views of a test-time method's episode (default: its spec's "
                         "views, the recipe's)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: both sides on the GPU, the official code on its own CUDA path (no .cuda() no-op)")
+    parser.add_argument("--prec", choices=PRECISIONS, default="fp32",
+                        help="fp32: both sides in fp32 (the CPU comparison); recipe: each side in its recipe's "
+                             "precision (ours: the config file's PREC; official: the cost spec's official_prec, "
+                             "what its train.py or config sets)")
 
 
 def repositories(args, methods):
@@ -153,7 +160,18 @@ def measure(args):
     check_methods(methods)
     given = repositories(args, methods)
     settings = {key: getattr(args, key) for key in ("backbone", "batch", "classes", "rounds", "warmup", "threads",
-                                                    "clock")}
+                                                    "clock", "device", "prec")}
+    recipe_only = [method for method in methods if METHODS[method].cost.recipe_only]
+    if args.prec == "fp32" and recipe_only:
+        raise SystemExit(f"error: the official step of {', '.join(recipe_only)} runs only in its recipe's precision "
+                         "(see its spec); use --prec recipe")
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("error: --device cuda, but CUDA is not available")
+        on_cpu_only = [method for method in methods if METHODS[method].cost.step_side is not None]
+        if on_cpu_only:
+            raise SystemExit(f"error: {', '.join(on_cpu_only)} time a step_side, which runs on the CPU only")
+        settings["device_name"] = torch.cuda.get_device_name()
     settings["methods"] = methods
     if args.views is not None and args.views < 1:
         raise SystemExit(f"error: --views must be at least 1, got {args.views}")
@@ -241,10 +259,13 @@ def _side_inputs(workdir, method):
         settings = json.load(f)
     inputs = torch.load(os.path.join(workdir, "inputs.pt"), weights_only=True)
     torch.set_num_threads(settings["threads"])
+    settings.setdefault("device", "cpu")  # what a settings file without them (the CPU comparison) means
+    settings.setdefault("prec", "fp32")
+    device = torch.device(settings["device"])
     views = settings.get("views", {}).get(method)
     if views:
-        return settings, inputs["views"][:views], torch.zeros(views, dtype=torch.long)
-    return settings, inputs["images"], inputs["labels"]
+        return settings, inputs["views"][:views].to(device), torch.zeros(views, dtype=torch.long, device=device)
+    return settings, inputs["images"].to(device), inputs["labels"].to(device)
 
 
 def _timed(frozen, train, settings, learnable):
@@ -253,8 +274,8 @@ def _timed(frozen, train, settings, learnable):
     from vlprompt_app.benchmarking.measure import medians, time_interleaved
 
     with contextlib.redirect_stdout(io.StringIO()):
-        times = time_interleaved({"frozen": frozen, "train": train}, torch.device("cpu"), settings["rounds"],
-                                 settings["warmup"])
+        times = time_interleaved({"frozen": frozen, "train": train}, torch.device(settings["device"]),
+                                 settings["rounds"], settings["warmup"])
     return dict(medians(times), learnable=learnable() if callable(learnable) else learnable)
 
 
@@ -291,14 +312,16 @@ def our_side(workdir, method):
     cost = spec.cost
     case = {case.name: case for case in CASES}[cost.case or method]
     nodes = cost.our_nodes if cost.our_nodes is not None else {f"TRAINER.{case.trainer.upper()}": spec.our_node}
+    keep_config_prec = settings["prec"] == "recipe"
     opts = [item for node, values in nodes.items() for key, value in values.items()
-            for item in (f"{node}.{key}", repr(value))]
+            if not (keep_config_prec and key == "PREC") for item in (f"{node}.{key}", repr(value))]
     if spec.dataset:
         opts += ["DATASET.NAME", spec.dataset]
     if cost.our_prepare is not None:
         opts += cost.our_prepare(workdir, images.shape[-1])
     trainer_settings = {"backbone": settings["backbone"], "weights": os.path.join(workdir, "weights.pt"),
-                        "image_size": images.shape[-1], "device": "cpu", "batch": len(images), "prec": "fp32",
+                        "image_size": images.shape[-1], "device": settings["device"], "batch": len(images),
+                        "prec": "fp32" if settings["prec"] == "fp32" else None,
                         "opts": opts, "classes": settings["classes"]}
     with tempfile.TemporaryDirectory(prefix="benchmark_official_ours_") as output_dir:
         trainer = build_trainer(case, trainer_settings, output_dir)
@@ -307,7 +330,7 @@ def our_side(workdir, method):
         trainer.batch_idx, trainer.num_batches = 0, len(trainer.train_loader_x)
 
         def frozen():
-            with torch.no_grad():
+            with torch.no_grad(), trainer.autocast():
                 trainer.model.clip.encode_image_plain(images)
 
         if case.kind == TEST_TIME:  # one episode on the views, as test() runs it per image
@@ -363,20 +386,28 @@ def official_side(workdir, method):
 
     _set_official_train_cfg(cfg, cost.train_cfg)
     cfg.OPTIM.NAME = "sgd"
-    torch.nn.Module.cuda = lambda self, device=None: self  # CPU only
-    torch.Tensor.cuda = lambda self, device=None, non_blocking=False: self
+    recipe = settings["prec"] == "recipe"
+    if recipe:
+        _set_official_precision(cfg, spec, cost.official_prec)
+    if settings["device"] == "cpu":
+        torch.nn.Module.cuda = lambda self, device=None: self
+        torch.Tensor.cuda = lambda self, device=None, non_blocking=False: self
     trainer_class = getattr(module, cost.trainer)
     trainer = trainer_class.__new__(trainer_class)
     TrainerBase.__init__(trainer)  # the model / optimizer registry, without TrainerX's data loader
-    trainer.cfg, trainer.device = cfg, torch.device("cpu")
+    trainer.cfg, trainer.device = cfg, torch.device(settings["device"])
     trainer.dm = SimpleNamespace(dataset=SimpleNamespace(classnames=settings["classnames"]))
     if cost.before_build is not None:
         cost.before_build(module, cfg)
     with contextlib.redirect_stdout(io.StringIO()):
         trainer.build_model()
         clip_model = _plain_official_clip(official_clip, torch.load(weights_path, weights_only=True), spec)
-    trainer.model.float()
-    if spec.prepare_official_model is not None:
+    clip_model.to(trainer.device)
+    if recipe and cost.official_prec == "fp16":  # the official CLIP's own dtype on CUDA
+        clip_model.half()
+    else:
+        trainer.model.float()
+    if spec.prepare_official_model is not None and not recipe:
         spec.prepare_official_model(trainer.model)
     if cost.after_build is not None:
         with contextlib.redirect_stdout(io.StringIO()):
@@ -387,7 +418,7 @@ def official_side(workdir, method):
 
     def frozen():
         with torch.no_grad():
-            clip_model.encode_image(images)
+            clip_model.encode_image(images.to(clip_model.dtype))
 
     def train():
         trainer.set_model_mode("train")
@@ -395,6 +426,16 @@ def official_side(workdir, method):
 
     learnable = sum(p.numel() for group in trainer.optim.param_groups for p in group["params"] if p.requires_grad)
     return _timed(frozen, train, settings, learnable)
+
+
+def _set_official_precision(cfg, spec, precision):
+    """Set ``precision`` as the PREC of every official config node of ``spec`` that has one."""
+    for path in spec.official_cfg:
+        node = cfg
+        for part in path.split("."):
+            node = getattr(node, part)
+        if "PREC" in node:
+            node.PREC = precision
 
 
 def _official_step_side(spec, settings, weights_path, images, labels, method):
@@ -445,8 +486,20 @@ def header_line(settings):
                if episodes else "")
     return (f"One training step (forward, loss, backward, optimizer step), ours and the official code's{episode}: "
             f"{settings['backbone']} random weights, batch {settings['batch']}, {settings['classes']} classes, "
-            f"{settings['image_size']} px, fp32, CPU, {settings['threads']} threads; median of {settings['rounds']} "
+            f"{settings['image_size']} px, {_precision_words(settings)}, {_device_words(settings)}; median of {settings['rounds']} "
             f"rounds after {settings['warmup']}; {settings['clock']} clock")
+
+
+def _precision_words(settings):
+    if settings.get("prec", "fp32") == "fp32":
+        return "fp32"
+    return "each side in its recipe's precision (ours: the config file's PREC; official: its train.py's or config's)"
+
+
+def _device_words(settings):
+    if settings.get("device", "cpu") == "cuda":
+        return "CUDA (" + settings.get("device_name", "GPU") + ")"
+    return f"CPU, {settings['threads']} threads"
 
 
 def summary_lines(report):

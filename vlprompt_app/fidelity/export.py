@@ -1,12 +1,25 @@
 """Exporting the official trees (``git archive HEAD`` of a clone or a bare git directory)."""
 import os
+import shutil
 import subprocess
 
 from vlprompt.fileio import atomic_write
 
 
+EXPORTED_COMMIT_FILE = ".commit"  # in a tree exported earlier (tools/gpu_acceptance.py prepare): its commit
+
+
 def export(git_dir, target, exclude=()):
-    """``git archive HEAD`` of ``git_dir`` into ``target`` without the paths in ``exclude``; return the commit."""
+    """``git archive HEAD`` of ``git_dir`` into ``target`` without the paths in ``exclude``; return the commit.
+
+    ``git_dir`` may also be a tree exported earlier (a folder with ``EXPORTED_COMMIT_FILE``, for a
+    machine without git or the clones): it is copied as it is.
+    """
+    recorded = os.path.join(git_dir, EXPORTED_COMMIT_FILE)
+    if os.path.isfile(recorded):
+        shutil.copytree(git_dir, target)
+        with open(recorded, encoding="utf-8") as f:
+            return f.read().strip()
     found = subprocess.run(["git", "-C", git_dir, "rev-parse", "HEAD"], capture_output=True, text=True)
     if found.returncode != 0:
         raise SystemExit(f"'{git_dir}' is not a git repository with a commit ({found.stderr.strip()}); "

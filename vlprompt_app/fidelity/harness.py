@@ -200,8 +200,10 @@ def side_command(arguments):
 
 
 def side_environment(official_paths):
-    """The side's environment: PYTHONPATH the official trees first, then this repository."""
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([*official_paths, str(repository_root())]))
+    """The side's environment: PYTHONPATH the official trees first, then this repository, then the
+    caller's PYTHONPATH (packages installed beside the environment, as on the GPU machine)."""
+    inherited = [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep) if path]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([*official_paths, str(repository_root()), *inherited]))
 
 
 def run_official_process(arguments, official_paths, workdir):

@@ -116,6 +116,9 @@ class CostSpec:
             {"TRAINER.<the case's trainer>": the spec's our_node}).
         our_prepare(workdir, image size): files our trainer reads; returns more KEY VALUE options.
         our_after_build(trainer): e.g. a value both sides must share.
+        official_prec: the official recipe's TRAINER.<X>.PREC (what its train.py or config sets),
+            set on the official side by ``--prec recipe`` (ours then keeps its config file's).
+        recipe_only: the official step runs only in ``official_prec`` (``--prec fp32`` is refused).
     """
     trainer: Optional[str] = None
     train_cfg: Mapping[str, Any] = field(default_factory=dict)
@@ -129,6 +132,8 @@ class CostSpec:
     our_nodes: Optional[Mapping[str, Mapping[str, Any]]] = None
     our_prepare: Optional[Callable] = None
     our_after_build: Optional[Callable] = None
+    official_prec: str = "fp16"
+    recipe_only: bool = False
 
 
 @dataclass(frozen=True)

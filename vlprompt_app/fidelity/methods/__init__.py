@@ -6,12 +6,12 @@ they share under which names, what is compared, which misplacements must fail, a
 official step is timed). Steps several methods share are in ``common``.
 """
 from . import (
-    atprompt, coop, dept, flyp, maple, mma, mmrl, prograd, promptalign, promptkd, provp, skip_tuning, tac, tcp, tpt,
+    atprompt, coop, dept, flyp, maple, mma, mmrl, prograd, promptalign, promptkd, promptsrc, provp, skip_tuning, tac, tcp, tpt,
     wiseft,
 )
 
 METHODS = {spec.name: spec
-           for module in (coop, prograd, tcp, mma, mmrl, maple, dept, provp, promptkd, atprompt, skip_tuning, tac,
+           for module in (coop, prograd, tcp, mma, mmrl, maple, dept, provp, promptkd, promptsrc, atprompt, skip_tuning, tac,
                           flyp, tpt, promptalign, wiseft)
            for spec in module.SPECS}
 

@@ -155,7 +155,7 @@ def _spec(node_name, official_cfg, our_node, learnables, build_ours, loss_class,
         build_official=_build_official(node_name),
         run_official=_run_official(node_name, loss_class),
         mutations=mutations,
-        cost=CostSpec(trainer=node_name),
+        cost=CostSpec(trainer=node_name, official_prec="amp"),  # its configs set PREC "amp"
     )
 
 

@@ -1,0 +1,153 @@
+"""``tools/gpu_acceptance.py run``: the GPU acceptance run, stage after stage within a time budget.
+
+Stages (each in its own process, its output in ``OUT/logs/<stage>.log``):
+
+1. ``environment``: the machine, torch, CUDA and the carried packages (``environment.json``).
+2. ``cuda-tests`` and ``parity``, side by side (neither is timed): the tests marked ``gpu``
+   (``pytest -m gpu`` over the test files that mark any), and CUDA against CPU outputs of every
+   benchmark case on the tiny CLIP (``parity.jsonl``).
+3. ``official``: ``tools/benchmark.py official`` for the methods of ``OFFICIAL_METHODS``, both
+   sides on the device in their recipes' precision (``official.json``); skipped, with the reason,
+   when ``--official`` names no exported trees.
+4. ``trainers``: every benchmark case's training step and evaluation at the papers' settings
+   (``trainers.jsonl``), with the time left.
+
+A stage that outlives its share of the budget is stopped and the run goes on; the report
+(``acceptance.json``, ``acceptance.md``) says so. ``--rehearsal`` runs the same stages on the CPU
+with tiny settings (the tiny CLIP, 4 classes, small batches, a few cases) so that the script is
+exercised where no GPU is.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from vlprompt.paths import repository_root
+
+from .report import write_report
+
+OFFICIAL_METHODS = ("CoOp", "MaPLe", "PromptSRC", "MMRL")  # the GPU comparison's methods
+DASSL_FOLDER = "dassl"  # the exported Dassl.pytorch under --official, beside owner+name folders
+GPU_SETTINGS = {  # the papers' settings: train batch 16, evaluation batch 250 (DeAR's supplement), 1000 classes
+    "batch": 16, "eval_batch": 250, "classes": 1000, "image_size": 224, "device": "cuda", "prec": "amp",
+    "threads": 0, "rounds": 3, "warmup": 1, "clock": "wall", "backbone": "ViT-B/16", "weights": "random",
+    "opts": [], "cases": [],
+}
+REHEARSAL_CASES = ["CoOp", "DeAR", "RAda", "TPT"]
+REHEARSAL_SETTINGS = dict(GPU_SETTINGS, batch=2, eval_batch=4, classes=4, image_size=32, device="cpu", threads=2,
+                          rounds=1, warmup=0, backbone="configs/clip/tiny-synthetic-clip.json", tiny_configs=True,
+                          cases=REHEARSAL_CASES)
+# the share of the budget each stage may take at most (the trainers stage takes what is left)
+SHARES = {"environment": 0.1, "cuda-tests": 0.3, "parity": 0.3, "official": 0.35}
+
+
+class Stage:
+    """One stage's process: its command, log file and deadline."""
+
+    def __init__(self, name, command, out_dir, seconds):
+        self.name, self.command, self.seconds = name, command, seconds
+        os.makedirs(os.path.join(out_dir, "logs"), exist_ok=True)
+        self.log_path = os.path.join(out_dir, "logs", f"{name}.log")
+        self.started = time.monotonic()
+        with open(self.log_path, "w", encoding="utf-8") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=str(repository_root()),
+                                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+    def wait(self):
+        """{"stage", "command", "seconds", "exit_status" (None: stopped at its limit), "stopped"}."""
+        try:
+            status = self.process.wait(timeout=max(1.0, self.seconds - (time.monotonic() - self.started)))
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            status = None
+        return {"stage": self.name, "command": " ".join(self.command), "seconds": time.monotonic() - self.started,
+                "exit_status": status, "stopped": status is None, "limit_s": self.seconds}
+
+
+def stage_command(stage, out_dir, settings):
+    return [sys.executable, "-m", "vlprompt_app.gpu_acceptance.stages", stage, out_dir, json.dumps(settings)]
+
+
+def gpu_test_files():
+    """The test files that mark a test ``gpu`` (relative to the repository)."""
+    tests = os.path.join(str(repository_root()), "tests")
+    return sorted(f"tests/{name}" for name in os.listdir(tests)
+                  if name.startswith("test_") and name.endswith(".py")
+                  and "pytest.mark.gpu" in open(os.path.join(tests, name), encoding="utf-8").read())
+
+
+def official_trees(folder):
+    """(["OWNER/NAME=PATH", ...], Dassl path or None) of the exported trees under ``folder``."""
+    if not folder or not os.path.isdir(folder):
+        return [], None
+    given = [f"{name.replace('+', '/', 1)}={os.path.join(folder, name)}" for name in sorted(os.listdir(folder))
+             if "+" in name and os.path.isdir(os.path.join(folder, name))]
+    dassl = os.path.join(folder, DASSL_FOLDER)
+    return given, dassl if os.path.isdir(dassl) else None
+
+
+def official_command(out_dir, settings, given, dassl):
+    """``tools/benchmark.py official`` over OFFICIAL_METHODS: on CUDA each side in its recipe's
+    precision; on the CPU (the rehearsal) in fp32, without the methods that run only in their recipe's."""
+    from vlprompt_app.fidelity.methods import METHODS
+
+    cuda = settings["device"] == "cuda"
+    methods = [method for method in OFFICIAL_METHODS if cuda or not METHODS[method].cost.recipe_only]
+    command = [sys.executable, "tools/benchmark.py", "official", "--methods", *methods,
+               "--device", settings["device"], "--prec", "recipe" if cuda else "fp32",
+               "--batch", str(settings["batch"]), "--classes", str(settings["classes"]),
+               "--rounds", str(settings["rounds"]), "--warmup", str(settings["warmup"]),
+               "--threads", str(settings["threads"] or os.cpu_count()), "--json", os.path.join(out_dir, "official.json")]
+    for item in given:
+        command += ["--official-git", item]
+    return command + (["--dassl-git", dassl] if dassl else [])
+
+
+def run(out_dir, official=None, rehearsal=False, budget_s=330.0):
+    """Run every stage into ``out_dir`` within ``budget_s`` seconds; returns the report dict."""
+    start = time.monotonic()
+    settings = dict(REHEARSAL_SETTINGS if rehearsal else GPU_SETTINGS)
+    os.makedirs(out_dir, exist_ok=True)
+    for stale in ("parity.jsonl", "trainers.jsonl", "official.json"):
+        if os.path.exists(os.path.join(out_dir, stale)):
+            os.remove(os.path.join(out_dir, stale))
+
+    def limit(share):
+        return max(5.0, min(share * budget_s, budget_s - (time.monotonic() - start)))
+
+    stages = [Stage("environment", stage_command("environment", out_dir, settings), out_dir,
+                    limit(SHARES["environment"])).wait()]
+    tests = Stage("cuda-tests", [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+                                 "-o", "addopts=", *gpu_test_files()], out_dir, limit(SHARES["cuda-tests"]))
+    parity = Stage("parity", stage_command("parity", out_dir, dict(settings, device=_parity_device(settings))),
+                   out_dir, limit(SHARES["parity"]))
+    stages += [tests.wait(), parity.wait()]
+    given, dassl = official_trees(official)
+    if given:
+        stages.append(Stage("official", official_command(out_dir, settings, given, dassl), out_dir,
+                            limit(SHARES["official"])).wait())
+    else:
+        stages.append({"stage": "official", "skipped": f"no exported official trees under {official!r} "
+                       "(tools/gpu_acceptance.py prepare writes them)"})
+    stages.append(Stage("trainers", stage_command("trainers", out_dir, settings), out_dir, limit(1.0)).wait())
+    report = write_report(out_dir, settings, stages, time.monotonic() - start)
+    _gather_logs(out_dir)
+    return report
+
+
+def _parity_device(settings):
+    return "cuda" if settings["device"] == "cuda" else "cpu"
+
+
+def _gather_logs(out_dir):
+    """The stage logs into one ``logs.txt`` (the folder of logs is removed)."""
+    folder = os.path.join(out_dir, "logs")
+    with open(os.path.join(out_dir, "logs.txt"), "w", encoding="utf-8") as gathered:
+        for name in sorted(os.listdir(folder)):
+            gathered.write(f"===== {name}\n")
+            with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as log:
+                gathered.write(log.read())
+    shutil.rmtree(folder)
