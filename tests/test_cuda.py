@@ -25,7 +25,7 @@ def _batch(trainer, case, generator):
     return {"img": images, "label": labels}
 
 
-@pytest.mark.parametrize("name", ["CoOp", "MaPLe", "DeAR", "RAda", "CLIPAdapter", "PromptSRC"])
+@pytest.mark.parametrize("name", ["CoOp", "ProGrad", "MaPLe", "DeAR", "RAda", "CLIPAdapter", "PromptSRC", "TAC"])
 def test_amp_steps_on_cuda_change_only_learnables_and_load_on_the_cpu(name, tmp_path):
     case = _case(name)
     trainer = build_trainer(case, dict(SETTINGS, device="cuda", prec="amp"), str(tmp_path / "cuda"))

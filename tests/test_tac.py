@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from baseline_setup import build_seeded, learnable, make_cfg, tiny_runner, toy_world, trainer_node  # noqa: F401
 
-from trainers.tac import TACCLIP, cosine_kmeans
+from trainers.tac import TACCLIP, CPUDrawnDropout, cosine_kmeans
 from vlprompt.config import ConfigError
 from vlprompt.data.descriptions import DescriptionsError, read_class_descriptions
 from vlprompt.synthetic.descriptions import class_descriptions
@@ -136,6 +136,23 @@ def test_dropout_acts_on_the_image_feature_in_training_only(tiny_runner):  # noq
         model.eval()
         assert (model.image_features(images) == 0).sum() == 0
     assert 0.25 < zeros < 0.35
+
+
+def test_dropout_masks_come_from_the_cpu_generator_on_every_device():
+    """The same seed gives the same masks on any device: the mask is drawn on the CPU (the meta
+    device stands in for CUDA: its input still advances the CPU generator as a CPU input does), and
+    on a CPU input the result is nn.Dropout's, bit for bit."""
+    dropout = CPUDrawnDropout(0.3).train()
+    x = torch.randn(4, 8)
+    torch.manual_seed(5)
+    expected = torch.nn.Dropout(0.3).train()(x)
+    torch.manual_seed(5)
+    assert torch.equal(dropout(x), expected)
+    after_cpu = torch.random.get_rng_state()
+    torch.manual_seed(5)
+    assert dropout(x.to("meta")).device.type == "meta"
+    assert torch.equal(torch.random.get_rng_state(), after_cpu)
+    assert torch.equal(dropout.eval()(x), x)
 
 
 def test_description_embeddings_and_centres(tiny_runner):  # noqa: F811

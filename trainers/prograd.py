@@ -161,10 +161,10 @@ class ProGradCLIP(CoOpCLIP):
                 f'prefix "{phrase}" ({words}) when TRAINER.PROGRAD.CTX_INIT is True.'
             )
         with torch.no_grad():
-            ids = tokenizer([phrase]).to(learner.ctx.device)
+            ids = tokenizer([phrase]).to(self.clip.logit_scale.device)
             embedded = self.clip.text.embed(ids)[0, 1 : 1 + words].float()
             learner.ctx.zero_()
-            learner.ctx[..., learner.n_ctx - words :, :] = embedded
+            learner.ctx[..., learner.n_ctx - words :, :] = embedded.to(learner.ctx.device)
         learner.phrase = " ".join(["X"] * (learner.n_ctx - words) + [phrase])
         learner.set_classnames(classnames)
         print(f'Initial context: "{learner.phrase}"')

@@ -20,7 +20,8 @@ Deep prompts in both towers (as PromptSRC) plus K task-aware cluster tokens shar
   tokens get none); blocks 1..J_v-1 replace the last K + n_v positions with [G_v; V_l],
   V_l ~ N(0, 0.02) [n_v, D_v]. In every block an additive mask keeps the P patch rows from
   attending to the K G_v columns; CLS, G_v and V attend everything.
-  f = Dropout(DROPOUT)(LN_post(x_CLS) proj) [B, E] (active in training only).
+  f = Dropout(DROPOUT)(LN_post(x_CLS) proj) [B, E] (active in training only; its mask is drawn
+  from the CPU generator, so a seed gives the same masks on the CPU and on CUDA).
 * Loss of a step with B images and V = DATALOADER.K_TRANSFORMS augmented views each (view-major
   [V B, 3, H, W]): z = s f̂ t̂ᵀ [V B, C],
   L = CE(z, y) + λ_t mean|t̂ − ê| + λ_i mean|f̂ − f̂_0| (element means), λ_t 20, λ_i 25, where
@@ -137,6 +138,28 @@ def cosine_kmeans(points, k, generator):
     return F.normalize(centres, dim=-1)
 
 
+class CPUDrawnDropout(nn.Module):
+    """Dropout whose keep mask is drawn from the CPU's default generator and then moved to the
+    input's device, so a seed gives the same masks on every device (``nn.Dropout`` draws from the
+    device's own generator). On a CPU fp32 input it draws and computes exactly what ``nn.Dropout``
+    does (a Bernoulli(1 - p) tensor of the input's shape, divided by 1 - p, times the input).
+
+    Args:
+        p: the probability of zeroing an element.
+    """
+
+    def __init__(self, p):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        """x [..., E] -> the same shape; the identity in eval mode or with p = 0."""
+        if not self.training or self.p == 0:
+            return x
+        noise = torch.empty(x.shape, dtype=torch.float32).bernoulli_(1 - self.p).div_(1 - self.p)
+        return x * noise.to(x.device, x.dtype)
+
+
 class TACCLIP(PromptedCLIP):
     """Frozen CLIP with TAC's cluster tokens and deep prompts (see the module docstring).
 
@@ -168,7 +191,7 @@ class TACCLIP(PromptedCLIP):
         self.ctx = nn.Parameter(self._initial_context(init))
         self.text_prompts = prompt_parameters(node.PROMPT_DEPTH_TEXT - 1, self.n_text, text.width)
         self.vision_prompts = prompt_parameters(node.PROMPT_DEPTH_VISION, self.n_vision, visual.width)
-        self.dropout = nn.Dropout(node.DROPOUT)
+        self.dropout = CPUDrawnDropout(node.DROPOUT)
         self.register_buffer("patch_mask", self._patch_mask(), persistent=False)
         self.description_targets = None
         self.set_classnames(classnames)

@@ -17,6 +17,8 @@ The stages, their budget and the report: vlprompt_app/gpu_acceptance/run.py; PER
 import argparse
 import sys
 
+from vlprompt_app.gpu_acceptance.run import STAGES
+
 DEFAULT_FOLDER = ".gpu"
 
 
@@ -35,6 +37,10 @@ def build_parser():
                      help="the exported official trees (prepare's FOLDER/official)")
     run.add_argument("--rehearsal", action="store_true", help="on the CPU with tiny settings (no GPU needed)")
     run.add_argument("--budget", type=float, default=330.0, help="seconds for all stages (default 330)")
+    run.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES, metavar="STAGE",
+                     help=f"the stages to run (default all: {' '.join(STAGES)}; the environment always runs)")
+    run.add_argument("--cases", nargs="+", default=[], metavar="CASE",
+                     help="the cases (or trainers) of the parity and trainers stages (default all)")
     return parser
 
 
@@ -57,7 +63,8 @@ def main(argv=None):
         print("error: CUDA is not available; use --rehearsal to run the stages on the CPU with tiny settings",
               file=sys.stderr)
         return 2
-    report = run_stages(args.out, official=args.official, rehearsal=args.rehearsal, budget_s=args.budget)
+    report = run_stages(args.out, official=args.official, rehearsal=args.rehearsal, budget_s=args.budget,
+                        stages=args.stages, cases=args.cases)
     for name, passed, detail in checks(report):
         print(f"{'not measured' if passed is None else 'pass' if passed else 'FAIL'}: {name} ({detail})")
     print(f"report: {args.out}/acceptance.md")

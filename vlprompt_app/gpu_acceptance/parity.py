@@ -29,6 +29,10 @@ from vlprompt.paths import repository_root
 
 TINY_CLIP = "configs/clip/tiny-synthetic-clip.json"
 TOLERANCE = 1e-4  # fp32 on two devices: kernel order only (TF32 is off for matmuls by default)
+# A test-time episode adapts with AdamW, whose first step moves each value by about lr times the
+# sign of its gradient: where a gradient element is at the level of the devices' rounding, its
+# sign (and so a step of lr) can differ, and the prediction moves more than the forward pass does.
+TEST_TIME_TOLERANCE = 1e-3
 VALUE_SEED, BATCH_SEED, STEP_SEED = 1, 2, 3
 
 
@@ -139,5 +143,7 @@ def compare_case(case, device, classes=6, batch=2):
         found = _outputs(case, other, images, labels, ("loss",))
     for name, value in expected.items():
         record[name] = relative_difference(found[name], value)
-    record["passed"] = all(record[name] <= TOLERANCE for name in expected)
+    tolerance = TEST_TIME_TOLERANCE if case.kind == TEST_TIME else TOLERANCE
+    record["tolerance"] = tolerance
+    record["passed"] = all(record[name] <= tolerance for name in expected)
     return record

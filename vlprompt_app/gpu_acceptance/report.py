@@ -78,7 +78,8 @@ def markdown(report):
         rows = [[r["case"], *(f"{r[n]:.1e}" if n in r else "" for n in names),
                  "error: " + r["error"][-1] if "error" in r else ("pass" if r["passed"] else "FAIL")]
                 for r in report["parity"]]
-        lines += ["", "## CUDA against CPU (tiny CLIP, fp32; relative max difference)", "",
+        lines += ["", "## CUDA against CPU (tiny CLIP, fp32; relative max difference; tolerance 1e-4, a "
+                  "test-time episode 1e-3)", "",
                   format_table(rows, ["case", *names, "result"], "github")]
     if report["official"]:
         lines += ["", "## Ours against the official code", "", cost.header_line(report["official"]["settings"]), "",

@@ -40,7 +40,7 @@ REHEARSAL_SETTINGS = dict(GPU_SETTINGS, batch=2, eval_batch=4, classes=4, image_
                           rounds=1, warmup=0, backbone="configs/clip/tiny-synthetic-clip.json", tiny_configs=True,
                           cases=REHEARSAL_CASES)
 # the share of the budget each stage may take at most (the trainers stage takes what is left)
-SHARES = {"environment": 0.1, "cuda-tests": 0.3, "parity": 0.3, "official": 0.35}
+SHARES = {"environment": 0.1, "cuda-tests": 0.3, "parity": 0.3, "official": 0.5}
 
 
 class Stage:
@@ -106,10 +106,20 @@ def official_command(out_dir, settings, given, dassl):
     return command + (["--dassl-git", dassl] if dassl else [])
 
 
-def run(out_dir, official=None, rehearsal=False, budget_s=330.0):
-    """Run every stage into ``out_dir`` within ``budget_s`` seconds; returns the report dict."""
+STAGES = ("environment", "cuda-tests", "parity", "official", "trainers")
+
+
+def run(out_dir, official=None, rehearsal=False, budget_s=330.0, stages=STAGES, cases=()):
+    """Run the ``stages`` (the environment always) into ``out_dir`` within ``budget_s`` seconds, the
+    parity and trainers stages over ``cases`` (case or trainer names; default: the settings');
+    returns the report dict."""
     start = time.monotonic()
     settings = dict(REHEARSAL_SETTINGS if rehearsal else GPU_SETTINGS)
+    if cases:
+        settings["cases"] = list(cases)
+    unknown = sorted(set(stages) - set(STAGES))
+    if unknown:
+        raise ValueError(f"unknown stage(s) {unknown}; the stages are {list(STAGES)}")
     os.makedirs(out_dir, exist_ok=True)
     for stale in ("parity.jsonl", "trainers.jsonl", "official.json"):
         if os.path.exists(os.path.join(out_dir, stale)):
@@ -118,28 +128,39 @@ def run(out_dir, official=None, rehearsal=False, budget_s=330.0):
     def limit(share):
         return max(5.0, min(share * budget_s, budget_s - (time.monotonic() - start)))
 
-    stages = [Stage("environment", stage_command("environment", out_dir, settings), out_dir,
-                    limit(SHARES["environment"])).wait()]
-    tests = Stage("cuda-tests", [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                                 "-o", "addopts=", *gpu_test_files()], out_dir, limit(SHARES["cuda-tests"]))
-    parity = Stage("parity", stage_command("parity", out_dir, dict(settings, device=_parity_device(settings))),
-                   out_dir, limit(SHARES["parity"]))
-    stages += [tests.wait(), parity.wait()]
+    selected = set(stages)
+
+    def not_selected(name):
+        return {"stage": name, "skipped": "not selected (--stages)"}
+
+    done = [Stage("environment", stage_command("environment", out_dir, settings), out_dir,
+                  limit(SHARES["environment"])).wait()]
+    side_by_side = []  # neither is timed: they run at once
+    if "cuda-tests" in selected:
+        side_by_side.append(Stage("cuda-tests", [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p",
+                                                 "no:cacheprovider", "-o", "addopts=", *gpu_test_files()],
+                                  out_dir, limit(SHARES["cuda-tests"])))
+    if "parity" in selected:
+        side_by_side.append(Stage("parity", stage_command("parity", out_dir, settings), out_dir,
+                                  limit(SHARES["parity"])))
+    waited = {stage.name: stage.wait() for stage in side_by_side}
+    done += [waited.get(name) or not_selected(name) for name in ("cuda-tests", "parity")]
     given, dassl = official_trees(official)
-    if given:
-        stages.append(Stage("official", official_command(out_dir, settings, given, dassl), out_dir,
-                            limit(SHARES["official"])).wait())
+    if "official" not in selected:
+        done.append(not_selected("official"))
+    elif given:
+        done.append(Stage("official", official_command(out_dir, settings, given, dassl), out_dir,
+                          limit(SHARES["official"])).wait())
     else:
-        stages.append({"stage": "official", "skipped": f"no exported official trees under {official!r} "
-                       "(tools/gpu_acceptance.py prepare writes them)"})
-    stages.append(Stage("trainers", stage_command("trainers", out_dir, settings), out_dir, limit(1.0)).wait())
-    report = write_report(out_dir, settings, stages, time.monotonic() - start)
+        done.append({"stage": "official", "skipped": f"no exported official trees under {official!r} "
+                     "(tools/gpu_acceptance.py prepare writes them)"})
+    if "trainers" in selected:
+        done.append(Stage("trainers", stage_command("trainers", out_dir, settings), out_dir, limit(1.0)).wait())
+    else:
+        done.append(not_selected("trainers"))
+    report = write_report(out_dir, settings, done, time.monotonic() - start)
     _gather_logs(out_dir)
     return report
-
-
-def _parity_device(settings):
-    return "cuda" if settings["device"] == "cuda" else "cpu"
 
 
 def _gather_logs(out_dir):

@@ -34,7 +34,7 @@ def _append(path, record):
 
 def _error_record(case):
     lines = traceback.format_exc().strip().splitlines()
-    return {"case": case.name, "trainer": case.trainer, "error": lines[-3:]}
+    return {"case": case.name, "trainer": case.trainer, "error": lines[-12:]}
 
 
 def _release(device):
