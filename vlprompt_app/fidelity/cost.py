@@ -363,13 +363,16 @@ def our_side(workdir, method):
 PLAIN_DESIGN = {"trainer": "CoOp", "vision_depth": 0, "language_depth": 0, "vision_ctx": 0, "language_ctx": 0}
 
 
-def _plain_official_clip(official_clip, state_dict, spec):
-    """The official clip package's plain CLIP (fp32, eval) of ``state_dict``: the frozen unit (for
-    a clip package whose build_model takes a design: the cost spec's ``plain_design``, default PLAIN_DESIGN)."""
+def _plain_official_clip(official_clip, state_dict, spec, fp32=True):
+    """The official clip package's plain CLIP (eval) of ``state_dict``: the frozen unit (for a clip
+    package whose build_model takes a design: the cost spec's ``plain_design``, default
+    PLAIN_DESIGN). In fp32, or else as its build_model gives it (OpenAI's fp16 conversion, which
+    keeps LayerNorm in fp32)."""
     parameters = inspect.signature(official_clip.build_model).parameters
     design = spec.cost.plain_design or PLAIN_DESIGN
     args = (state_dict, design) if "design_details" in parameters else (state_dict,)
-    return official_clip.build_model(*args).float().eval()
+    model = official_clip.build_model(*args)
+    return (model.float() if fp32 else model).eval()
 
 
 def official_side(workdir, method):
@@ -401,11 +404,11 @@ def official_side(workdir, method):
         cost.before_build(module, cfg)
     with contextlib.redirect_stdout(io.StringIO()):
         trainer.build_model()
-        clip_model = _plain_official_clip(official_clip, torch.load(weights_path, weights_only=True), spec)
+        half = recipe and cost.official_prec == "fp16"  # the official CLIP's own dtypes on CUDA
+        clip_model = _plain_official_clip(official_clip, torch.load(weights_path, weights_only=True), spec,
+                                          fp32=not half)
     clip_model.to(trainer.device)
-    if recipe and cost.official_prec == "fp16":  # the official CLIP's own dtype on CUDA
-        clip_model.half()
-    else:
+    if not recipe:
         trainer.model.float()
     if spec.prepare_official_model is not None and not recipe:
         spec.prepare_official_model(trainer.model)
