@@ -5,9 +5,12 @@
         --dataset-config-file configs/datasets/image_folder.yaml \\
         --config-file configs/trainers/CoOp/synthetic.yaml --output-dir output/my_images/runs/coop
 
-DATASET.ROOT is the image tree itself, not a folder of datasets. The node DATASET.IMAGE_FOLDER
-(file names relative to DATASET.ROOT unless absolute):
+The tree (ROOT below) is DATASET.ROOT itself, not a folder of datasets, unless DIR says otherwise.
+The node DATASET.IMAGE_FOLDER (file names relative to the tree unless absolute):
 
+* DIR: ``""`` (the tree is DATASET.ROOT), or the tree's folder under DATASET.ROOT, so that it can
+  sit beside benchmark datasets in one ``--root`` (the transfer protocols of
+  tools/run_protocol.py: ``--opts DATASET.IMAGE_FOLDER.DIR my_images``).
 * LAYOUT ``auto`` | ``folders`` | ``list``: ``folders`` reads ``ROOT/<class folder>/**/<image>``
   (class order = sorted folder names, underscores in a folder name read as spaces); ``list``
   reads LIST_FILE; ``auto`` is ``list`` when LIST_FILE is set or ROOT holds ``labels.csv`` or
@@ -17,7 +20,7 @@ DATASET.ROOT is the image tree itself, not a folder of datasets. The node DATASE
 * CLASSNAMES_FILE: lines ``KEY class name`` (KEY a folder name or list label); ``""`` reads
   ``ROOT/classnames.txt`` when it exists. Its line order is then the label order.
 * SPLIT_FILE (default ``split_zhou_ImageFolder.json``): a CoOp split JSON
-  ``{"train"|"val"|"test": [[path relative to ROOT, label, class name], ...]}``, read when it
+  ``{"train"|"val"|"test": [[path relative to the tree, label, class name], ...]}``, read when it
   exists. Otherwise the split is made once and written there (atomically) with
   ``<name>.source.json`` beside it, recording how it was made: from a list file's split column,
   or per class from SPLIT_RATIO (train, val, test shares; default CoOp's 0.5 / 0.2 / 0.3) with
@@ -26,7 +29,7 @@ DATASET.ROOT is the image tree itself, not a folder of datasets. The node DATASE
 * TEMPLATE: the class sentence (default ``"a photo of a {}."``), read by every trainer
   through ``ClipTrainer.dataset_template``.
 
-Few-shot sampling (cached in ``ROOT/split_fewshot/``), base/new subsampling and everything
+Few-shot sampling (cached in ``<tree>/split_fewshot/``), base/new subsampling and everything
 after them are the CoOp pipeline of :func:`vlprompt.data.splits.prepare_coop_splits`, as for
 the benchmark datasets. ``split_fewshot`` and ``feature_cache`` (the default feature cache) are
 therefore never class folders.
@@ -164,7 +167,7 @@ def _split_entries(path):
     if not valid:
         raise ImageTreeError(
             f'the split file {path} is not a CoOp split: expected a JSON object with the keys "train", "val" '
-            'and "test", each a list of [path relative to DATASET.ROOT, label, class name]'
+            'and "test", each a list of [path relative to the tree, label, class name]'
         )
     return split
 
@@ -174,21 +177,24 @@ class ImageFolder(DatasetBase):
     """The user's own images under DATASET.ROOT (module docstring); class names from the folders,
     a list file or a names file; the split from a split file, a list file or SPLIT_RATIO.
 
-    Instance attributes: dataset_dir and image_dir (DATASET.ROOT, absolute), split_path,
+    Instance attributes: dataset_dir and image_dir (the tree, absolute), split_path,
     template (DATASET.IMAGE_FOLDER.TEMPLATE), layout_kind ("folders" or "list").
     """
 
-    dataset_dir = ""  # DATASET.ROOT itself
+    dataset_dir = ""  # DATASET.ROOT itself (DATASET.IMAGE_FOLDER.DIR may name a folder under it)
     template = DEFAULT_TEMPLATE
     layout = f"{LAYOUTS['folders']}\nor\n{LAYOUTS['list']}"
 
     def __init__(self, cfg):
         node = cfg.DATASET.IMAGE_FOLDER
-        root = dataset_root(cfg)
+        root = _under(dataset_root(cfg), node.DIR) if node.DIR else dataset_root(cfg)
         self.layout_kind = "list" if node.LAYOUT == "list" or node.LIST_FILE else "folders"
-        if not cfg.DATASET.ROOT or not os.path.isdir(root):
-            where = f'"{cfg.DATASET.ROOT}" (resolved to {root})' if cfg.DATASET.ROOT else "empty"
-            raise self.error(f"DATASET.ROOT (--root) is {where}; set it to the folder of your images")
+        if not cfg.DATASET.ROOT:
+            raise self.error("DATASET.ROOT (--root) is empty; set it to the folder of your images")
+        if not os.path.isdir(root):
+            where = f"DATASET.IMAGE_FOLDER.DIR {node.DIR} under " if node.DIR else ""
+            raise self.error(f'{root} ({where}DATASET.ROOT "{cfg.DATASET.ROOT}") is not a folder; set --root to the '
+                             "folder of your images")
         self.dataset_dir = self.image_dir = root
         self.template = node.TEMPLATE
         self.split_path = _under(root, node.SPLIT_FILE)
@@ -201,9 +207,9 @@ class ImageFolder(DatasetBase):
         super().__init__(train_x=train, val=val, test=test)
 
     def error(self, problem):
-        """An ImageTreeError: the dataset, DATASET.ROOT, ``problem``, then the expected layout."""
+        """An ImageTreeError: the dataset, the tree, ``problem``, then the expected layout."""
         return ImageTreeError(
-            f"Dataset ImageFolder (DATASET.ROOT {self.dataset_dir or '?'}): {problem}.\n"
+            f"Dataset ImageFolder ({self.dataset_dir or 'no folder yet'}): {problem}.\n"
             f"Expected layout ({self.layout_kind}; DATASETS.md, section 'Your own images'):\n"
             f"{LAYOUTS[self.layout_kind]}"
         )
@@ -225,7 +231,7 @@ class ImageFolder(DatasetBase):
         return found[0] if found else None
 
     def read_tree(self, cfg):
-        """The ImageTree of DATASET.ROOT (vlprompt.data.image_tree), by layout; sets layout_kind."""
+        """The ImageTree of the tree (vlprompt.data.image_tree), by layout; sets layout_kind."""
         node = cfg.DATASET.IMAGE_FOLDER
         list_path = self._list_file(node)
         self.layout_kind = "folders" if list_path is None else "list"
@@ -280,14 +286,14 @@ class ImageFolder(DatasetBase):
         return datums["train"], datums["val"], datums["test"]
 
     def check_split_images(self):
-        """ImageTreeError unless every image of the split file exists under DATASET.ROOT."""
+        """ImageTreeError unless every image of the split file exists in the tree."""
         split = _split_entries(self.split_path)
         missing = [f"{name}: {os.path.join(self.dataset_dir, entry[0])}" for name in SPLIT_NAMES
                    for entry in split[name] if not os.path.isfile(os.path.join(self.dataset_dir, entry[0]))]
         if missing:
             raise ImageTreeError(
                 f"the split file {self.split_path} names {len(missing)} image(s) that do not exist (its paths are "
-                f"relative to DATASET.ROOT):\n{_listing(missing)}\nRestore them, fix the split file, or point "
+                f"relative to the tree):\n{_listing(missing)}\nRestore them, fix the split file, or point "
                 "DATASET.IMAGE_FOLDER.SPLIT_FILE to a file that does not exist yet to make a new split there"
             )
 
