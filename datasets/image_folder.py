@@ -84,7 +84,7 @@ def _under(root, name):
 
 def source_path(split_path):
     """The file that records how the split at ``split_path`` was made: ``<name>.source.json``."""
-    stem = split_path[:-len(".json")] if split_path.endswith(".json") else split_path
+    stem = split_path.removesuffix(".json")
     return stem + SOURCE_SUFFIX
 
 

@@ -296,7 +296,7 @@ def test_no_root_and_a_missing_names_file(tmp_path):
     ({"LAYOUT": "folders", "LIST_FILE": "labels.csv"}, 'LAYOUT is "folders" but LIST_FILE is "labels.csv"'),
 ])
 def test_bad_options_are_config_errors(tmp_path, keys, message):
-    with pytest.raises(ConfigError, match=None) as caught:
+    with pytest.raises(ConfigError) as caught:
         validate_cfg(cfg(tmp_path, **keys))
     assert message in str(caught.value)
 
