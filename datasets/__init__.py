@@ -8,4 +8,4 @@ from . import (  # noqa: F401  (imported for registration)
     caltech101, fgvc_aircraft, food101, imagenet, imagenet_a, imagenet_r, imagenet_sketch, imagenetv2,
     objectnet, oxford_flowers, stanford_cars, sun397, ucf101,
 )
-from . import synthetic  # noqa: F401  (imported for registration)
+from . import image_folder, synthetic  # noqa: F401  (imported for registration)

@@ -47,5 +47,6 @@ def check_template(template, key):
 
 
 def dataset_template(dataset, template=""):
-    """``template`` if given, else the dataset class's ``template`` attribute, else DEFAULT_TEMPLATE."""
-    return template or getattr(type(dataset), "template", DEFAULT_TEMPLATE)
+    """``template`` if given, else the dataset's ``template`` attribute (the class's, or the instance's
+    when the dataset reads it from its config, as ImageFolder does), else DEFAULT_TEMPLATE."""
+    return template or getattr(dataset, "template", DEFAULT_TEMPLATE)

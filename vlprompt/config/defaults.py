@@ -62,6 +62,17 @@ _C.DATASET.SUBSAMPLE_CLASSES = "all"  # CoOp-family key: "all", "base" or "new"
 _C.DATASET.CHECK_IMAGES = "verify"
 # Project key: leave unreadable images out (counted in results.json) instead of stopping
 _C.DATASET.SKIP_BAD_IMAGES = False
+# Project node: the ImageFolder dataset (datasets/image_folder.py), the user's own images in the
+# tree DATASET.ROOT (or DATASET.ROOT/DIR); relative file names below are relative to the tree
+_C.DATASET.IMAGE_FOLDER = CN()
+_C.DATASET.IMAGE_FOLDER.DIR = ""  # "": the tree is DATASET.ROOT; else a folder under it (beside other datasets)
+_C.DATASET.IMAGE_FOLDER.LAYOUT = "auto"  # "folders" (ROOT/<class>/...), "list" (LIST_FILE) or "auto"
+_C.DATASET.IMAGE_FOLDER.LIST_FILE = ""  # CSV or JSON rows (path, label[, split]); "": labels.csv / labels.json
+_C.DATASET.IMAGE_FOLDER.CLASSNAMES_FILE = ""  # lines "KEY class name"; "": classnames.txt if present
+_C.DATASET.IMAGE_FOLDER.SPLIT_FILE = "split_zhou_ImageFolder.json"  # read if present, else written
+_C.DATASET.IMAGE_FOLDER.SPLIT_RATIO = (0.5, 0.2, 0.3)  # train, val, test share of each class
+_C.DATASET.IMAGE_FOLDER.SPLIT_SEED = 1  # seed of the generated split (not the run's SEED)
+_C.DATASET.IMAGE_FOLDER.TEMPLATE = "a photo of a {}."  # the class sentence, one "{}"
 
 ###########################
 # Dataloader

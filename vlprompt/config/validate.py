@@ -22,6 +22,7 @@ NONFINITE_LOSS_CHOICES = ("stop", "skip")
 TEST_SPLITS = ("val", "test")
 FINAL_MODELS = ("last_step", "best_val")
 WARMUP_TYPES = ("constant", "linear")
+IMAGE_FOLDER_LAYOUTS = ("auto", "folders", "list")
 
 _SSL_DATASETS = (
     "Dassl reads it only in its semi-supervised CIFAR-10/100 and STL-10 datasets, which vlprompt does not "
@@ -98,6 +99,35 @@ def _check_data(cfg):
     check_range("DATALOADER.K_TRANSFORMS", loader.K_TRANSFORMS, minimum=1)
     check_choice("DATASET.SUBSAMPLE_CLASSES", cfg.DATASET.SUBSAMPLE_CLASSES, SUBSAMPLE_CHOICES)
     check_choice("DATASET.CHECK_IMAGES", cfg.DATASET.CHECK_IMAGES, IMAGE_CHECKS)
+    _check_image_folder(cfg.DATASET.IMAGE_FOLDER)
+
+
+def _check_image_folder(node):
+    """The DATASET.IMAGE_FOLDER node: a known layout, three positive split shares summing to 1,
+    a sentence template with one "{}", a split file name."""
+    check_choice("DATASET.IMAGE_FOLDER.LAYOUT", node.LAYOUT, IMAGE_FOLDER_LAYOUTS)
+    if node.LAYOUT == "folders" and node.LIST_FILE:
+        raise ConfigError(
+            f'DATASET.IMAGE_FOLDER.LAYOUT is "folders" but LIST_FILE is "{node.LIST_FILE}"; a list file is '
+            'read only by the "list" layout: set LAYOUT list (or auto), or clear LIST_FILE.'
+        )
+    ratio = tuple(node.SPLIT_RATIO)
+    if len(ratio) != 3 or any(not isinstance(share, (int, float)) or share <= 0 for share in ratio) \
+            or abs(sum(ratio) - 1) > 1e-6:
+        raise ConfigError(
+            "DATASET.IMAGE_FOLDER.SPLIT_RATIO must be three positive numbers (train, val, test shares of "
+            f"each class) that sum to 1, e.g. (0.5, 0.2, 0.3); got {ratio!r}."
+        )
+    if node.TEMPLATE.count("{}") != 1:
+        raise ConfigError(
+            "DATASET.IMAGE_FOLDER.TEMPLATE must contain exactly one '{}' for the class name, "
+            f"e.g. 'a photo of a {{}}.'; got '{node.TEMPLATE}'."
+        )
+    if not node.SPLIT_FILE:
+        raise ConfigError(
+            "DATASET.IMAGE_FOLDER.SPLIT_FILE is empty; it names the split JSON that is read when present "
+            "and written otherwise (default split_zhou_ImageFolder.json under DATASET.ROOT)."
+        )
 
 
 def _check_optim(cfg):
