@@ -27,31 +27,14 @@ An image that cannot be read gives a :class:`Prediction` with ``error`` set, not
 """
 import os
 import os.path as osp
-from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
 from vlprompt.config import ConfigError
+from vlprompt.prediction import Prediction, top_classes
 
 __all__ = ["Prediction", "RunPredictor", "load_run", "build_predictor", "IMAGE_EXTENSIONS", "expand_images"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
-
-
-@dataclass
-class Prediction:
-    """The top-k classes of one image.
-
-    Attributes:
-        source: the image's path, or ``<image N>`` for an in-memory image (N: its position).
-        labels: class names, most probable first (empty when ``error`` is set).
-        probabilities: their softmax probabilities over all scored classes.
-        error: why the image could not be read ("" when it was scored).
-    """
-
-    source: str
-    labels: List[str] = field(default_factory=list)
-    probabilities: List[float] = field(default_factory=list)
-    error: str = ""
 
 
 def expand_images(paths: Sequence[str]) -> List[str]:
@@ -206,16 +189,9 @@ class RunPredictor:
             one Prediction per image, in order.
         """
         logits, errors, sources = self.logits(images, progress=progress)
-        k = max(1, min(int(topk), len(self.classnames)))
-        predictions = []
-        for index, source in enumerate(sources):
-            if index in errors:
-                predictions.append(Prediction(source, error=errors[index]))
-                continue
-            probabilities = logits[index].float().softmax(dim=-1)
-            values, labels = probabilities.topk(k)
-            predictions.append(Prediction(source, [self.classnames[i] for i in labels.tolist()], values.tolist()))
-        return predictions
+        return [Prediction(source, error=errors[index]) if index in errors
+                else top_classes(source, logits[index], self.classnames, topk)
+                for index, source in enumerate(sources)]
 
     def logits(self, images, progress=False):
         """(logits {index: [K] tensor} of the readable images, errors {index: message}, sources [N])."""
@@ -371,7 +347,8 @@ def run_config(run_dir, test_time="", test_time_config="", opts=()):
     return cfg, last_epoch
 
 
-def build_predictor(cfg, model_dir="", epoch=None, classes=None, device=None, batch_size=None, root=None):
+def build_predictor(cfg, model_dir="", epoch=None, classes=None, device=None, batch_size=None, root=None,
+                    scope=None):
     """A RunPredictor of ``cfg`` (not frozen; changed here) with ``model_dir``'s checkpoint loaded.
 
     Args:
@@ -382,6 +359,7 @@ def build_predictor(cfg, model_dir="", epoch=None, classes=None, device=None, ba
         device: "cpu", "cuda" or None (the run's USE_CUDA where CUDA exists).
         batch_size: images per batch (None: DATALOADER.TEST.BATCH_SIZE).
         root: the datasets folder when the run's classes are read (None: the run's DATASET.ROOT).
+        scope: with ``classes``, the evaluation scope they have (an export's own classes); None: "new".
     """
     from vlprompt.config.validate import validate_cfg
     from vlprompt.engine import build_trainer
@@ -392,9 +370,10 @@ def build_predictor(cfg, model_dir="", epoch=None, classes=None, device=None, ba
     if root:
         cfg.DATASET.ROOT = root
     if classes is not None:
-        check_unseen_classes(cfg.TRAINER.NAME)
+        if scope is None:
+            check_unseen_classes(cfg.TRAINER.NAME)
         classes = _checked_classes(classes)
-        cfg.TEST.ROLE = "new"
+        cfg.TEST.ROLE = scope or "new"
     else:
         cfg.TEST.ROLE = resolve_eval_scope(cfg, eval_only=True, model_dir=model_dir).scope
     validate_cfg(cfg)

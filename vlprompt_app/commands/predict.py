@@ -1,13 +1,14 @@
 """Predict classes of images with a trained run: one row per image.
 
-    python tools/predict.py RUN_DIR IMAGES_OR_FOLDERS... [--topk K] [--epoch N]
+    python tools/predict.py RUN_DIR|EXPORTED_FILE IMAGES_OR_FOLDERS... [--topk K] [--epoch N]
         [--classes NAME... | --classes-file F] [--output preds.csv|preds.json]
         [--batch-size N] [--device cpu|cuda] [--root DATA]
-        [--test-time TPT --test-time-config configs/trainers/TPT/synthetic.yaml]
+        [--test-time TPT --test-time-config configs/trainers/TPT/synthetic.yaml] [--weights FILE]
 
 Folders are walked for image files (sorted) with a progress bar. Each row names the file, then
 the top-k (label, probability) pairs, then ``error``: why an image could not be read (such an
-image does not stop the others). Without ``--output`` the CSV goes to stdout. The model is the
+image does not stop the others). RUN_DIR may also be a file written by tools/export.py
+(its backbone weights are checked against the recorded sha256). Without ``--output`` the CSV goes to stdout. The model is the
 one ``train.py --eval-only --model-dir RUN_DIR`` evaluates (vlprompt_app/predict.py); bad input
 (not a run folder, no checkpoint, an unknown device, class names the method cannot score) ends
 with one paragraph on stderr and exit status 2.
@@ -16,6 +17,7 @@ import argparse
 import csv
 import io
 import json
+import os
 import sys
 
 from vlprompt.config import ConfigError
@@ -25,7 +27,8 @@ CSV_SUFFIX, JSON_SUFFIX = ".csv", ".json"
 
 def build_parser():
     parser = argparse.ArgumentParser(prog="tools/predict.py", description=__doc__.split("\n")[0])
-    parser.add_argument("run_dir", help="output folder of a training run (config.yaml and checkpoints)")
+    parser.add_argument("run_dir", help="output folder of a training run (config.yaml and checkpoints), "
+                                        "or a file of tools/export.py")
     parser.add_argument("images", nargs="+", help="image files and/or folders of images")
     parser.add_argument("--topk", type=int, default=1, help="classes per image (default 1)")
     parser.add_argument("--epoch", type=int, help="checkpoint epoch to load (default: the run's last)")
@@ -36,6 +39,7 @@ def build_parser():
     parser.add_argument("--batch-size", type=int, help="images per batch (default: the run's test batch size)")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when the run used it and it is there)")
     parser.add_argument("--root", help="datasets folder holding the run's dataset (default: its DATASET.ROOT)")
+    parser.add_argument("--weights", help="an exported classifier's backbone weights (default: the recorded path)")
     parser.add_argument("--test-time", default="", help="a test-time method adapting from this run (e.g. TPT)")
     parser.add_argument("--test-time-config", default="", help="that method's config file")
     return parser
@@ -89,6 +93,7 @@ def rows_json(predictions):
 def predict(args):
     """Predict and write the rows; returns the exit status."""
     from vlprompt.fileio import atomic_write
+    from vlprompt_app.export import load_exported
     from vlprompt_app.predict import expand_images, load_run
 
     fmt = output_format(args.output)
@@ -98,9 +103,15 @@ def predict(args):
     paths = expand_images(args.images)
     if not paths:
         raise ConfigError(f"No image files found in {', '.join(args.images)}.")
-    predictor = load_run(args.run_dir, epoch=args.epoch, classes=classes, device=args.device,
-                         batch_size=args.batch_size, root=args.root, test_time=args.test_time,
-                         test_time_config=args.test_time_config)
+    if os.path.isfile(args.run_dir):
+        if classes:
+            raise ConfigError(f'"{args.run_dir}" is an exported classifier: it scores the class names it was '
+                              "exported with; predict from the run folder to score other names with --classes.")
+        predictor = load_exported(args.run_dir, weights=args.weights, device=args.device, batch_size=args.batch_size)
+    else:
+        predictor = load_run(args.run_dir, epoch=args.epoch, classes=classes, device=args.device,
+                             batch_size=args.batch_size, root=args.root, test_time=args.test_time,
+                             test_time_config=args.test_time_config)
     topk = min(args.topk, len(predictor.classnames))
     predictions = predictor.predict(paths, topk=topk, progress=True)
     text = rows_csv(predictions, topk) if fmt == "csv" else rows_json(predictions)
