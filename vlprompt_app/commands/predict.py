@@ -100,9 +100,6 @@ def predict(args):
     if args.topk < 1:
         raise ConfigError(f"--topk must be >= 1, got {args.topk}.")
     classes = read_classes_file(args.classes_file) if args.classes_file else args.classes
-    paths = expand_images(args.images)
-    if not paths:
-        raise ConfigError(f"No image files found in {', '.join(args.images)}.")
     if os.path.isfile(args.run_dir):
         if classes:
             raise ConfigError(f'"{args.run_dir}" is an exported classifier: it scores the class names it was '
@@ -112,6 +109,9 @@ def predict(args):
         predictor = load_run(args.run_dir, epoch=args.epoch, classes=classes, device=args.device,
                              batch_size=args.batch_size, root=args.root, test_time=args.test_time,
                              test_time_config=args.test_time_config)
+    paths = expand_images(args.images)
+    if not paths:
+        raise ConfigError(f"No image files found in {', '.join(args.images)}.")
     topk = min(args.topk, len(predictor.classnames))
     predictions = predictor.predict(paths, topk=topk, progress=True)
     text = rows_csv(predictions, topk) if fmt == "csv" else rows_json(predictions)
