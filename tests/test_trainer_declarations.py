@@ -92,3 +92,18 @@ def test_build_clip_refuses_a_backbone_without_a_vit_tower_for_vit_only_trainers
     message = rf"^{name} needs a ViT image tower \({reason}\); RN50 is not one\.$"
     with pytest.raises(UnsupportedBackboneError, match=message):
         trainer.build_clip()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_trainer_scores_other_class_names_or_says_why_not(name):
+    trainer = TRAINER_REGISTRY.get(name)
+    reason = trainer.unseen_classes_refusal
+    assert isinstance(reason, str) and reason == reason.strip() and not reason.endswith(".")
+    uses_a_linear_head = bool(getattr(trainer, "classifier_keys", ()))
+    assert bool(reason) == uses_a_linear_head, (name, reason)
+
+
+def test_text_feature_exports_are_declared_by_plain_image_tower_methods_only():
+    exporting = {name for name in NAMES if getattr(TRAINER_REGISTRY.get(name), "exports_class_text_features", False)}
+    assert exporting >= {"CoOp", "KgCoOp", "ProGrad", "ZeroshotCLIP"}
+    assert not exporting & {"MaPLe", "DeAR", "RAda", "CLIPAdapter", "TPT", "LP"}

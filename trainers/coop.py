@@ -60,6 +60,8 @@ class CoOpCLIP(PromptedCLIP):
 class CoOp(ClipTrainer):
     """CoOp trainer; the checkpointed module is the prompt learner (the context)."""
 
+    exports_class_text_features = True
+
     def build_model(self):
         clip, tokenizer = self.build_clip()
         self.model = CoOpCLIP(clip, tokenizer, self.classnames, self.cfg.TRAINER.COOP).to(self.device)

@@ -108,6 +108,7 @@ class FT(FullFineTuningTrainer):
 
     node_name = "FT"
     classifier_keys = ("head.weight", "head.bias")
+    unseen_classes_refusal = "its classifier is a trained linear head with one row per training class"
 
     @classmethod
     def trains_encoder(cls, cfg):

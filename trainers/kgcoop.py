@@ -71,6 +71,8 @@ class KgCoOpCLIP(CoOpCLIP):
 class KgCoOp(ClipTrainer):
     """KgCoOp trainer; the checkpointed module is the prompt learner (the context)."""
 
+    exports_class_text_features = True
+
     def check_cfg(self, cfg):
         node = cfg.TRAINER.KGCOOP
         check_choice("TRAINER.KGCOOP.CLASS_TOKEN_POSITION", node.CLASS_TOKEN_POSITION, CLASS_TOKEN_POSITIONS)

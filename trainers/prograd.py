@@ -190,6 +190,8 @@ def _without_init(node):
 class ProGrad(ClipTrainer):
     """ProGrad trainer; the checkpointed module is the prompt learner (the context)."""
 
+    exports_class_text_features = True
+
     def check_cfg(self, cfg):
         node = cfg.TRAINER.PROGRAD
         check_choice("TRAINER.PROGRAD.CLASS_TOKEN_POSITION", node.CLASS_TOKEN_POSITION, CLASS_TOKEN_POSITIONS)

@@ -104,6 +104,7 @@ class RAdaFFT(FullFineTuningTrainer):
 
     node_name = "RADAFFT"
     classifier_keys = ("classifier.weight",)
+    unseen_classes_refusal = "its classifier is a trained linear layer with one row per training class"
 
     def check_cfg(self, cfg):
         node = cfg.TRAINER.RADAFFT

@@ -52,6 +52,7 @@ class ZeroshotCLIP(ClipTrainer):
     """Zero-shot CLIP with the dataset's hand-crafted template."""
 
     learns = False
+    exports_class_text_features = True
 
     frozen_image_encoder = True  # FEATURE_CACHE.ENABLED True caches the test images' features
 

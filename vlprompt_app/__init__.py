@@ -7,3 +7,6 @@ tables, benchmarks, the comparison with official code, and the main functions of
 ``train.py`` and the scripts under ``tools/``, which are thin command lines over it.
 ``vlprompt_app.project`` loads ``trainers`` and ``datasets`` from the checkout.
 """
+from vlprompt_app.predict import load_run  # noqa: E402  (predictions of a trained run: vlprompt_app/predict.py)
+
+__all__ = ["load_run"]

@@ -45,11 +45,16 @@ class ClipTrainer(TrainerX):
             when it depends on the config).
         vit_required_for (str, class attribute): what the method needs a ViT image tower for
             (e.g. "representation tokens"); when set, ``build_clip`` refuses another backbone.
+        exports_class_text_features (bool, class attribute): the model's logits are
+            ``logit_scale * normalize(clip.encode_image(images)) @ class_text_features().T`` (plain
+            CLIP image tower, classifier = class text features), so an export holds the text
+            features and loads with the library alone (:mod:`vlprompt.export`).
         feature_cache (FeatureCache or None): set when FEATURE_CACHE.ENABLED.
     """
 
     frozen_image_encoder = False
     vit_required_for = ""
+    exports_class_text_features = False
 
     def __init__(self, cfg):
         self.feature_cache = None

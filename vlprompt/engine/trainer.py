@@ -186,6 +186,10 @@ class SimpleTrainer(EvaluationMixin, TrainerBase):
     # The values of TRAINER.<TRAINER.NAME upper-cased>.PREC this trainer accepts (a trainer whose
     # node has no PREC runs in fp32); check_declared_cfg refuses any other.
     precisions = PRECISIONS
+    # Why the method cannot score class names it was not trained on ("" = it can: its classifier is
+    # built from the class names, as base-to-novel's new classes); vlprompt_app.predict refuses
+    # other class names with this reason.
+    unseen_classes_refusal = ""
 
     def __init__(self, cfg):
         super().__init__()
