@@ -10,6 +10,7 @@ from baseline_setup import toy_pets_cfg
 
 import datasets  # noqa: F401  (registers OxfordPets)
 from vlprompt.engine import build_trainer
+from vlprompt.engine.run_folder import RunFolderError
 from vlprompt.engine.test_time import EpisodeLog, select_confident
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
 
@@ -150,3 +151,11 @@ def test_a_moved_or_copied_run_folder_resumes(data_root, tiny_clip_files, tmp_pa
     whole.test()
     assert resumed.last_test == whole.last_test
     assert logged_logits(tmp_path / "elsewhere" / "copy") == logged_logits(tmp_path / "whole")
+
+
+def test_a_truncated_header_is_a_run_folder_error_naming_it(data_root, tiny_clip_files, tmp_path):
+    make_trainer(data_root, tiny_clip_files, tmp_path).test()
+    header = tmp_path / "test_time" / "test.json"
+    header.write_text(header.read_text()[:20])
+    with pytest.raises(RunFolderError, match=f"{header} is not readable JSON.*Delete {tmp_path / 'test_time'}"):
+        make_trainer(data_root, tiny_clip_files, tmp_path).test()

@@ -51,7 +51,7 @@ from vlprompt.data.test_time_views import EpisodeViews, ViewAugmenter, check_vie
 from vlprompt.fileio import atomic_write
 
 from .clip_trainer import ClipTrainer
-from .run_folder import RunFolder
+from .run_folder import RunFolder, RunFolderError
 
 __all__ = [
     "TestTimeTrainer", "EpisodeLog", "add_episode_keys", "check_episode_node", "entropy_per_view",
@@ -151,8 +151,14 @@ class EpisodeLog:
         empty = torch.zeros(0, dtype=torch.long), torch.zeros(0, num_classes), {}
         if not osp.isfile(self.header_path):
             return empty
-        with open(self.header_path, "r", encoding="utf-8") as f:
-            found = json.load(f)
+        try:
+            with open(self.header_path, "r", encoding="utf-8") as f:
+                found = json.load(f)
+        except (OSError, ValueError) as error:
+            raise RunFolderError(
+                f"{self.header_path} is not readable JSON ({error}): the header of the test-time records cannot be "
+                f"checked. Delete {osp.dirname(self.header_path)} to start this test-time run from the first image."
+            ) from None
         if found != self.header:
             raise RuntimeError(
                 f"{self.header_path} records the episodes of another run ({found}, expected {self.header}); "
@@ -289,7 +295,7 @@ class TestTimeTrainer(ClipTrainer):
         for name in self.get_model_names():
             for key, value in sorted(self._models[name].state_dict().items()):
                 digest.update(f"\n{name}.{key} {value.dtype} {tuple(value.shape)}\n".encode("utf-8"))
-                digest.update(value.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+                digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
         root = self.cfg.DATASET.ROOT
         for item in data_source:
             digest.update(f"\n{osp.relpath(item.impath, root) if root else item.impath} {item.label}".encode("utf-8"))
