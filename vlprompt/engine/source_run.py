@@ -27,8 +27,8 @@ def check_model_dir(cfg, model_dir, registry) -> str:
     if not folder.path.is_dir():
         raise ConfigError(f'--model-dir "{model_dir}" does not exist: give the output folder of the training run '
                           "whose weights this run evaluates.")
-    data = folder.read_config_data()
-    trainer = data.get("TRAINER", {}).get("NAME") if data is not None else None
+    node = (folder.read_config_data() or {}).get("TRAINER")
+    trainer = node.get("NAME") if isinstance(node, dict) else None
     if not trainer:
         return f'Model folder: "{model_dir}" (its trainer is not recorded: no {folder.config_path.name})'
     accepted = registry.get(cfg.TRAINER.NAME).source_trainers(cfg)
