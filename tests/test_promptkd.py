@@ -16,7 +16,7 @@ from trainers.promptkd import (
     KD_WEIGHTS, distillation_loss, kd_weight, read_teacher_run, resolve_teacher_dir, split_size,
 )
 from vlprompt.clip import CLIPRunner, Tokenizer, load_clip, vision_prompt_plan
-from vlprompt.config import ConfigError, extend_cfg, get_cfg_default
+from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file
 from vlprompt.engine.run_folder import RunFolder
 from vlprompt.utils import load_checkpoint
 
@@ -215,24 +215,55 @@ def test_a_missing_teacher_names_the_folder_and_the_command(toy_world, tmp_path)
         build_seeded(kd_cfg(toy_world, tmp_path, missing))
     message = str(error.value)
     assert missing in message and "does not exist" in message
-    assert "python train.py --trainer PromptSRC --dataset-config-file configs/datasets/oxford_pets.yaml" in message
+    root = kd_cfg(toy_world, tmp_path, missing).DATASET.ROOT
+    assert (f"python train.py --root {root} --trainer PromptSRC --dataset-config-file configs/datasets/oxford_pets.yaml "
+            f"--config-file configs/trainers/PromptSRC/CONFIG.yaml --seed 1 --output-dir {missing} DATASET.NUM_SHOTS 16 "
+            "DATASET.SUBSAMPLE_CLASSES base (CONFIG: the teacher's config under configs/trainers/PromptSRC") in message
+
+
+@pytest.mark.parametrize("student_config, backbone", [
+    ("vit_b16_c2_ep20_batch8_4+4ctx", "ViT-L/14"),  # the README's ViT-L/14 teacher
+    ("synthetic", "configs/clip/tiny-synthetic-clip.json"),  # the synthetic benchmark's teacher
+])
+def test_the_suggested_teacher_command_writes_the_folder_the_student_reads(tmp_path, student_config, backbone):
+    """The command in the message, run as printed, trains the PromptSRC run that the student's
+    TEACHER_DIR names: that folder, its config, dataset, shots, seed and data root."""
+    import shlex
+
+    from vlprompt_app.commands.train import build_parser, setup_cfg
+
+    student = get_cfg_default()
+    extend_cfg(student)
+    merge_from_file(student, os.path.join(ROOT, "configs", "trainers", "PromptKD", f"{student_config}.yaml"))
+    dataset = "SyntheticShapes" if student_config == "synthetic" else "OxfordPets"
+    folder = str(tmp_path / resolve_teacher_dir(student.TRAINER.PROMPTKD.TEACHER_DIR, dataset, 2))
+    with pytest.raises(ConfigError, match="does not exist") as error:
+        read_teacher_run(folder, dataset, (224, 224), 2, NODE, "/data/my datasets")
+    command = str(error.value).split("Train the PromptSRC teacher first: ")[1]
+    words = shlex.split(command)
+    assert words[:2] == ["python", "train.py"]
+    cfg, _ = setup_cfg(build_parser().parse_args(words[2:]))
+    assert cfg.OUTPUT_DIR == folder and cfg.TRAINER.NAME == "PromptSRC" and cfg.SEED == 2
+    assert cfg.DATASET.NAME == dataset and cfg.DATASET.ROOT == "/data/my datasets"
+    assert cfg.DATASET.NUM_SHOTS == 16 and cfg.DATASET.SUBSAMPLE_CLASSES == "base"
+    assert cfg.MODEL.BACKBONE.NAME == backbone
 
 
 def test_teacher_folder_errors(teacher_dir, tmp_path):
     with pytest.raises(ConfigError, match="trained on OxfordPets.*this run uses Caltech101"):
-        read_teacher_run(teacher_dir, "Caltech101", (32, 32), 1, NODE)
+        read_teacher_run(teacher_dir, "Caltech101", (32, 32), 1, NODE, "data")
     with pytest.raises(ConfigError, match=r"takes \(32, 32\) images"):
-        read_teacher_run(teacher_dir, "OxfordPets", (224, 224), 1, NODE)
+        read_teacher_run(teacher_dir, "OxfordPets", (224, 224), 1, NODE, "data")
     os.makedirs(tmp_path / "no_config")
     with pytest.raises(ConfigError, match="has neither config.yaml.*nor upstream"):
-        read_teacher_run(str(tmp_path / "no_config"), "OxfordPets", (32, 32), 1, NODE)
+        read_teacher_run(str(tmp_path / "no_config"), "OxfordPets", (32, 32), 1, NODE, "data")
     unfinished = tmp_path / "unfinished"
     os.makedirs(unfinished)
     with open(os.path.join(teacher_dir, "config.yaml"), encoding="utf-8") as f:
         (unfinished / "config.yaml").write_text(f.read(), encoding="utf-8")
     with pytest.raises(ConfigError, match=r"model.pth.tar-3.*is missing"):
-        read_teacher_run(str(unfinished), "OxfordPets", (32, 32), 1, NODE)
-    run = read_teacher_run(teacher_dir, "OxfordPets", (32, 32), 1, NODE)
+        read_teacher_run(str(unfinished), "OxfordPets", (32, 32), 1, NODE, "data")
+    run = read_teacher_run(teacher_dir, "OxfordPets", (32, 32), 1, NODE, "data")
     assert run.num_classes == 3 and run.subsample == "base"
     with pytest.raises(ConfigError, match="trained on 3 classes.*are 4"):
         run.check_class_count(4, "the base classes of OxfordPets here")
@@ -244,7 +275,7 @@ def test_a_teacher_of_another_trainer_is_refused(toy_world, tmp_path, teacher_di
     cfg = make_cfg(toy_world, "IVLP", other)
     RunFolder(str(other)).write_config(cfg)
     with pytest.raises(ConfigError, match="is a IVLP run.*must be a PromptSRC run"):
-        read_teacher_run(str(other), "OxfordPets", (32, 32), 1, NODE)
+        read_teacher_run(str(other), "OxfordPets", (32, 32), 1, NODE, "data")
 
 
 def test_bad_config_values(toy_world, tmp_path, teacher_dir):  # noqa: F811

@@ -80,8 +80,11 @@ checked (only the folder's name says it); its class count is.
 """
 import os
 import os.path as osp
+import re
+import shlex
 import string
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -211,18 +214,39 @@ def resolve_teacher_dir(template, dataset_name, seed):
     return template.format(**values)
 
 
-def teacher_command(folder, dataset_name, seed):
-    """The train.py command that makes a base-to-novel PromptSRC teacher in ``folder``."""
-    try:
-        dataset = f"configs/datasets/{dataset_config_stem(dataset_name)}.yaml"
-    except ConfigError:
-        dataset = "<the dataset's YAML>"
+_SHOTS_PART = re.compile(r"^shots_(\d+)$")
+_SEED_PART = re.compile(r"^seed(\d+)$")
+
+
+def teacher_command(folder, dataset_name, seed, data_root):
+    """The train.py command that writes the PromptSRC teacher ``folder``.
+
+    A folder of the base-to-novel layout that tools/run_protocol.py writes,
+    ``.../base2new/train_base/DATASET/shots_K/PromptSRC/CFG/seedS``, names the teacher's dataset
+    YAML, shots, config and seed, and the command trains exactly that run (on ``data_root``, this
+    run's DATASET.ROOT); for any other folder the config is the user's to choose (the command says
+    so) and the dataset and seed are this run's.
+    """
+    tail = Path(folder).parts[-7:]
+    shots = _SHOTS_PART.match(tail[3]) if len(tail) == 7 else None
+    seed_part = _SEED_PART.match(tail[6]) if len(tail) == 7 else None
+    if tail[:2] == ("base2new", "train_base") and tail[4] == TEACHER_TRAINER and shots and seed_part:
+        dataset = f"configs/datasets/{tail[2]}.yaml"
+        config = f"configs/trainers/{TEACHER_TRAINER}/{tail[5]}.yaml"
+        shots, seed, choose = shots.group(1), seed_part.group(1), ""
+    else:
+        try:
+            dataset = f"configs/datasets/{dataset_config_stem(dataset_name)}.yaml"
+        except ConfigError:
+            dataset = "<the dataset's YAML>"
+        config = f"configs/trainers/{TEACHER_TRAINER}/CONFIG.yaml"
+        shots = "16"
+        choose = (f" (CONFIG: the teacher's config under configs/trainers/{TEACHER_TRAINER}, e.g. "
+                  "vit_l14_c2_ep20_batch8_4+4ctx, upstream's ViT-L/14 teacher)")
     return (
-        f"python train.py --trainer {TEACHER_TRAINER} --dataset-config-file {dataset} "
-        f"--config-file configs/trainers/{TEACHER_TRAINER}/vit_b16_c2_ep20_batch4_4+4ctx.yaml --seed {seed} "
-        f"--output-dir {folder} DATASET.NUM_SHOTS 16 DATASET.SUBSAMPLE_CLASSES base "
-        f"(or a tools/run_protocol.py base2new grid of {TEACHER_TRAINER}: its train_base/.../seedS folders "
-        "are teachers)"
+        f"python train.py --root {shlex.quote(str(data_root))} --trainer {TEACHER_TRAINER} "
+        f"--dataset-config-file {dataset} --config-file {config} --seed {seed} "
+        f"--output-dir {shlex.quote(str(folder))} DATASET.NUM_SHOTS {shots} DATASET.SUBSAMPLE_CLASSES base{choose}"
     )
 
 
@@ -258,12 +282,13 @@ class TeacherRun:
             )
 
 
-def read_teacher_run(folder, dataset_name, input_size, seed, node):
-    """Check the teacher folder and read it (see module docstring); ConfigError naming what is wrong.
+def read_teacher_run(folder, dataset_name, input_size, seed, node, data_root):
+    """Check the teacher folder and read it (see module docstring); ConfigError naming what is wrong
+    and the command that trains the teacher (on ``data_root``, this run's DATASET.ROOT).
 
     ``node`` (cfg.TRAINER.PROMPTKD) gives TEACHER_BACKBONE / TEACHER_WEIGHTS for an upstream-format folder.
     """
-    command = teacher_command(folder, dataset_name, seed)
+    command = teacher_command(folder, dataset_name, seed, data_root)
     where = f'The PromptKD teacher folder "{folder}" (TRAINER.PROMPTKD.TEACHER_DIR)'
     if not osp.isdir(folder):
         raise ConfigError(f"{where} does not exist. Train the {TEACHER_TRAINER} teacher first: {command}")
@@ -483,7 +508,8 @@ class PromptKD(ClipTrainer):
         cfg, node = self.cfg, self.cfg.TRAINER.PROMPTKD
         clip, _ = self.build_clip()
         folder = resolve_teacher_dir(node.TEACHER_DIR, cfg.DATASET.NAME, cfg.SEED)
-        self.teacher_run = read_teacher_run(folder, cfg.DATASET.NAME, cfg.INPUT.SIZE, cfg.SEED, node)
+        self.teacher_run = read_teacher_run(folder, cfg.DATASET.NAME, cfg.INPUT.SIZE, cfg.SEED, node,
+                                            cfg.DATASET.ROOT)
         if self.teacher_run.subsample == cfg.DATASET.SUBSAMPLE_CLASSES:
             self.teacher_run.check_class_count(
                 len(self.classnames), f"the {cfg.DATASET.SUBSAMPLE_CLASSES} classes of {cfg.DATASET.NAME} here")

@@ -68,7 +68,9 @@ from vlprompt.clip import (
     read_reference_checkpoints, tower_depths,
 )
 from vlprompt.config import ConfigError, check_range, register_cfg_extension
-from vlprompt.data.descriptions import DescriptionsError, descriptions_file, read_class_descriptions
+from vlprompt.data.descriptions import (
+    DescriptionsError, check_descriptions_file, descriptions_file, read_class_descriptions,
+)
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 
 from .promptsrc import GaussianPromptAggregation
@@ -341,6 +343,12 @@ def check_tac_config(cfg):
         )
 
 
+def descriptions_folder(cfg):
+    """TRAINER.TAC.DESCRIPTIONS, or DATASET.ROOT/descriptions when it is empty."""
+    folder = cfg.TRAINER.TAC.DESCRIPTIONS
+    return os.path.expanduser(folder or os.path.join(cfg.DATASET.ROOT, "descriptions"))
+
+
 @TRAINER_REGISTRY.register()
 class TAC(ClipTrainer):
     """TAC trainer; the whole model is registered (as upstream) under "VLPromptLearner"."""
@@ -356,14 +364,18 @@ class TAC(ClipTrainer):
         self.register_learner("VLPromptLearner", self.model)
         self.weight_average = GaussianPromptAggregation(np.full(self.max_epoch, 1.0 / self.max_epoch))
 
-    def descriptions_folder(self):
-        """TRAINER.TAC.DESCRIPTIONS, or DATASET.ROOT/descriptions when it is empty."""
-        folder = self.cfg.TRAINER.TAC.DESCRIPTIONS
-        return os.path.expanduser(folder or os.path.join(self.cfg.DATASET.ROOT, "descriptions"))
+    @classmethod
+    def preflight(cls, cfg, training, model_dir):
+        """A training run's descriptions file must exist and be readable (its classes are checked
+        once the class names are known, before training)."""
+        notes = super().preflight(cfg, training, model_dir)
+        if training:
+            check_descriptions_file(descriptions_folder(cfg), cfg.DATASET.NAME)
+        return notes
 
     def before_train(self):
         super().before_train()  # resumes first: a resumed run keeps its centres
-        folder, dataset = self.descriptions_folder(), self.cfg.DATASET.NAME
+        folder, dataset = descriptions_folder(self.cfg), self.cfg.DATASET.NAME
         descriptions = read_class_descriptions(folder, dataset, self.classnames)
         try:
             fitted = self.model.fit_descriptions(descriptions, torch.Generator().manual_seed(self.cfg.SEED))

@@ -59,6 +59,9 @@ PROMPTS = {
     "maple": (MaPLeCLIP, "MAPLE", "MultiModalPromptLearner"),
 }
 
+# prompt -> the trainer whose runs --model-dir names (the source model)
+SOURCE_TRAINERS = {"coop": "CoOp", "cocoop": "CoCoOp", "maple": "MaPLe"}
+
 
 @register_cfg_extension
 def add_tpt_config(cfg):
@@ -210,6 +213,13 @@ class TPT(TestTimeTrainer):
         node = cfg.TRAINER.TPT
         check_choice("TRAINER.TPT.PROMPT", node.PROMPT, list(PROMPTS))
         super().check_cfg(cfg)
+
+    @classmethod
+    def source_trainers(cls, cfg):
+        """The source model of TRAINER.TPT.PROMPT's trainer (None for an unknown PROMPT, which
+        check_cfg refuses)."""
+        source = SOURCE_TRAINERS.get(cfg.TRAINER.TPT.PROMPT)
+        return None if source is None else (source,)
 
     def build_model(self):
         node = self.cfg.TRAINER.TPT

@@ -15,7 +15,9 @@ import os
 
 from vlprompt.fileio import atomic_write
 
-__all__ = ["DESCRIPTION_STEMS", "DescriptionsError", "descriptions_file", "read_class_descriptions"]
+__all__ = [
+    "DESCRIPTION_STEMS", "DescriptionsError", "check_descriptions_file", "descriptions_file", "read_class_descriptions",
+]
 
 # DATASET.NAME -> file stem of upstream's descriptions/<stem>_prompt.json.
 DESCRIPTION_STEMS = {
@@ -99,13 +101,47 @@ def read_class_descriptions(folder, dataset_name, classnames):
     """
     path = descriptions_file(folder, dataset_name)
     if not os.path.isfile(path):
-        if dataset_name not in _synthetic_sets():
-            raise DescriptionsError(
-                f"The class descriptions of {dataset_name} are missing: {path} does not exist. Copy upstream's "
-                f"{os.path.basename(path)} from {UPSTREAM} into {folder}, or point TRAINER.TAC.DESCRIPTIONS at "
-                "the folder that holds it."
-            )
+        _missing(folder, dataset_name, path)
         _write_synthetic(path, dataset_name)
+    table = _read_table(path)
+    names = [name.replace("_", " ") for name in classnames]
+    missing = [name for name in names if name not in table]
+    if missing:
+        raise DescriptionsError(
+            f"{path} has no descriptions for {len(missing)} of the {len(names)} classes: {missing[:10]}"
+            f"{' ...' if len(missing) > 10 else ''} (keys are class names with '_' written as spaces; "
+            f"the file has e.g. {list(table)[:5]})."
+        )
+    return [list(table[name]) for name in names]
+
+
+def check_descriptions_file(folder, dataset_name):
+    """What :func:`read_class_descriptions` checks without the class names: the file exists (a
+    synthetic set's may be missing: it is written on first use) and is a JSON object of lists of
+    sentences.
+
+    Raises:
+        DescriptionsError: as :func:`read_class_descriptions`.
+    """
+    path = descriptions_file(folder, dataset_name)
+    if os.path.isfile(path):
+        _read_table(path)
+    else:
+        _missing(folder, dataset_name, path)
+
+
+def _missing(folder, dataset_name, path):
+    """DescriptionsError for the missing file ``path``, unless it is a synthetic set's."""
+    if dataset_name not in _synthetic_sets():
+        raise DescriptionsError(
+            f"The class descriptions of {dataset_name} are missing: {path} does not exist. Copy upstream's "
+            f"{os.path.basename(path)} from {UPSTREAM} into {folder}, or point TRAINER.TAC.DESCRIPTIONS at "
+            "the folder that holds it."
+        )
+
+
+def _read_table(path):
+    """The file's {class name: [sentence, ...]}; DescriptionsError when it is not that."""
     try:
         with open(path, encoding="utf-8") as f:
             table = json.load(f)
@@ -117,12 +153,4 @@ def read_class_descriptions(folder, dataset_name, classnames):
            if not isinstance(value, list) or not value or not all(isinstance(s, str) and s.strip() for s in value)]
     if bad:
         _malformed(path, f"has entries that are not non-empty lists of sentences: {bad[:5]}")
-    names = [name.replace("_", " ") for name in classnames]
-    missing = [name for name in names if name not in table]
-    if missing:
-        raise DescriptionsError(
-            f"{path} has no descriptions for {len(missing)} of the {len(names)} classes: {missing[:10]}"
-            f"{' ...' if len(missing) > 10 else ''} (keys are class names with '_' written as spaces; "
-            f"the file has e.g. {list(table)[:5]})."
-        )
-    return [list(table[name]) for name in names]
+    return table

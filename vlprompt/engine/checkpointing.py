@@ -35,7 +35,9 @@ from collections import OrderedDict
 
 from torch import nn
 
-from vlprompt.utils import get_rng_state, load_checkpoint, restore_checkpoint, save_checkpoint, set_rng_state
+from vlprompt.utils import (
+    CheckpointError, get_rng_state, load_checkpoint, restore_checkpoint, save_checkpoint, set_rng_state,
+)
 
 from .hooks import HookBase
 from .run_folder import BEST_CHECKPOINT, RunFolder
@@ -49,7 +51,7 @@ from .resume import (
     resume_banner,
 )
 
-__all__ = ["CheckpointHook", "CheckpointingMixin", "unwrap_model"]
+__all__ = ["CheckpointHook", "CheckpointingMixin", "ModelNotFoundError", "unwrap_model"]
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -62,6 +64,10 @@ def unwrap_model(model: nn.Module) -> nn.Module:
 def _frozen_parameter_names(model: nn.Module) -> set:
     """State-dict names of the parameters of ``model`` with ``requires_grad`` False (aliases included)."""
     return {name for name, param in model.named_parameters(remove_duplicate=False) if not param.requires_grad}
+
+
+class ModelNotFoundError(CheckpointError, FileNotFoundError):
+    """The checkpoint file an evaluation loads is not there (bad input: train.py exits with status 2)."""
 
 
 class CheckpointingMixin:
@@ -223,7 +229,7 @@ class CheckpointingMixin:
         (which are not saved by default). An empty ``directory`` only prints a note.
 
         Raises:
-            FileNotFoundError: 'Model not found at "PATH"', listing the ``model.pth.tar-N`` files present.
+            ModelNotFoundError: 'Model not found at "PATH"', listing the ``model.pth.tar-N`` files present.
         """
         if not directory:
             print("Note that load_model() is skipped as no pretrained model is given (ignore this if it's done on purpose)")
@@ -231,7 +237,7 @@ class CheckpointingMixin:
         for name in self.get_model_names():
             model_path = str(RunFolder(directory).checkpoint_path(name, epoch))
             if not osp.exists(model_path):
-                raise FileNotFoundError(self._model_not_found_message(model_path))
+                raise ModelNotFoundError(self._model_not_found_message(model_path))
             checkpoint = load_checkpoint(model_path)
             state_dict = checkpoint["state_dict"]
             class_dependent = self.get_class_dependent_keys(name)

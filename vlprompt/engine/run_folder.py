@@ -12,6 +12,8 @@ Layout (Dassl's names where Dassl has them)::
         <model name>/model.pth.tar-N    checkpoints by completed epoch (learned tensors only),
                                     model-best.pth.tar with TEST.FINAL_MODEL best_val
         test_time/<split>.json|.bin     a test-time method's per-image episode records
+        run.lock                    present while a process runs into the folder (its pid, host
+                                    and start time; see vlprompt/engine/run_lock.py)
 
 Every reader goes through :class:`RunFolder`: the evaluation-scope inference (which dataset a
 model was trained on), the protocol runner (whether a run completed), the results tables,
@@ -29,6 +31,7 @@ from typing import List, Mapping, Optional
 import yaml
 
 from vlprompt.config import ConfigError
+from vlprompt.engine.run_lock import RunLock
 from vlprompt.fileio import atomic_write
 
 CONFIG_FILENAME = "config.yaml"
@@ -93,6 +96,13 @@ class RunFolder:
         return self.path / model_name / (BEST_CHECKPOINT if epoch is None else f"{CHECKPOINT_PREFIX}{epoch}")
 
     # ---------------------------------------------------------------- writing
+
+    def lock(self) -> RunLock:
+        """The folder's lock, a context manager: ``with RunFolder(path).lock(): ...`` holds the
+        folder for this process (creating it), takes over a stale lock with a line saying so,
+        and raises :class:`~vlprompt.engine.run_lock.RunFolderBusyError` naming the holder's pid,
+        host and start time while another process holds it."""
+        return RunLock(self.path)
 
     def write_config(self, cfg) -> Path:
         """Write the merged config of a training run as ``config.yaml`` atomically."""

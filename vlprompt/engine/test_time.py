@@ -17,14 +17,16 @@ the batching of the test set. A method implements steps 2-4 in ``adapt_and_predi
 module gives the rest to :class:`TestTimeTrainer`:
 
 * the view loaders (``DATALOADER.TEST.BATCH_SIZE`` images per batch, adapted one after the other);
-* ``test()``: the episodes over a split, resumable per image: after each image its label and
-  logits [K] are appended to ``OUTPUT_DIR/test_time/SPLIT.bin`` (fixed-size records, flushed and
-  fsynced; a record cut off by a kill is dropped on reading) under a header
-  ``SPLIT.json`` (written atomically) that fingerprints the config (but DATALOADER), the loaded
-  model and the images. A run
-  killed after n images and started again with the same command adapts images n+1.. only and
-  ends with the same result as an uninterrupted one; a header that does not match (another
-  config) is an error naming the folder;
+* ``test()``: the episodes over a split, resumable per image: after each image its label,
+  logits [K] and their CRC-32 are appended to ``OUTPUT_DIR/test_time/SPLIT.bin`` (fixed-size
+  records, flushed and fsynced; a record cut off by a kill is dropped on reading) under a header
+  ``SPLIT.json`` (written atomically) that fingerprints what determines the episodes: the config
+  but where things are and how they are batched (``NOT_FINGERPRINTED``), the values of the loaded
+  parameters and the images (paths relative to DATASET.ROOT), so a moved or copied folder
+  resumes. A run killed after n images and started again with the same command adapts images
+  n+1.. only and ends with the same result as an uninterrupted one; a record that fails its
+  checksum, has a label out of range or non-finite logits is adapted again with a line naming
+  the image; a header that does not match (another config) is an error naming the folder;
 * the throughput (images adapted per second in this process), printed and written as
   ``test_time`` into results.json.
 
@@ -38,6 +40,7 @@ import os
 import os.path as osp
 import struct
 import time
+import zlib
 
 import torch
 from tqdm import tqdm
@@ -48,7 +51,7 @@ from vlprompt.data.test_time_views import EpisodeViews, ViewAugmenter, check_vie
 from vlprompt.fileio import atomic_write
 
 from .clip_trainer import ClipTrainer
-from .run_folder import RunFolder
+from .run_folder import RunFolder, RunFolderError
 
 __all__ = [
     "TestTimeTrainer", "EpisodeLog", "add_episode_keys", "check_episode_node", "entropy_per_view",
@@ -111,31 +114,51 @@ def episode_optimizer(params, node):
     return torch.optim.AdamW(params, lr=node.LR, weight_decay=node.WEIGHT_DECAY)
 
 
+# Config keys that do not change an episode: where the run writes, where the data lies (the
+# images are fingerprinted by their paths relative to it), how images are batched and loaded.
+NOT_FINGERPRINTED = ("OUTPUT_DIR", "RESUME", "DATASET.ROOT", "DATALOADER")
+
+RECORD_FORMAT = "int64 label, float32 logits [K], uint32 CRC-32 of both (little-endian)"
+
+
 class EpisodeLog:
     """The finished episodes of one split: ``FOLDER/SPLIT.json`` (header) + ``FOLDER/SPLIT.bin``.
 
-    Each record is the int64 label then the K float32 logits of one image, in test-set order.
+    Record i holds image i of the test set (test-set order): its int64 label, its K float32 logits,
+    then the CRC-32 of those bytes (:data:`RECORD_FORMAT`). A record whose checksum fails, whose
+    label is outside 0..K-1 or whose logits are not finite is reported as bad by :meth:`read`, and
+    the trainer computes its episode again and writes it in place (:meth:`replace`).
 
     Args:
         folder: ``OUTPUT_DIR/test_time``.
         split: "val" or "test".
-        header: dict identifying the run (split, images, classes, fingerprint).
+        header: dict identifying the run (split, images, classes, fingerprint, record format).
     """
 
     def __init__(self, folder, split, header):
         self.header_path = osp.join(folder, f"{split}.json")
         self.path = osp.join(folder, f"{split}.bin")
         self.header = header
-        self.record_size = 8 + 4 * header["num_classes"]
+        self.record_size = 8 + 4 * header["num_classes"] + 4
 
     def read(self):
-        """(labels [n], logits [n, K]) of the finished episodes; a torn last record is cut off."""
+        """(labels [n], logits [n, K], bad) of the n records on disk; a torn last record is cut off.
+
+        ``bad`` maps the index of each record that cannot be trusted to why (a failed checksum, a
+        label out of range, non-finite logits); its row of ``labels``/``logits`` means nothing.
+        """
         num_classes = self.header["num_classes"]
-        empty = torch.zeros(0, dtype=torch.long), torch.zeros(0, num_classes)
+        empty = torch.zeros(0, dtype=torch.long), torch.zeros(0, num_classes), {}
         if not osp.isfile(self.header_path):
             return empty
-        with open(self.header_path, "r", encoding="utf-8") as f:
-            found = json.load(f)
+        try:
+            with open(self.header_path, "r", encoding="utf-8") as f:
+                found = json.load(f)
+        except (OSError, ValueError) as error:
+            raise RunFolderError(
+                f"{self.header_path} is not readable JSON ({error}): the header of the test-time records cannot be "
+                f"checked. Delete {osp.dirname(self.header_path)} to start this test-time run from the first image."
+            ) from None
         if found != self.header:
             raise RuntimeError(
                 f"{self.header_path} records the episodes of another run ({found}, expected {self.header}); "
@@ -150,14 +173,22 @@ class EpisodeLog:
             print(f"Dropping an incomplete record at the end of {self.path} (an interrupted write)")
             with open(self.path, "r+b") as f:
                 f.truncate(count * self.record_size)
-        labels, logits = [], []
-        for i in range(count):
-            record = data[i * self.record_size:(i + 1) * self.record_size]
-            labels.append(struct.unpack("<q", record[:8])[0])
-            logits.append(torch.frombuffer(bytearray(record[8:]), dtype=torch.float32))
         if not count:
             return empty
-        return torch.tensor(labels), torch.stack(logits)
+        labels, logits, bad = [], [], {}
+        for i in range(count):
+            record = data[i * self.record_size:(i + 1) * self.record_size]
+            label = struct.unpack("<q", record[:8])[0]
+            values = torch.frombuffer(bytearray(record[8:-4]), dtype=torch.float32)
+            if zlib.crc32(record[:-4]) != struct.unpack("<I", record[-4:])[0]:
+                bad[i] = "fails its checksum"
+            elif not 0 <= label < num_classes:
+                bad[i] = f"has label {label}, outside 0..{num_classes - 1}"
+            elif not torch.isfinite(values).all():
+                bad[i] = "holds non-finite logits"
+            labels.append(label if i not in bad else 0)
+            logits.append(values)
+        return torch.tensor(labels), torch.stack(logits), bad
 
     def start(self):
         """Write the header (atomically) unless it is there."""
@@ -165,11 +196,22 @@ class EpisodeLog:
             with atomic_write(self.header_path, "w") as f:
                 json.dump(self.header, f, indent=1)
 
+    def _record(self, label, logits):
+        payload = struct.pack("<q", int(label)) + logits.detach().float().cpu().contiguous().numpy().tobytes()
+        return payload + struct.pack("<I", zlib.crc32(payload))
+
     def append(self, label, logits):
-        """Persist one finished episode: label (int), logits [K] (float32)."""
-        record = struct.pack("<q", int(label)) + logits.detach().float().cpu().contiguous().numpy().tobytes()
+        """Persist one finished episode after the last record: label (int), logits [K] (float32)."""
         with open(self.path, "ab") as f:
-            f.write(record)
+            f.write(self._record(label, logits))
+            f.flush()
+            os.fsync(f.fileno())
+
+    def replace(self, index, label, logits):
+        """Overwrite record ``index`` (a bad one) with a recomputed episode: label (int), logits [K]."""
+        with open(self.path, "r+b") as f:
+            f.seek(index * self.record_size)
+            f.write(self._record(label, logits))
             f.flush()
             os.fsync(f.fileno())
 
@@ -236,17 +278,29 @@ class TestTimeTrainer(ClipTrainer):
         return torch.stack([self.adapt_and_predict(image_views) for image_views in views])
 
     def episode_log(self, split, data_source):
-        """The EpisodeLog of ``split``; its fingerprint covers the config except DATALOADER (batching
-        does not change a prediction), the loaded model and the images."""
+        """The EpisodeLog of ``split``. Its fingerprint covers what determines the episodes and
+        nothing else: the config but the keys that only say where things are or how they are batched
+        (:data:`NOT_FINGERPRINTED`), the values of the parameters the episodes start from (not the
+        folder they were loaded from), and the images and labels (paths relative to DATASET.ROOT), so
+        that a moved or copied run folder resumes."""
         cfg = self.cfg.clone()
         cfg.defrost()
-        cfg.pop("DATALOADER")
-        fingerprint = hashlib.sha256("\n".join([
-            cfg.dump(), str(self.run_info.get("model_dir", "")), str(self.run_info.get("load_epoch", "")),
-            *[item.impath for item in data_source],
-        ]).encode("utf-8")).hexdigest()
+        for key in NOT_FINGERPRINTED:
+            *path, last = key.split(".")
+            node = cfg
+            for name in path:
+                node = node[name]
+            node.pop(last)
+        digest = hashlib.sha256(cfg.dump().encode("utf-8"))
+        for name in self.get_model_names():
+            for key, value in sorted(self._models[name].state_dict().items()):
+                digest.update(f"\n{name}.{key} {value.dtype} {tuple(value.shape)}\n".encode("utf-8"))
+                digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        root = self.cfg.DATASET.ROOT
+        for item in data_source:
+            digest.update(f"\n{osp.relpath(item.impath, root) if root else item.impath} {item.label}".encode("utf-8"))
         header = {"split": split, "num_images": len(data_source), "num_classes": self.evaluated_classes(),
-                  "fingerprint": fingerprint}
+                  "fingerprint": digest.hexdigest(), "record": RECORD_FORMAT}
         return EpisodeLog(str(RunFolder(self.output_dir).test_time_dir), split, header)
 
     def evaluated_classes(self):
@@ -265,17 +319,13 @@ class TestTimeTrainer(ClipTrainer):
         split, loader = self._eval_loader(self.cfg.TEST.SPLIT if split is None else split)
         self.check_images([split])
         print(f"Evaluate on the *{split}* set (test-time adaptation per image)")
-        log, done = None, 0
+        log, todo, records, done = None, [], 0, 0
         if isinstance(getattr(loader, "dataset", None), EpisodeViews):
             data_source = list(loader.dataset.data_source)
             log = self.episode_log(split, data_source)
-            labels, logits = log.read()
-            done = labels.shape[0]
-            if done:
-                print(f"Resuming: {done} of {len(data_source)} images were adapted by an earlier run ({log.path})")
-                self.evaluator.process(logits, labels)
-            log.start()
-            loader = self.build_views_loader(data_source[done:]) if done < len(data_source) else []
+            todo, records = self._resume_episodes(log, data_source)
+            done = len(data_source) - len(todo)
+            loader = self.build_views_loader([data_source[i] for i in todo]) if todo else []
         self.start_episodes()
         prediction_map = self.dm.dataset.prediction_map
         start, adapted = time.time(), 0
@@ -288,7 +338,11 @@ class TestTimeTrainer(ClipTrainer):
                         output = prediction_map.project(output)
                     output = output.float()
                     if log is not None:
-                        log.append(image_label, output[0])
+                        index = todo[adapted]
+                        if index < records:
+                            log.replace(index, image_label, output[0])
+                        else:
+                            log.append(image_label, output[0])
                     self.evaluator.process(output, image_label.view(1))
                     adapted += 1
         seconds = time.time() - start
@@ -301,6 +355,21 @@ class TestTimeTrainer(ClipTrainer):
             self.write_scalar(f"{split}/{key}", value, self.epoch)
         self.last_test = {"split": split, "metrics": dict(results), "num_samples": done + adapted}
         return list(results.values())[0]
+
+    def _resume_episodes(self, log, data_source):
+        """Score the trusted records of ``log`` and start it; return (the indices of the images still
+        to adapt: the bad records' first, then those after the last record; the number of records).
+        A bad record is adapted again, with a line naming its image and why."""
+        labels, logits, bad = log.read()
+        records = labels.shape[0]
+        for index, why in sorted(bad.items()):
+            print(f"Adapting image {index} ({data_source[index].impath}) again: its record in {log.path} {why}")
+        trusted = [i for i in range(records) if i not in bad]
+        if trusted:
+            print(f"Resuming: {len(trusted)} of {len(data_source)} images were adapted by an earlier run ({log.path})")
+            self.evaluator.process(logits[trusted], labels[trusted])
+        log.start()
+        return sorted(bad) + list(range(records, len(data_source))), records
 
     def results_extra(self):
         return {"test_time": self.throughput}

@@ -36,11 +36,13 @@ from vlprompt.evaluation import build_evaluator
 from vlprompt.utils import AverageMeter, MetricMeter, tolist_if_not
 
 from .amp import PRECISIONS, MixedPrecision, precision_key, resolve_precision
+from .build import TRAINER_REGISTRY
 from .checkpointing import CheckpointHook, CheckpointingMixin
 from .evaluation import EvaluationMixin, FinalEvaluationHook
 from .hooks import HookBase, call_hooks
 from .progress import LoggingHook, WriterMixin
 from .results import RUN_INFO_DEFAULTS
+from .source_run import check_model_dir
 from .steps import NonFiniteLossError, OptimizationMixin
 
 __all__ = ["NonFiniteLossError", "SimpleTrainer", "TrainerBase", "TrainerX"]
@@ -230,6 +232,30 @@ class SimpleTrainer(EvaluationMixin, TrainerBase):
     def check_cfg(self, cfg):
         """Hook to validate trainer-specific config keys; called after ``check_declared_cfg`` and
         before ``self.cfg`` is set."""
+
+    @classmethod
+    def preflight(cls, cfg, training, model_dir):
+        """Checks of files named by the config or the command line that need neither data nor a
+        model; train.py runs them before the trainer is built (before any data or CLIP loads).
+
+        Args:
+            cfg: the run's config. training: whether the run trains.
+            model_dir: the folder an ``--eval-only`` run loads ("" for none).
+
+        Returns:
+            lines to print in the run's log (the default: the trainer of ``model_dir``).
+
+        Raises:
+            ConfigError: naming the file and what is wrong (the default: see
+                :func:`vlprompt.engine.source_run.check_model_dir`).
+        """
+        return [check_model_dir(cfg, model_dir, TRAINER_REGISTRY)] if model_dir else []
+
+    @classmethod
+    def source_trainers(cls, cfg):
+        """The trainers whose runs ``--model-dir`` may name with ``cfg`` (a tuple of names; runs of
+        their subclasses too), or None for any (the default)."""
+        return None
 
     @classmethod
     def training_epochs(cls, cfg):

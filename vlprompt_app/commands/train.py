@@ -13,13 +13,17 @@ vlprompt/engine/eval_scope.py): ``--eval-role`` / ``TEST.ROLE`` gives it, otherw
 log prints it and results.json records it. A training run writes its merged config to
 ``OUTPUT_DIR/config.yaml``. Bad input (unknown trainer, dataset or config key, wrong value type or
 value, incompatible settings, missing config file or dataset folder, unusable CLIP
-weights, unreadable images, inconsistent labels, corrupt checkpoints or caches) ends with
-one paragraph on stderr and exit status 2, before any data is loaded where possible. A
+weights, unreadable images, inconsistent labels, corrupt checkpoints or caches, a missing or
+wrong ``--model-dir``, missing or malformed class descriptions, unreadable run-folder files, an
+``OUTPUT_DIR`` another live run holds) ends with one paragraph on stderr and exit status 2, before
+any data is loaded where possible (the trainer's ``preflight`` checks run before it is built). A
 non-finite loss stops training with exit status 3 (see TRAIN.NONFINITE_LOSS).
 """
 
 import argparse
+import contextlib
 import difflib
+import os
 import re
 import shlex
 import sys
@@ -33,12 +37,15 @@ def user_errors():
     """The exceptions that mean bad input: one paragraph on stderr and exit status 2, no traceback."""
     from vlprompt.clip import CLIPLoadError, PromptTooLongError, UnsupportedBackboneError
     from vlprompt.data.datasets import DatasetLayoutError
+    from vlprompt.data.descriptions import DescriptionsError
     from vlprompt.data.splits import UnsafePickleError
+    from vlprompt.engine.run_folder import RunFolderError
+    from vlprompt.engine.run_lock import RunFolderBusyError
     from vlprompt.utils import CheckpointError, CorruptFileError
 
     return (
         ConfigError, CLIPLoadError, DatasetLayoutError, PromptTooLongError, UnsupportedBackboneError,
-        CheckpointError, CorruptFileError, UnsafePickleError,
+        CheckpointError, CorruptFileError, UnsafePickleError, RunFolderBusyError, RunFolderError, DescriptionsError,
     )
 
 
@@ -157,18 +164,34 @@ def check_names(cfg):
 
 
 def main(args):
-    """Set up the config of parsed ``args``, then train and/or evaluate."""
-    import torch
-
+    """Set up the config of parsed ``args``, hold ``OUTPUT_DIR`` (its lock, see
+    vlprompt/engine/run_lock.py), then train and/or evaluate."""
     from vlprompt.config.validate import check_training_cfg
-    from vlprompt.engine import build_trainer
+    from vlprompt.engine import TRAINER_REGISTRY
     from vlprompt.engine.run_folder import RunFolder
-    from vlprompt.utils import collect_env_info, set_random_seed, setup_logger
 
     cfg, scope = setup_cfg(args)
     training = not (args.eval_only or args.no_train)
     if training:
         check_training_cfg(cfg)
+    model_dir = args.model_dir if args.eval_only else ""
+    notes = TRAINER_REGISTRY.get(cfg.TRAINER.NAME).preflight(cfg, training, model_dir)
+    # rank 0 holds the folder for a torchrun job; its other processes write only their own logs
+    holds_folder = int(os.environ.get("RANK", "0")) == 0
+    with RunFolder(cfg.OUTPUT_DIR).lock() if holds_folder else contextlib.nullcontext():
+        run_in_folder(args, cfg, scope, training, notes)
+
+
+def run_in_folder(args, cfg, scope, training, notes):
+    """Everything that writes into ``cfg.OUTPUT_DIR`` (the caller holds the folder's lock): the
+    log, ``config.yaml``, then training and/or evaluation; ``notes``: the lines of the trainer's
+    pre-flight checks, printed into the log."""
+    import torch
+
+    from vlprompt.engine import build_trainer
+    from vlprompt.engine.run_folder import RunFolder
+    from vlprompt.utils import collect_env_info, set_random_seed, setup_logger
+
     setup_logger(cfg.OUTPUT_DIR)
     if cfg.SEED >= 0:
         print(f"Setting fixed seed: {cfg.SEED}")
@@ -180,6 +203,8 @@ def main(args):
     if scope.warning:
         print(f"Warning: {scope.warning}")
     print(f"Evaluation scope: {scope.scope} ({scope.reason})")
+    for note in notes:
+        print(note)
     if training:
         RunFolder(cfg.OUTPUT_DIR).write_config(cfg)
     print("Collecting env info ...")

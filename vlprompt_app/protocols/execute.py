@@ -2,7 +2,10 @@
 
 A run is skipped only when its ``results.json`` says ``"completed": true``; anything else
 (no folder, a crashed run, a run killed mid-training) is launched again, and train.py
-resumes from the checkpoints it finds. A failing run never stops the grid: its chain's
+resumes from the checkpoints it finds. No two runs of the chains may name one output folder
+(:func:`check_one_run_per_folder`, checked by every backend), and train.py holds its folder while
+it runs (``OUTPUT_DIR/run.lock``), so a run started twice (two run_protocol.py commands over one
+grid) fails the second time with a message naming the holder. A failing run never stops the grid: its chain's
 later runs (which need its checkpoint) are marked *blocked*, every other chain goes on, and
 :func:`summarize` lists the failures at the end.
 
@@ -41,7 +44,7 @@ from .grid import Chain, Run
 
 __all__ = [
     "CONSOLE_NAME", "OK", "FAILED", "SKIPPED", "BLOCKED", "Outcome", "Launcher",
-    "SlurmOptions", "is_completed", "pending_runs", "execute_chain", "Progress", "run_sequential",
+    "SlurmOptions", "is_completed", "check_one_run_per_folder", "pending_runs", "execute_chain", "Progress", "run_sequential",
     "run_queue", "submit_slurm", "run_chain_job", "wait_for_jobs", "summarize",
 ]
 
@@ -73,6 +76,19 @@ class Outcome:
 def is_completed(output_dir) -> bool:
     """True when the run in ``output_dir`` completed (:attr:`RunFolder.completed`)."""
     return RunFolder(output_dir).completed
+
+
+def check_one_run_per_folder(chains: Sequence[Chain]) -> None:
+    """ValueError when two runs of ``chains`` name one output folder (compared as resolved
+    paths): the backends would start both, and two runs writing one folder do the work twice."""
+    seen: Dict[Path, Run] = {}
+    for chain in chains:
+        for run in chain.runs:
+            folder = Path(run.output_dir).resolve()
+            if folder in seen:
+                raise ValueError(f"Two runs of the grid write {run.output_dir}: train.py {shlex.join(seen[folder].argv)} "
+                                 f"and train.py {shlex.join(run.argv)}; each run needs a folder of its own.")
+            seen[folder] = run
 
 
 def pending_runs(chains: Sequence[Chain]) -> List[Run]:
@@ -252,6 +268,7 @@ class Progress:
 def run_sequential(chains: Sequence[Chain], launcher: Callable,
                    report: Optional[Callable[[Outcome], None]] = None) -> List[Outcome]:
     """Every chain in order on this machine."""
+    check_one_run_per_folder(chains)
     return [outcome for chain in chains for outcome in execute_chain(chain, launcher, {}, report)]
 
 
@@ -263,6 +280,7 @@ def run_queue(chains: Sequence[Chain], launcher: Callable, devices: Sequence[str
     """
     if not devices:
         raise ValueError("run_queue needs at least one device")
+    check_one_run_per_folder(chains)
     todo: "queue.SimpleQueue[Chain]" = queue.SimpleQueue()
     for chain in chains:
         todo.put(chain)
@@ -339,6 +357,7 @@ def run_chain_job(chain: Chain, launcher: Launcher) -> List[Outcome]:
 
 def submit_slurm(chains: Sequence[Chain], launcher: Launcher, options: SlurmOptions) -> list:
     """Submit one job per chain as a job array; return the submitit jobs (same order)."""
+    check_one_run_per_folder(chains)
     submitit = _import_submitit()
     executor = submitit.AutoExecutor(folder=options.folder, cluster=options.cluster)
     parameters = dict(name=options.job_name, timeout_min=options.timeout_min,

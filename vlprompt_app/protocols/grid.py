@@ -448,9 +448,8 @@ def build_grid(spec: GridSpec, protocols: Dict[str, ProtocolDatasets]) -> List[C
                 first = chain.runs[0]
                 head = home.get(chain.head) or home.get(first.requires) or chain.head
                 runs = merged.setdefault(head, [])
-                known = {run.output_dir for run in runs}
                 for run in chain.runs:
-                    if run.output_dir not in known:
+                    if run.output_dir not in home:
                         runs.append(run)
                         home[run.output_dir] = head
     return [Chain(tuple(runs)) for runs in merged.values()]
