@@ -53,3 +53,26 @@ def test_tensors_placed_with_the_data_pass():
         x * weight
         torch.arange(3) * 2  # deviceless tensors among themselves
     assert check.faults == []
+
+
+def test_random_draws_with_the_data_device_generator_are_recorded():
+    x = torch.randn(3, 4)
+    with DevicelessTensorCheck() as check:
+        torch.nn.functional.dropout(x, 0.3, training=True); dropout = here()  # noqa: E702
+        torch.rand_like(x); like = here()  # noqa: E702
+        torch.randn(4, device=x.device); on_device = here()  # noqa: E702
+        x.clone().normal_(); in_place = here()  # noqa: E702
+    assert check.device_draws == [Fault(dropout, "dropout"), Fault(like, "rand_like"),
+                                  Fault(on_device, "randn"), Fault(in_place, "normal_")]
+    assert check.faults == []
+
+
+def test_random_draws_on_the_cpu_then_moved_pass():
+    x = torch.randn(3, 4)
+    with DevicelessTensorCheck() as check:
+        torch.nn.functional.dropout(x, 0.3, training=False)
+        torch.nn.functional.dropout(x, 0.0, training=True)
+        keep = (torch.rand(x.shape) >= 0.3).to(x.device, x.dtype)
+        x * keep
+        torch.empty(4).normal_()  # drawn on a tensor made on the CPU
+    assert check.device_draws == [] and check.faults == []

@@ -20,7 +20,8 @@ Deep prompts in both towers (as PromptSRC) plus K task-aware cluster tokens shar
   tokens get none); blocks 1..J_v-1 replace the last K + n_v positions with [G_v; V_l],
   V_l ~ N(0, 0.02) [n_v, D_v]. In every block an additive mask keeps the P patch rows from
   attending to the K G_v columns; CLS, G_v and V attend everything.
-  f = Dropout(DROPOUT)(LN_post(x_CLS) proj) [B, E] (active in training only).
+  f = Dropout(DROPOUT)(LN_post(x_CLS) proj) [B, E] (active in training only; the mask is drawn on
+  the CPU, so a seed gives the same masks on every device).
 * Loss of a step with B images and V = DATALOADER.K_TRANSFORMS augmented views each (view-major
   [V B, 3, H, W]): z = s f̂ t̂ᵀ [V B, C],
   L = CE(z, y) + λ_t mean|t̂ − ê| + λ_i mean|f̂ − f̂_0| (element means), λ_t 20, λ_i 25, where
@@ -137,6 +138,18 @@ def cosine_kmeans(points, k, generator):
     return F.normalize(centres, dim=-1)
 
 
+class HostDropout(nn.Dropout):
+    """nn.Dropout whose mask [same shape as the input] is drawn from the CPU generator and moved to
+    the input's device: nn.Dropout draws with the device's generator, so the same seed would
+    give other masks on a GPU than on a CPU."""
+
+    def forward(self, x):
+        if not self.training or self.p == 0:
+            return x
+        keep = (torch.rand(x.shape) >= self.p).to(x.device, x.dtype)
+        return x * keep / (1 - self.p)
+
+
 class TACCLIP(PromptedCLIP):
     """Frozen CLIP with TAC's cluster tokens and deep prompts (see the module docstring).
 
@@ -168,7 +181,7 @@ class TACCLIP(PromptedCLIP):
         self.ctx = nn.Parameter(self._initial_context(init))
         self.text_prompts = prompt_parameters(node.PROMPT_DEPTH_TEXT - 1, self.n_text, text.width)
         self.vision_prompts = prompt_parameters(node.PROMPT_DEPTH_VISION, self.n_vision, visual.width)
-        self.dropout = nn.Dropout(node.DROPOUT)
+        self.dropout = HostDropout(node.DROPOUT)
         self.register_buffer("patch_mask", self._patch_mask(), persistent=False)
         self.description_targets = None
         self.set_classnames(classnames)

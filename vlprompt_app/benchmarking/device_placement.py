@@ -14,6 +14,12 @@ follows where such tensors go instead of where they are:
 * an operation whose operands mix a marked tensor with an unmarked one of at least one dimension
   (the data, a parameter, a buffer) is a fault, recorded with the marked tensor's source place.
 
+The same mode records random draws whose numbers depend on the device: a draw on the device of
+the data (dropout in training, ``torch.rand_like(x)``, ``x.normal_()``, ``torch.bernoulli(x)``,
+``torch.randn(n, device=x.device)``, ...) takes the device's generator, so one seed gives other
+numbers on a GPU than on a CPU. Drawing on the CPU (``torch.rand(n)``, the default generator,
+saved with the checkpoints' RNG state) and moving the result is device independent.
+
 Tensors made with the device of the data they meet (``torch.zeros(n, device=x.device)``), by
 ``x.new_zeros(n)`` or ``torch.zeros_like(x)``, and tensors made before the block (buffers) are
 never marked. Random numbers drawn on the CPU with a CPU generator and then moved with
@@ -32,17 +38,31 @@ FACTORIES = frozenset({
     torch.normal, torch.scalar_tensor, torch.tril_indices, torch.triu_indices,
 })
 MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda})
+RANDOM_FACTORIES = frozenset({torch.rand, torch.randn, torch.randint, torch.randperm, torch.normal})
+RANDOM_ON_DATA = frozenset({
+    torch.nn.functional.dropout, torch.nn.functional.dropout1d, torch.nn.functional.dropout2d,
+    torch.nn.functional.dropout3d, torch.nn.functional.alpha_dropout, torch.nn.functional.feature_alpha_dropout,
+    torch.dropout, torch.bernoulli, torch.rand_like, torch.randn_like, torch.randint_like, torch.multinomial,
+    torch.poisson, torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.bernoulli_, torch.Tensor.random_,
+    torch.Tensor.exponential_, torch.Tensor.geometric_, torch.Tensor.cauchy_, torch.Tensor.log_normal_,
+    torch.Tensor.bernoulli, torch.Tensor.multinomial,
+})
+_DROPOUTS = frozenset({
+    torch.nn.functional.dropout, torch.nn.functional.dropout1d, torch.nn.functional.dropout2d,
+    torch.nn.functional.dropout3d, torch.nn.functional.alpha_dropout, torch.nn.functional.feature_alpha_dropout,
+    torch.dropout,
+})
 _MARK = "_deviceless_origin"
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
 
 @dataclass(frozen=True)
 class Fault:
-    """A device-less tensor met data.
+    """A device-less tensor met data, or a random draw used a data device's generator.
 
     Attributes:
-        origin: "path:line" (relative to the repository when inside it) of the factory call.
-        operation: the name of the operation where it met the data.
+        origin: "path:line" (relative to the repository when inside it) of the factory call or the draw.
+        operation: the name of the operation where the tensor met the data, or of the draw.
     """
 
     origin: str
@@ -80,8 +100,30 @@ def _names_a_device(args, kwargs):
                for value in values) or "device" in kwargs
 
 
+def _dropout_draws(func, args, kwargs):
+    """Whether a dropout call draws a mask (p > 0 in training)."""
+    names = ("p", "training") if func is not torch.dropout else ("p", "train")
+    values = dict(zip(("input",) + names, args), **kwargs)
+    return values.get("p", 0.5) > 0 and values.get(names[1], True)
+
+
+def _draws_on_the_device(func, args, kwargs):
+    """Whether ``func(*args, **kwargs)`` draws random numbers with the generator of a data device."""
+    if kwargs.get("generator") is not None:
+        return False
+    if func in RANDOM_FACTORIES:
+        return kwargs.get("device") is not None and not any(isinstance(arg, torch.Tensor) for arg in args)
+    if func in _DROPOUTS:
+        return _dropout_draws(func, args, kwargs)
+    if func in RANDOM_ON_DATA:
+        return any(not getattr(tensor, _MARK, None) for tensor in _tensors(args[:1]))
+    return False
+
+
 class DevicelessTensorCheck(TorchFunctionMode):
-    """Context manager recording ``Fault``s (see the module docstring) in ``faults``.
+    """Context manager recording ``Fault``s (see the module docstring): tensors made without the
+    data's device that meet the data in ``faults``, random draws with a data device's generator in
+    ``device_draws``.
 
     Args:
         root: the repository root, to which the recorded source places are made relative.
@@ -91,9 +133,14 @@ class DevicelessTensorCheck(TorchFunctionMode):
         super().__init__()
         self.root = root
         self.faults = []
+        self.device_draws = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if _draws_on_the_device(func, args, kwargs):
+            draw = Fault(_caller(self.root), getattr(func, "__name__", str(func)))
+            if draw not in self.device_draws:
+                self.device_draws.append(draw)
         result = func(*args, **kwargs)
         if func in FACTORIES:
             if kwargs.get("device") is None and isinstance(result, torch.Tensor) and result.dim() > 0:
