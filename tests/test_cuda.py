@@ -3,7 +3,7 @@ write there loads on the CPU. Run by tools/gpu_acceptance.py with the other test
 import pytest
 import torch
 
-from vlprompt_app.benchmarking.trainer_cases import CACHED, CASES, build_trainer
+from vlprompt_app.benchmarking.trainer_cases import CASES, build_trainer, training_batch
 from vlprompt_app.gpu_acceptance.parity import tiny_case
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -18,11 +18,7 @@ def _case(name):
 
 def _batch(trainer, case, generator):
     images = torch.randn(4, 3, 32, 32, generator=generator).cuda()
-    labels = torch.arange(4).cuda() % SETTINGS["classes"]
-    if case.kind == CACHED:
-        with torch.no_grad():
-            return {"features": trainer.model.encode_image_features(images), "label": labels}
-    return {"img": images, "label": labels}
+    return training_batch(case, trainer, images, torch.arange(4).cuda() % SETTINGS["classes"])
 
 
 @pytest.mark.parametrize("name", ["CoOp", "ProGrad", "MaPLe", "DeAR", "RAda", "CLIPAdapter", "PromptSRC", "TAC"])

@@ -436,12 +436,27 @@ def test_precision_is_resolved_from_the_trainer_node_and_is_fp32_on_cpu(data_roo
     cfg = make_cfg(data_root, tmp_path, prec="fp16")
     assert resolve_precision(cfg) == "fp16"
     trainer, lines = quietly(lambda: build_seeded(cfg))
-    assert "Precision fp16 was requested but the device is cpu: running in fp32" in lines
+    assert ("Precision fp16 was requested but the device is cpu: running in fp32 "
+            "(TRAIN.CPU_AUTOCAST True autocasts on the CPU)") in lines
     assert (trainer.prec, trainer.amp.scaler) == ("fp32", None)
     with trainer.autocast():
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
     with pytest.raises(ValueError, match=r"expected one of \['fp32', 'fp16', 'amp', 'bf16'\]"):
         MixedPrecision("fp8", torch.device("cpu"))
+
+
+def test_cpu_autocast_is_opt_in():
+    """On the CPU every precision runs in fp32 unless TRAIN.CPU_AUTOCAST, which autocasts (and
+    scales fp16 gradients) as on CUDA."""
+    cpu = torch.device("cpu")
+    for prec, dtype in (("fp16", torch.float16), ("amp", torch.float16), ("bf16", torch.bfloat16)):
+        assert (MixedPrecision(prec, cpu).dtype, MixedPrecision(prec, cpu).scaler) == (None, None)
+        amp = MixedPrecision(prec, cpu, cpu_autocast=True)
+        assert (amp.prec, amp.dtype, amp.scaler is not None) == (prec, dtype, dtype is torch.float16)
+        with amp.autocast():
+            assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == dtype
+    fp32 = MixedPrecision("fp32", cpu, cpu_autocast=True)
+    assert (fp32.dtype, fp32.scaler) == (None, None)
 
 
 def test_scaler_is_dropped_when_the_trainer_keeps_half_precision_parameters(capsys):

@@ -5,6 +5,9 @@ import pytest
 import torch
 from baseline_setup import build_seeded, make_cfg, toy_world  # noqa: F401
 
+from vlprompt_app.benchmarking import mixed_precision
+from vlprompt_app.benchmarking.trainer_cases import CASES
+
 TRAINERS = ("CoOp", "KgCoOp", "IVLP", "MaPLe", "PromptSRC", "VPT")
 
 
@@ -35,3 +38,31 @@ def test_class_text_is_encoded_once_per_evaluation(toy_world, tmp_path, name):  
         trainer.batch_idx, trainer.num_batches = 0, len(trainer.train_loader_x)
         trainer.forward_backward(next(iter(trainer.train_loader_x)))
         assert calls[2:] == [True]  # training recomputes with autograd, nothing cached
+
+
+def test_eval_mode_text_features_follow_the_autocast_state(toy_world, tmp_path):  # noqa: F811
+    """In eval mode (outside ``evaluation()``) the cached class text features belong to the autocast
+    state they were computed in: fp32 after a bf16 call gives the fp32 features, not the cached
+    bf16 ones."""
+    model = build_seeded(make_cfg(toy_world, "CoOp", tmp_path)).model.eval()
+    with torch.no_grad():
+        fp32 = model.class_text_features()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            half = model.class_text_features()
+        again = model.class_text_features()
+    assert half.dtype == torch.bfloat16 and again.dtype == torch.float32
+    assert torch.equal(again, fp32)
+
+
+@pytest.mark.parametrize("name", ["PromptSRC", "MMRL", "DeAR"])
+def test_moving_the_model_drops_its_frozen_text_targets(tmp_path, name):
+    """The frozen-CLIP text targets a training step caches belong to the model's device and dtype:
+    moving or casting the model drops them (and the evaluation cache) so they are computed again there."""
+    case = next(case for case in CASES if case.name == name)
+    trainer = mixed_precision.build_trainer(case, "bf16", "cpu", str(tmp_path))
+    labels = torch.arange(2)
+    mixed_precision.train_step(case, trainer, 0, mixed_precision.random_images(2, 0, trainer.device), labels)
+    model = trainer.model
+    assert model._frozen_text is not None
+    model.to(torch.device("cpu"))
+    assert model._frozen_text is None and model._eval_text_features is None

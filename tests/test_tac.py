@@ -16,6 +16,7 @@ from vlprompt.config import ConfigError
 from vlprompt.data.descriptions import DescriptionsError, read_class_descriptions
 from vlprompt.synthetic.descriptions import class_descriptions
 from vlprompt.synthetic.downstream import SETS
+from vlprompt_app.benchmarking.device_placement import DevicelessTensorCheck
 
 CLASSNAMES = ["abyssinian", "american_bulldog", "bengal"]
 PETS = ["abyssinian", "american bulldog", "bengal", "boxer", "persian"]
@@ -136,6 +137,17 @@ def test_dropout_acts_on_the_image_feature_in_training_only(tiny_runner):  # noq
         model.eval()
         assert (model.image_features(images) == 0).sum() == 0
     assert 0.25 < zeros < 0.35
+
+
+def test_the_training_step_draws_nothing_on_the_data_device(tiny_runner):  # noqa: F811
+    """The training step draws its dropout masks on the CPU (the same masks for a seed on every
+    device) and makes no tensor without the data's device."""
+    model = build_model(tiny_runner).train()
+    images = torch.randn(4, 3, 32, 32)
+    views, labels = torch.cat([images, images.flip(-1)]), torch.arange(4).repeat(2) % K
+    with DevicelessTensorCheck() as check:
+        model.loss((views, images), labels)
+    assert check.device_draws == [] and check.faults == []
 
 
 def test_dropout_masks_come_from_the_cpu_generator_on_every_device():

@@ -144,3 +144,24 @@ def test_config_checks(data_root, tiny_clip_files, tmp_path):
     with pytest.raises(ConfigError, match="TRAINER.TPT.SELECTION"):
         make_tpt(data_root, tiny_clip_files, tmp_path, "synthetic.yaml", "TRAINER.TPT.SELECTION", "0.1")
     assert math.isclose(make_tpt(data_root, tiny_clip_files, tmp_path).cfg.TRAINER.TPT.LR, 5e-3)
+
+
+def test_an_fp16_episode_scales_its_loss_on_the_trainer_device(data_root, tiny_clip_files, tmp_path, monkeypatch):
+    """PREC fp16 (with TRAIN.CPU_AUTOCAST on the CPU): each episode's GradScaler is made for the
+    device the prompt is on and is enabled (one made for CUDA disables itself off CUDA)."""
+    made = []
+
+    class RecordedScaler(torch.amp.GradScaler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    tpt = make_tpt(data_root, tiny_clip_files, tmp_path, "synthetic.yaml", "TRAINER.TPT.PREC", "fp16",
+                   "TRAIN.CPU_AUTOCAST", "True")
+    assert tpt.amp.dtype == torch.float16 and tpt.amp.scaler is not None
+    monkeypatch.setattr(torch.amp, "GradScaler", RecordedScaler)
+    tpt.start_episodes()
+    logits = tpt.adapt_and_predict(first_views(tpt))
+    assert torch.isfinite(logits).all()
+    assert len(made) == 1 and made[0].is_enabled() and made[0]._device == "cpu"
+    assert made[0].get_scale() == 1000.0  # the episode's one step did not overflow

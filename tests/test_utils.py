@@ -451,3 +451,27 @@ def test_count_num_param():
     with pytest.raises(ValueError):
         count_num_param()
 
+
+
+def test_a_checkpoint_without_frozen_weights_restores_a_model_that_reaches_them_by_two_names(tmp_path):
+    """DePT, ATPrompt and LP hold CLIP under two names (e.g. ``clip`` and ``base.clip``): the saved
+    state leaves out both names of a frozen parameter, and restoring must accept both as absent."""
+    from vlprompt.utils.torchtools import restore_checkpoint
+
+    class Aliased(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.base = nn.Module()
+            self.base.clip = nn.Linear(3, 3).requires_grad_(False)
+            self.clip = self.base.clip
+            self.head = nn.Linear(3, 2)
+
+    saved = Aliased()
+    frozen = {name for name, p in saved.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    assert frozen == {"base.clip.weight", "base.clip.bias", "clip.weight", "clip.bias"}
+    state = {key: value for key, value in saved.state_dict().items() if key not in frozen}
+    restored = Aliased()
+    restore_checkpoint({"state_dict": state}, str(tmp_path / "model.pth.tar-1"), restored)
+    assert torch.equal(restored.head.weight, saved.head.weight)
+    with pytest.raises(CheckpointError, match=r"missing keys \['head.bias'\]"):
+        restore_checkpoint({"state_dict": {"head.weight": state["head.weight"]}}, "path", Aliased())

@@ -156,6 +156,8 @@ class DeARCLIP(PromptedCLIP):
             the default, source, evaluates the classes of the training dataset.
     """
 
+    device_caches = PromptedCLIP.device_caches + ("_frozen_text",)  # frozen-CLIP text targets
+
     def __init__(self, clip, tokenizer, classnames, template, node, head_roles, eval_scope="source"):
         super().__init__(clip)
         self.attributes = tuple(node.ATTRIBUTES) if node.N_ATTR_TOKENS > 0 else ()
@@ -184,10 +186,6 @@ class DeARCLIP(PromptedCLIP):
         ids = self.tokenizer(sentences, reserve=self.prompt_learner.text_tokens.shape[0])
         self.register_buffer("token_ids", ids.to(self.logit_scale.device), persistent=False)
         self._frozen_text = self._eval_text_features = None
-
-    def _apply(self, fn, *args, **kwargs):
-        self._frozen_text = None
-        return super()._apply(fn, *args, **kwargs)
 
     def _remix(self, output, raw):
         """Eq. 5/6: beta * layer output + (1 - beta) * raw tokens."""

@@ -195,6 +195,8 @@ class MMRLCLIP(PromptedCLIP):
 
     NAME, KEY = "MMRL", "TRAINER.MMRL"
 
+    device_caches = PromptedCLIP.device_caches + ("_frozen_text",)  # frozen-CLIP text targets
+
     def __init__(self, clip, tokenizer, classnames, template, node, rep_dim, reg_weight, inference):
         super().__init__(clip)
         layers = list(node.REP_LAYERS)
@@ -220,10 +222,6 @@ class MMRLCLIP(PromptedCLIP):
         return RepresentationLearner(
             node.N_REP_TOKENS, rep_dim, num_layers, clip.visual.width, clip.text.width, clip.visual.output_dim
         )
-
-    def _apply(self, fn, *args, **kwargs):
-        self._frozen_text = None
-        return super()._apply(fn, *args, **kwargs)
 
     def compute_text_features(self):
         """t [C, E] (not normalised), the sentences with the representation tokens."""

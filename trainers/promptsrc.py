@@ -55,6 +55,8 @@ class PromptSRCCLIP(IVLPCLIP):
         clip, tokenizer, classnames: as IVLPCLIP. node: cfg.TRAINER.PROMPTSRC.
     """
 
+    device_caches = IVLPCLIP.device_caches + ("_frozen_text",)  # frozen-CLIP text targets
+
     def __init__(self, clip, tokenizer, classnames, node):
         super().__init__(clip, tokenizer, classnames, node)
         self.tokenizer = tokenizer

@@ -309,7 +309,7 @@ class TACCLIP(PromptedCLIP):
             reference = F.normalize(self.dropout(self.clip.encode_image_plain(originals)), dim=-1)
         reference = reference.repeat(images.shape[0] // originals.shape[0], 1)
         ce = F.cross_entropy(logits, labels)
-        text_l1 = F.l1_loss(text, self.description_targets.to(text.dtype))
+        text_l1 = F.l1_loss(text, self.description_targets.to(text))
         image_l1 = F.l1_loss(image, reference.to(image.dtype))
         total = ce + self.weights["text"] * text_l1 + self.weights["image"] * image_l1
         return total, logits, {"ce": ce.detach(), "text_l1": text_l1.detach(), "image_l1": image_l1.detach()}

@@ -115,7 +115,8 @@ class PromptTuning:
                 them at the first step; logits without gradient there make the kept views scored again).
         """
         optimizer = episode_optimizer(list(params.values()), self.node)
-        scaler = torch.amp.GradScaler(init_scale=1000.0) if self.grad_scaling else None
+        device_type = next(iter(params.values())).device.type
+        scaler = torch.amp.GradScaler(device_type, init_scale=1000.0) if self.grad_scaling else None
         kept, first_loss = None, None
         for _ in range(self.node.STEPS):
             with torch.enable_grad():

@@ -7,7 +7,12 @@ from torch import nn
 
 from .templates import fill_template
 
-__all__ = ["PromptedCLIP"]
+__all__ = ["PromptedCLIP", "autocast_state"]
+
+
+def autocast_state(device):
+    """The autocast dtype in effect for ``device``'s type, or None outside autocast."""
+    return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
 
 
 class PromptedCLIP(nn.Module):
@@ -20,29 +25,45 @@ class PromptedCLIP(nn.Module):
 
     Class text features are recomputed at every training step (they depend on learnable
     parts) but computed once per evaluation: without autograd, in eval mode or inside
-    ``evaluation()``, the first call caches them; a ``train()``/``eval()`` switch and
-    leaving ``evaluation()`` drop the cache.
+    ``evaluation()``, the first call caches them, for the autocast state it ran under (another
+    state computes them again); a ``train()``/``eval()`` switch, moving the model and leaving
+    ``evaluation()`` drop the cache.
+
+    Attributes:
+        device_caches (tuple of str, class attribute): attributes holding tensors computed on the
+            model's device (or None); moving or casting the model (``.to()``, ``.cuda()``,
+            ``.half()``) sets them to None. A subclass with caches of its own extends it.
 
     Args:
         clip: the frozen CLIPRunner.
     """
 
+    device_caches = ("_eval_text_features",)
+
     def __init__(self, clip):
         super().__init__()
         self.clip = clip
         self._eval_text_features = None
+        self._eval_text_autocast = None
         self._evaluating = False
 
     def compute_text_features(self):
         raise NotImplementedError(f"{type(self).__name__} must implement compute_text_features().")
 
     def class_text_features(self):
-        """L2-normalised class text features [C, E] (cached during evaluation)."""
+        """L2-normalised class text features [C, E] (cached during evaluation, per autocast state)."""
         if torch.is_grad_enabled() or (self.training and not self._evaluating):
             return F.normalize(self.compute_text_features(), dim=-1)
-        if self._eval_text_features is None:
+        autocast = autocast_state(self.clip.logit_scale.device)
+        if self._eval_text_features is None or self._eval_text_autocast != autocast:
             self._eval_text_features = F.normalize(self.compute_text_features(), dim=-1)
+            self._eval_text_autocast = autocast
         return self._eval_text_features
+
+    def _apply(self, fn, *args, **kwargs):
+        for name in self.device_caches:
+            setattr(self, name, None)
+        return super()._apply(fn, *args, **kwargs)
 
     def train(self, mode=True):
         self._eval_text_features = None

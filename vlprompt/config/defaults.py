@@ -153,6 +153,9 @@ _C.TRAIN.CHECKPOINT_ITERS = 0
 # Project key: a non-finite loss "stop"s the run (step, loss terms and last checkpoint
 # reported) or its step is "skip"ped (weights unchanged, counted in results.json)
 _C.TRAIN.NONFINITE_LOSS = "stop"
+# Project key: on a CPU, run TRAINER.<NAME>.PREC as on CUDA (fp16/amp autocast with a
+# GradScaler, bf16 autocast) instead of fp32; slow, for checking mixed precision without a GPU
+_C.TRAIN.CPU_AUTOCAST = False
 
 ###########################
 # Feature cache (project keys; vlprompt/data/feature_cache.py)

@@ -3,12 +3,15 @@
 Decision: the precision a trainer asks for is
 ``cfg.TRAINER.<TRAINER.NAME upper-cased>.PREC`` when that key exists, else "fp32".
 
-| requested | on CUDA                                              | on CPU |
-|-----------|------------------------------------------------------|--------|
-| fp32      | nothing                                              | fp32   |
-| fp16, amp | fp16 autocast, fp32 master weights, a GradScaler     | fp32   |
-| bf16      | bf16 autocast, no scaler                             | fp32   |
+| requested | on CUDA, or on the CPU with TRAIN.CPU_AUTOCAST   | on the CPU otherwise |
+|-----------|--------------------------------------------------|----------------------|
+| fp32      | nothing                                          | fp32                 |
+| fp16, amp | fp16 autocast, fp32 master weights, a GradScaler | fp32                 |
+| bf16      | bf16 autocast, no scaler                         | fp32                 |
 
+On the CPU, half-precision autocast is slow and only useful to check a trainer's mixed
+precision without a GPU, so it is opt-in (``TRAIN.CPU_AUTOCAST``). Autocast and the scaler are
+made for the trainer's device type (``torch.autocast(device.type)``, ``GradScaler(device.type)``).
 Only ``torch.amp`` is used (``torch.cuda.amp`` is deprecated).
 """
 import contextlib
@@ -42,16 +45,18 @@ class MixedPrecision:
 
     Args:
         requested (str): one of ``PRECISIONS``.
-        device (torch.device): the trainer's device; anything but CUDA runs in fp32.
+        device (torch.device): the trainer's device; anything but CUDA runs in fp32 unless
+            ``cpu_autocast``.
+        cpu_autocast (bool): on the CPU, autocast (and scale gradients) as on CUDA.
 
     Attributes:
         requested (str): the precision asked for.
-        prec (str): the precision in effect ("fp32" on CPU, else ``requested``).
+        prec (str): the precision in effect ("fp32" on a CPU without ``cpu_autocast``, else ``requested``).
         dtype (torch.dtype or None): the autocast dtype, None when no autocast is used.
-        scaler (torch.amp.GradScaler or None): present for fp16/amp on CUDA only.
+        scaler (torch.amp.GradScaler or None): present for fp16/amp when autocast is used.
     """
 
-    def __init__(self, requested: str, device: torch.device):
+    def __init__(self, requested: str, device: torch.device, cpu_autocast: bool = False):
         if requested not in PRECISIONS:
             raise ValueError(
                 f'Unknown precision "{requested}" (key TRAINER.<NAME>.PREC): '
@@ -59,9 +64,10 @@ class MixedPrecision:
             )
         self.requested = requested
         self.device = torch.device(device)
-        if self.device.type != "cuda":
+        if self.device.type != "cuda" and not (cpu_autocast and self.device.type == "cpu"):
             if requested != "fp32":
-                print(f"Precision {requested} was requested but the device is {self.device.type}: running in fp32")
+                print(f"Precision {requested} was requested but the device is {self.device.type}: running in fp32"
+                      + (" (TRAIN.CPU_AUTOCAST True autocasts on the CPU)" if self.device.type == "cpu" else ""))
             self.prec = "fp32"
         else:
             if requested == "bf16" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():

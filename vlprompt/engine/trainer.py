@@ -205,7 +205,7 @@ class SimpleTrainer(EvaluationMixin, TrainerBase):
         self.output_dir = cfg.OUTPUT_DIR
         self.cfg = cfg
         self.save_frozen_weights = cfg.TRAIN.SAVE_FROZEN_WEIGHTS
-        self.amp = MixedPrecision(resolve_precision(cfg), self.device)
+        self.amp = MixedPrecision(resolve_precision(cfg), self.device, cfg.TRAIN.CPU_AUTOCAST)
         self.prec = self.amp.prec
         self.nonfinite_loss = cfg.TRAIN.NONFINITE_LOSS
         self.skipped_images = {"train": 0, "val": 0, "test": 0}

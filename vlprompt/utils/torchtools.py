@@ -219,7 +219,7 @@ def _load_model_state(model, state_dict, fpath):
     (they are not saved by default), anything else missing or unexpected is an error."""
     model = _unwrap(model)
     result = model.load_state_dict(state_dict, strict=False)
-    frozen = {name for name, param in model.named_parameters() if not param.requires_grad}
+    frozen = {name for name, param in model.named_parameters(remove_duplicate=False) if not param.requires_grad}
     missing = [key for key in result.missing_keys if key not in frozen]
     if missing or result.unexpected_keys:
         raise CheckpointError(

@@ -55,6 +55,7 @@ from vlprompt_app.benchmarking.measure import clocks, current_rss_mib, peak_memo
 from vlprompt_app.benchmarking.report import format_table
 from vlprompt_app.benchmarking.trainer_cases import (
     CACHED, CASES, TEST_TIME, TRAIN, build_trainer, case_batch, check_coverage, project_trainers, select_cases,
+    training_batch,
 )
 from vlprompt.paths import repository_root
 from vlprompt_app.project import import_project_package
@@ -128,16 +129,7 @@ def case_calls(case, trainer, settings):
     labels = (torch.arange(batch) % settings["classes"]).to(device)
     calls, counts, references = [Call(frozen(images), ("frozen",))], {"frozen": batch}, {}
     if case.kind in (TRAIN, CACHED):
-        if case.kind == CACHED:
-            with torch.no_grad(), trainer.autocast():
-                train_batch = {"features": model.encode_image_features(images), "label": labels}
-        else:  # as the loader gives them: K_TRANSFORMS views, and the un-augmented image with RETURN_IMG0
-            views = trainer.cfg.DATALOADER.K_TRANSFORMS
-            train_batch = {"img": images if views == 1 else [images] * views, "label": labels}
-            if trainer.cfg.DATALOADER.RETURN_IMG0:
-                train_batch["img0"] = images
-            if case.batch_keys is not None:
-                train_batch.update({key: value.to(device) for key, value in case.batch_keys(batch).items()})
+        train_batch = training_batch(case, trainer, images, labels)
         trainer.batch_idx, trainer.num_batches = 0, len(trainer.train_loader_x)
 
         def train():

@@ -43,8 +43,13 @@ class Case:
             that needs files before its trainer is built (PromptKD's teacher folder).
         after_build: None, or ``after_build(trainer)``, for what a trainer sets up when training
             starts (e.g. TAC's description embeddings and cluster centres).
-        batch_keys: None, or ``batch_keys(batch_size)`` -> {key: tensor [B]}, what the trainer's
-            training loader adds to a batch's images and labels (FLYP's caption templates).
+        batch_keys: None, or ``batch_keys(trainer, batch_size)`` -> {key: tensor [B]}, what the
+            trainer's training loader adds to a batch's images and labels (FLYP's caption templates).
+        synthetic: the config of the synthetic benchmark under configs/trainers/ that the
+            mixed-precision contract and the CUDA parity build the case from; "" =
+            ``synthetic.yaml`` beside ``config``.
+        synthetic_opts: KEY VALUE overrides over ``synthetic`` (a variant whose trainer has one
+            synthetic config, e.g. DePT on CoOp).
     """
 
     name: str
@@ -60,6 +65,13 @@ class Case:
     prepare: Optional[Callable] = None
     after_build: Optional[Callable] = None
     batch_keys: Optional[Callable] = None
+    synthetic: str = ""
+    synthetic_opts: Tuple[str, ...] = ()
+
+    @property
+    def synthetic_config(self):
+        """The case's synthetic-benchmark config, relative to configs/trainers/."""
+        return self.synthetic or osp.join(osp.dirname(self.config), "synthetic.yaml")
 
 
 def promptkd_teacher(settings, output_dir):
@@ -125,10 +137,11 @@ CASES = (
          official_train=8.0, official_eval=OFFICIAL_EVAL),
     Case("VPT", "VPT", "VPT/vit_b16_c2_ep5_batch4_4.yaml", TRAIN),
     Case("DePT", "DePT", "DePT/vit_b16_maple.yaml", TRAIN),
-    Case("DePT+CoOp", "DePT", "DePT/vit_b16_coop.yaml", TRAIN),
+    Case("DePT+CoOp", "DePT", "DePT/vit_b16_coop.yaml", TRAIN, synthetic_opts=("TRAINER.DEPT.BASE", "CoOp")),
     # ATPrompt's attribute words are per dataset: the stand-in classes take ImageNet's ("color", "shape").
     Case("ATPrompt", "ATPrompt", "ATPrompt/vit_b16.yaml", TRAIN, opts=("DATASET.NAME", "ImageNet")),
-    Case("ATPrompt+MaPLe", "ATPrompt", "ATPrompt/vit_b16_maple.yaml", TRAIN, opts=("DATASET.NAME", "ImageNet")),
+    Case("ATPrompt+MaPLe", "ATPrompt", "ATPrompt/vit_b16_maple.yaml", TRAIN, opts=("DATASET.NAME", "ImageNet"),
+         synthetic_opts=("TRAINER.ATPROMPT.BASE", "MaPLe", "TRAINER.MAPLE.PROMPT_DEPTH", "3")),
     # Its step starts from images: the frozen lower blocks (what the per-epoch cache costs per image), then
     # the tuned upper blocks with the class-wise skip.
     Case("SkipTuning", "SkipTuning", "SkipTuning/vit_b16_bs4.yaml", TRAIN),
@@ -141,21 +154,27 @@ CASES = (
     Case("RAdaAdapter", "RAdaAdapter", "RAdaAdapter/vit_b16_base2new.yaml", CACHED),
     Case("RAdaPrompt", "RAdaPrompt", "RAdaPrompt/vit_b16_c2_ep20_batch4_4+4ctx.yaml", TRAIN),
     # The classifier's initialisation (80 templates or one) does not change the step's cost.
-    Case("RAdaFFT", "RAdaFFT", "RAdaFFT/vit_b16_stage2.yaml", TRAIN, opts=("TRAINER.RADAFFT.TEMPLATE_ENSEMBLE", "False")),
+    Case("RAdaFFT", "RAdaFFT", "RAdaFFT/vit_b16_stage2.yaml", TRAIN, opts=("TRAINER.RADAFFT.TEMPLATE_ENSEMBLE", "False"),
+         synthetic="RAdaFFT/synthetic_stage2.yaml"),
     Case("RAdaFFT stage 1", "RAdaFFT", "RAdaFFT/vit_b16_stage1.yaml", TRAIN,
-         opts=("TRAINER.RADAFFT.TEMPLATE_ENSEMBLE", "False")),
+         opts=("TRAINER.RADAFFT.TEMPLATE_ENSEMBLE", "False"), synthetic="RAdaFFT/synthetic_stage1.yaml"),
     # The full fine-tuning rivals (LP on cached features; the head from one template, as RAdaFFT above).
     Case("FT", "FT", "FT/vit_b16.yaml", TRAIN, opts=("TRAINER.FT.TEMPLATE_ENSEMBLE", "False")),
     Case("LP", "LP", "LP/vit_b16.yaml", CACHED, opts=("TRAINER.LP.TEMPLATE_ENSEMBLE", "False")),
-    Case("LPFT", "LPFT", "LPFT/vit_b16_stage2.yaml", TRAIN, opts=("TRAINER.LPFT.TEMPLATE_ENSEMBLE", "False")),
+    Case("LPFT", "LPFT", "LPFT/vit_b16_stage2.yaml", TRAIN, opts=("TRAINER.LPFT.TEMPLATE_ENSEMBLE", "False"),
+         synthetic="LPFT/synthetic_stage2.yaml"),
     Case("L2SP", "L2SP", "L2SP/vit_b16.yaml", TRAIN, opts=("TRAINER.L2SP.TEMPLATE_ENSEMBLE", "False")),
     Case("WiSEFT", "WiSEFT", "WiSEFT/vit_b16.yaml", TRAIN, opts=("TRAINER.WISEFT.TEMPLATE_ENSEMBLE", "False")),
-    # FLYP's loader gives each image one of the 80 templates (the step encodes B captions and B images).
-    Case("FLYP", "FLYP", "FLYP/vit_b16.yaml", TRAIN, batch_keys=lambda size: {"template": torch.arange(size) % 80}),
+    # FLYP's loader gives each image one of its templates (80 in vit_b16.yaml; the step encodes B
+    # captions and B images).
+    Case("FLYP", "FLYP", "FLYP/vit_b16.yaml", TRAIN,
+         batch_keys=lambda trainer, size: {"template": torch.arange(size) % len(trainer.model.token_ids)}),
     Case("RAdaTTT", "RAdaTTT", "RAdaTTT/vit_b16.yaml", TEST_TIME, batch=1, eval_target=None),
     Case("TPT", "TPT", "TPT/vit_b16.yaml", TEST_TIME, batch=1, eval_target=None),
-    Case("CoCoOp+TPT", "TPT", "TPT/vit_b16_cocoop.yaml", TEST_TIME, batch=1, eval_target=None),
-    Case("MaPLe+TPT", "TPT", "TPT/vit_b16_maple.yaml", TEST_TIME, batch=1, eval_target=None),
+    Case("CoCoOp+TPT", "TPT", "TPT/vit_b16_cocoop.yaml", TEST_TIME, batch=1, eval_target=None,
+         synthetic="TPT/synthetic_cocoop.yaml"),
+    Case("MaPLe+TPT", "TPT", "TPT/vit_b16_maple.yaml", TEST_TIME, batch=1, eval_target=None,
+         synthetic="TPT/synthetic_maple.yaml"),
     # MaPLe+TPT's episode plus the alignment, on stand-in source statistics.
     Case("PromptAlign", "PromptAlign", "PromptAlign/vit_b16.yaml", TEST_TIME, batch=1, eval_target=None,
          prepare=promptalign_statistics),
@@ -276,3 +295,19 @@ def build_trainer(case, settings, output_dir):
 
 def case_batch(case, settings):
     return case.batch or settings["batch"]
+
+
+def training_batch(case, trainer, images, labels):
+    """A training batch of the case as its trainer's loader gives it, from images [B, 3, H, W] and
+    labels [B] on the trainer's device: cached image features for a CACHED case, else K_TRANSFORMS
+    views (a list when more than one), the un-augmented image with RETURN_IMG0 and ``batch_keys``."""
+    if case.kind == CACHED:
+        with torch.no_grad(), trainer.autocast():
+            return {"features": trainer.model.encode_image_features(images), "label": labels}
+    views = trainer.cfg.DATALOADER.K_TRANSFORMS
+    batch = {"img": images if views == 1 else [images] * views, "label": labels}
+    if trainer.cfg.DATALOADER.RETURN_IMG0:
+        batch["img0"] = images
+    if case.batch_keys is not None:
+        batch.update({key: value.to(images.device) for key, value in case.batch_keys(trainer, len(images)).items()})
+    return batch

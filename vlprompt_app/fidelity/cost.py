@@ -347,7 +347,7 @@ def our_side(workdir, method):
         else:
             batch = loader_batch(images, labels, trainer.cfg.DATALOADER)
             if case.batch_keys is not None:
-                batch.update(case.batch_keys(len(images)))
+                batch.update(case.batch_keys(trainer, len(images)))
 
         def train():
             trainer.set_model_mode("train")

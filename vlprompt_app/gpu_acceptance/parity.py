@@ -1,7 +1,7 @@
 """CUDA against CPU: every benchmark case's outputs on the tiny CLIP, the same weights and values.
 
 For each case of vlprompt_app/benchmarking/trainer_cases.py, the trainer is built twice from
-its synthetic config (``tiny_config``) on the project's tiny CLIP with random weights, in fp32: once on the CPU and once
+its synthetic config (``tiny_case``) on the project's tiny CLIP with random weights, in fp32: once on the CPU and once
 on ``device``. The second copy gets the first one's state (``load_state_dict``: weights,
 learnable values, buffers), after the learnable values were drawn away from their init with a
 seeded generator, so a zero-initialised adapter or prompt also shows a misplaced value. Then on
@@ -19,13 +19,12 @@ augmented views) agree when they come from the CPU generator; a step that draws 
 shows here as a difference.
 """
 import contextlib
+import dataclasses
 import io
 import os
 import tempfile
 
 import torch
-
-from vlprompt.paths import repository_root
 
 TINY_CLIP = "configs/clip/tiny-synthetic-clip.json"
 TOLERANCE = 1e-4  # fp32 on two devices: kernel order only (TF32 is off for matmuls by default)
@@ -36,32 +35,9 @@ TEST_TIME_TOLERANCE = 1e-3
 VALUE_SEED, BATCH_SEED, STEP_SEED = 1, 2, 3
 
 
-# Cases whose tiny-CLIP config is not found by name: (config, KEY VALUE options over it).
-TINY_CONFIGS = {
-    "DePT+CoOp": ("DePT/synthetic.yaml", ("TRAINER.DEPT.BASE", "CoOp")),
-    "ATPrompt+MaPLe": ("ATPrompt/synthetic.yaml", ("TRAINER.ATPROMPT.BASE", "MaPLe", "TRAINER.MAPLE.PROMPT_DEPTH", "3")),
-    "FLYP": ("FLYP/vit_b16.yaml", ()),  # the case's captions index this config's 80 templates
-}
-
-
-def tiny_config(case):
-    """(config file, options) of ``case`` for the tiny CLIP: TINY_CONFIGS, else the synthetic
-    config of its variant (``X/vit_b16_<variant>.yaml`` -> ``X/synthetic_<variant>.yaml``), else
-    its trainer's ``synthetic.yaml``, else its own config."""
-    if case.name in TINY_CONFIGS:
-        return TINY_CONFIGS[case.name]
-    folder, name = case.config.split("/")
-    variants = [name.replace("vit_b16", "synthetic", 1)] if "vit_b16" in name else []
-    for candidate in variants + ["synthetic.yaml"]:
-        if os.path.isfile(os.path.join(str(repository_root()), "configs", "trainers", folder, candidate)):
-            return f"{folder}/{candidate}", ()
-    return case.config, ()
-
-
 def tiny_case(case):
-    """``case`` with its tiny-CLIP config and options (``tiny_config``)."""
-    config, options = tiny_config(case)
-    return type(case)(**dict(case.__dict__, config=config, opts=tuple(case.opts) + tuple(options)))
+    """``case`` built from its synthetic config (``Case.synthetic_config`` with ``synthetic_opts``)."""
+    return dataclasses.replace(case, config=case.synthetic_config, opts=tuple(case.opts) + tuple(case.synthetic_opts))
 
 
 def relative_difference(ours, reference):
@@ -81,7 +57,7 @@ def _perturb(model, generator):
 
 def _outputs(case, trainer, images, labels, kinds):
     """{output name: tensor} of ``trainer`` on the batch (see the module docstring)."""
-    from vlprompt_app.benchmarking.trainer_cases import CACHED, TEST_TIME, TRAIN
+    from vlprompt_app.benchmarking.trainer_cases import CACHED, TEST_TIME, TRAIN, training_batch
 
     model, device = trainer.model, trainer.device
     images, labels = images.to(device), labels.to(device)
@@ -99,16 +75,7 @@ def _outputs(case, trainer, images, labels, kinds):
 
     outputs = {"logits": evaluate()}
     if case.kind in (TRAIN, CACHED) and "loss" in kinds:
-        if case.kind == CACHED:
-            with torch.no_grad():
-                batch = {"features": model.encode_image_features(images), "label": labels}
-        else:
-            views = trainer.cfg.DATALOADER.K_TRANSFORMS
-            batch = {"img": images if views == 1 else [images] * views, "label": labels}
-            if trainer.cfg.DATALOADER.RETURN_IMG0:
-                batch["img0"] = images
-            if case.batch_keys is not None:
-                batch.update({key: value.to(device) for key, value in case.batch_keys(len(labels)).items()})
+        batch = training_batch(case, trainer, images, labels)
         trainer.batch_idx, trainer.num_batches = 0, len(trainer.train_loader_x)
         trainer.set_model_mode("train")
         torch.manual_seed(STEP_SEED)  # the step's draws from the default generators start alike
