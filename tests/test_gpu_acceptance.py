@@ -89,12 +89,23 @@ def test_official_trees_and_command(tmp_path):
     assert given == [f"KaiyangZhou/CoOp={tmp_path / 'KaiyangZhou+CoOp'}", f"yunncheng/MMRL={tmp_path / 'yunncheng+MMRL'}"]
     assert dassl == str(tmp_path / "dassl")
     assert run.official_trees(str(tmp_path / "absent")) == ([], None)
-    gpu = run.official_command("OUT", run.GPU_SETTINGS, given, dassl)
+    gpu = run.official_argv(run.GPU_SETTINGS, given, dassl)
     assert gpu[gpu.index("--methods") + 1:gpu.index("--device")] == list(run.OFFICIAL_METHODS)
     assert gpu[gpu.index("--device") + 1] == "cuda" and gpu[gpu.index("--prec") + 1] == "recipe"
     assert gpu[-2:] == ["--dassl-git", dassl] and gpu.count("--official-git") == 2
-    rehearsal = run.official_command("OUT", run.REHEARSAL_SETTINGS, given, dassl)
+    rehearsal = run.official_argv(run.REHEARSAL_SETTINGS, given, dassl)
     assert "PromptSRC" not in rehearsal and rehearsal[rehearsal.index("--prec") + 1] == "fp32"
+
+
+def test_a_stopped_official_stage_reports_the_methods_it_measured(tmp_path):
+    from vlprompt_app.gpu_acceptance.report import _official
+
+    assert _official(str(tmp_path)) is None
+    measured = {"case": "CoOp", "official_code": "KaiyangZhou/CoOp@ff61507c", "ours_over_official_train_ms": 0.3}
+    (tmp_path / "official.jsonl").write_text(json.dumps(measured) + "\n")
+    assert _official(str(tmp_path)) == {"settings": None, "results": [measured]}
+    (tmp_path / "official.json").write_text(json.dumps({"settings": {"batch": 16}, "results": []}))
+    assert _official(str(tmp_path))["settings"] == {"batch": 16}
 
 
 def test_prepared_trees_carry_their_commit_and_export_again_without_git(tmp_path):
@@ -129,3 +140,24 @@ def test_official_benchmark_refuses_what_cannot_run(monkeypatch):
                                   "--device", "cuda"])
         with pytest.raises(SystemExit, match="CUDA is not available"):
             cost.measure(args)
+
+
+def test_the_official_stage_writes_each_method_as_it_is_measured(tmp_path, monkeypatch):
+    from vlprompt_app.gpu_acceptance import stages
+
+    seen = []
+
+    def measure(args, on_record=None):
+        seen.append((args.methods, args.device, args.prec))
+        records = [{"case": "CoOp", "ours_over_official_train_ms": 0.3}, {"case": "MMRL", "error": "boom"}]
+        for record in records:
+            on_record(record)
+            assert (tmp_path / "official.jsonl").read_text().count("\n") == records.index(record) + 1
+        return {"batch": 16}, records
+
+    monkeypatch.setattr(cost, "measure", measure)
+    argv = run.official_argv(run.GPU_SETTINGS, ["KaiyangZhou/CoOp=x"], "d")
+    stages.official(str(tmp_path), {"official_argv": argv})
+    assert seen == [(list(run.OFFICIAL_METHODS), "cuda", "recipe")]
+    report = json.loads((tmp_path / "official.json").read_text())
+    assert report["benchmark"] == "official" and [r["case"] for r in report["results"]] == ["CoOp", "MMRL"]

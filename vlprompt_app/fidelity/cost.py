@@ -154,8 +154,9 @@ def check_methods(methods):
 
 # --------------------------------------------------------------------------- measuring
 
-def measure(args):
-    """(settings, one record per method): both sides' medians, cost ratios and their quotient."""
+def measure(args, on_record=None):
+    """(settings, one record per method): both sides' medians, cost ratios and their quotient;
+    ``on_record(record)`` is called as soon as each method is measured."""
     methods = list(args.methods or [method for method, spec in METHODS.items() if timed_by_the_tool(spec)])
     check_methods(methods)
     given = repositories(args, methods)
@@ -207,8 +208,10 @@ def measure(args):
             except SideFailed as error:
                 print(error, file=sys.stderr)
                 records.append({"case": method, "official_code": official_code, "error": str(error).splitlines()[0]})
-                continue
-            records.append(method_record(method, official_code, ours, official, args.clock))
+            else:
+                records.append(method_record(method, official_code, ours, official, args.clock))
+            if on_record is not None:
+                on_record(records[-1])
     return settings, records
 
 

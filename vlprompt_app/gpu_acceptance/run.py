@@ -6,9 +6,10 @@ Stages (each in its own process, its output in ``OUT/logs/<stage>.log``):
 2. ``cuda-tests`` and ``parity``, side by side (neither is timed): the tests marked ``gpu``
    (``pytest -m gpu`` over the test files that mark any), and CUDA against CPU outputs of every
    benchmark case on the tiny CLIP (``parity.jsonl``).
-3. ``official``: ``tools/benchmark.py official`` for the methods of ``OFFICIAL_METHODS``, both
-   sides on the device in their recipes' precision (``official.json``); skipped, with the reason,
-   when ``--official`` names no exported trees.
+3. ``official``: ``tools/benchmark.py official``'s measurement for the methods of
+   ``OFFICIAL_METHODS``, both sides on the device in their recipes' precision (``official.jsonl``
+   as each method is measured, ``official.json`` at the end); skipped, with the reason, when
+   ``--official`` names no exported trees.
 4. ``trainers``: every benchmark case's training step and evaluation at the papers' settings
    (``trainers.jsonl``), with the time left.
 
@@ -89,21 +90,21 @@ def official_trees(folder):
     return given, dassl if os.path.isdir(dassl) else None
 
 
-def official_command(out_dir, settings, given, dassl):
-    """``tools/benchmark.py official`` over OFFICIAL_METHODS: on CUDA each side in its recipe's
-    precision; on the CPU (the rehearsal) in fp32, without the methods that run only in their recipe's."""
+def official_argv(settings, given, dassl):
+    """``tools/benchmark.py official``'s options for OFFICIAL_METHODS: on CUDA each side in its
+    recipe's precision; on the CPU (the rehearsal) in fp32, without the methods that run only in
+    their recipe's."""
     from vlprompt_app.fidelity.methods import METHODS
 
     cuda = settings["device"] == "cuda"
     methods = [method for method in OFFICIAL_METHODS if cuda or not METHODS[method].cost.recipe_only]
-    command = [sys.executable, "tools/benchmark.py", "official", "--methods", *methods,
-               "--device", settings["device"], "--prec", "recipe" if cuda else "fp32",
-               "--batch", str(settings["batch"]), "--classes", str(settings["classes"]),
-               "--rounds", str(settings["rounds"]), "--warmup", str(settings["warmup"]),
-               "--threads", str(settings["threads"] or os.cpu_count()), "--json", os.path.join(out_dir, "official.json")]
+    argv = ["--methods", *methods, "--device", settings["device"], "--prec", "recipe" if cuda else "fp32",
+            "--batch", str(settings["batch"]), "--classes", str(settings["classes"]),
+            "--rounds", str(settings["rounds"]), "--warmup", str(settings["warmup"]),
+            "--threads", str(settings["threads"] or os.cpu_count())]
     for item in given:
-        command += ["--official-git", item]
-    return command + (["--dassl-git", dassl] if dassl else [])
+        argv += ["--official-git", item]
+    return argv + (["--dassl-git", dassl] if dassl else [])
 
 
 STAGES = ("environment", "cuda-tests", "parity", "official", "trainers")
@@ -121,7 +122,7 @@ def run(out_dir, official=None, rehearsal=False, budget_s=330.0, stages=STAGES, 
     if unknown:
         raise ValueError(f"unknown stage(s) {unknown}; the stages are {list(STAGES)}")
     os.makedirs(out_dir, exist_ok=True)
-    for stale in ("parity.jsonl", "trainers.jsonl", "official.json"):
+    for stale in ("parity.jsonl", "trainers.jsonl", "official.jsonl", "official.json"):
         if os.path.exists(os.path.join(out_dir, stale)):
             os.remove(os.path.join(out_dir, stale))
 
@@ -149,7 +150,8 @@ def run(out_dir, official=None, rehearsal=False, budget_s=330.0, stages=STAGES, 
     if "official" not in selected:
         done.append(not_selected("official"))
     elif given:
-        done.append(Stage("official", official_command(out_dir, settings, given, dassl), out_dir,
+        official_settings = dict(settings, official_argv=official_argv(settings, given, dassl))
+        done.append(Stage("official", stage_command("official", out_dir, official_settings), out_dir,
                           limit(SHARES["official"])).wait())
     else:
         done.append({"stage": "official", "skipped": f"no exported official trees under {official!r} "

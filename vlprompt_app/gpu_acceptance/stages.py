@@ -11,8 +11,10 @@
   what it measured; a case that fails becomes an error record and the stage goes on. With
   ``tiny_configs`` in the settings (the rehearsal's tiny CLIP) each case takes its synthetic config.
 
-The CUDA-only tests and the official code run through their own command lines
-(``pytest -m gpu``, ``tools/benchmark.py official``); :mod:`vlprompt_app.gpu_acceptance.run`
+* ``official``: ``tools/benchmark.py official``'s measurement (ours against the official code), one
+  JSON line per method in ``official.jsonl`` as soon as it is measured, the report in ``official.json``.
+
+The CUDA-only tests run through pytest (``-m gpu``); :mod:`vlprompt_app.gpu_acceptance.run`
 starts every stage and writes the report.
 """
 import gc
@@ -103,7 +105,30 @@ def trainers(out_dir, settings):
         _release(device)
 
 
-STAGES = {"environment": environment, "parity": parity, "trainers": trainers}
+def official(out_dir, settings):
+    """official.jsonl: one record per method of ``settings["official_argv"]`` (``tools/benchmark.py
+    official``'s options) as soon as it is measured; official.json: the whole report at the end."""
+    import argparse
+
+    from vlprompt_app.benchmarking.report import finish_report, start_report, write_report
+    from vlprompt_app.fidelity import cost
+
+    parser = argparse.ArgumentParser()
+    cost.add_arguments(parser)
+    parser.add_argument("--clock", default="wall")
+    args = parser.parse_args(settings["official_argv"])
+    path = os.path.join(out_dir, "official.jsonl")
+    report = start_report("official")
+
+    def progress(record):
+        _append(path, record)
+        print(json.dumps(record), flush=True)
+
+    measured_settings, records = cost.measure(args, on_record=progress)
+    write_report(finish_report(report, measured_settings, records), os.path.join(out_dir, "official.json"))
+
+
+STAGES = {"environment": environment, "parity": parity, "official": official, "trainers": trainers}
 
 
 def main(argv):
