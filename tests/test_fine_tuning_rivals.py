@@ -7,9 +7,11 @@ interpolation against the official code: tests/test_fidelity.py; FT under two
 Gloo processes: tests/test_ddp_gloo.py.
 """
 import json
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from baseline_setup import runner_and_tokenizer, toy_pets_cfg
 
 import datasets  # noqa: F401  (registers OxfordPets)
@@ -24,6 +26,7 @@ from vlprompt.utils import load_checkpoint
 
 CLASSES = ["red star", "blue circle", "green square", "cat"]
 TEMPLATES = ["a photo of a {}.", "a drawing of a {}."]
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +61,20 @@ def test_head_starts_as_the_zero_shot_classifier(tiny_clip_files):
         torch.testing.assert_close(model.head.weight, zero_shot.logit_scale * zero_shot.class_text_features())
         assert torch.equal(model.head.bias, torch.zeros(4))
         torch.testing.assert_close(model(images), zero_shot(images), rtol=0, atol=1e-4)
+
+
+def test_l2sp_recipes_take_the_l2sp_authors_penalty_weights_and_cite_them():
+    """ALPHA 0.1 / BETA 0.01: the authors' implementation (holyseven/TransferLearningClassification)
+    trains L2-SP with --weight_decay_rate 0.1 --weight_decay_rate2 0.01 on tf.nn.l2_loss (sum / 2)."""
+    for recipe in ("vit_b16", "synthetic"):
+        path = REPOSITORY / "configs" / "trainers" / "L2SP" / f"{recipe}.yaml"
+        text = path.read_text()
+        node = yaml.safe_load(text)["TRAINER"]["L2SP"]
+        assert (node["ALPHA"], node["BETA"]) == (0.1, 0.01), recipe
+        header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
+        assert "holyseven/TransferLearningClassification" in header, recipe
+    header = (REPOSITORY / "configs" / "trainers" / "L2SP" / "vit_b16.yaml").read_text()
+    assert "--weight_decay_rate 0.1 --weight_decay_rate2 0.01" in header
 
 
 def test_l2sp_penalty_by_hand():
