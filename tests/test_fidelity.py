@@ -20,6 +20,7 @@ COMMITS = {
     "atprompt": ("86980a10", "86980a10"), "atprompt-maple": ("86980a10", "86980a10"),
     "coop": ("ff61507c", "c61a1b57"), "dept-coop": ("d4ff4168", "c61a1b57"), "dept-maple": ("d4ff4168", "c61a1b57"),
     "flyp": ("215d5bb6", None), "maple": ("d4ff4168", "c61a1b57"), "mma": ("547ee345", "c61a1b57"),
+    "mma-scale0.1": ("547ee345", "c61a1b57"),
     "mmrl": ("27d8821f", "c61a1b57"), "mmrlpp": ("27d8821f", "c61a1b57"), "prograd": ("1b762036", "1b762036"),
     "promptalign": ("92905642", "c61a1b57"), "promptkd": ("ec244f78", "ec244f78"), "provp": ("837b8fb3", "837b8fb3"),
     "skiptuning": ("8c4636ed", "c61a1b57"), "tac": ("914c3067", "c61a1b57"), "tcp": ("bd97bec6", "c61a1b57"),
@@ -27,7 +28,7 @@ COMMITS = {
 }
 # The number of mapped learnable values of each fixture.
 MAPPED = {
-    "coop": 1, "prograd": 1, "tcp": 1 + 4, "mma": 8 * (2 * 4 + 2),
+    "coop": 1, "prograd": 1, "tcp": 1 + 4, "mma": 8 * (2 * 4 + 2), "mma-scale0.1": 8 * (2 * 4 + 2),
     "maple": 1 + 2 * 9 + 8,  # T_1, F_1..F_9 (weight, bias), T_2..T_9
     "atprompt": 3, "atprompt-maple": 3 + 2 * 9 + 8,
     "dept-maple": 1 + 2 * 9 + 8 + 4 + 2, "dept-coop": 1 + 4 + 2,  # the base's prompts, FiLM γ/β x2, head
@@ -202,6 +203,13 @@ def test_provp_official_loss_is_ce_plus_the_re_formation_term():
 def test_promptkd_agrees_far_below_what_the_teacher_vision_mutation_moves():
     """The teacher-vision misplacement is caught at 1e-4 because the recorded agreement is below 1e-5."""
     assert load_fixture("promptkd")["relative_max_difference"]["teacher_logits"] < 1e-5
+
+
+def test_mma_at_scale_0_1_agrees_far_below_half_precision_rounding():
+    """At ADAPTER_SCALE 0.1 the fp32 sides agree below 1e-5, far below the ~1e-3 of fp16 rounding."""
+    fixture = load_fixture("mma-scale0.1")
+    assert fixture["our_node"]["ADAPTER_SCALE"] == fixture["official_cfg"]["TRAINER.MMADAPTER"]["ADAPTER_SCALE"] == 0.1
+    assert fixture["relative_max_difference"]["logits"] < 1e-5
 
 
 def test_fixture_settings_the_mutations_move_away_from():

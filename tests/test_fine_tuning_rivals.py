@@ -7,9 +7,12 @@ interpolation against the official code: tests/test_fidelity.py; FT under two
 Gloo processes: tests/test_ddp_gloo.py.
 """
 import json
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
+from PIL import Image
 from baseline_setup import runner_and_tokenizer, toy_pets_cfg
 
 import datasets  # noqa: F401  (registers OxfordPets)
@@ -18,12 +21,14 @@ from trainers.l2sp import l2sp_penalty
 from trainers.wiseft import SWEEP_FILENAME, interpolate
 from trainers.zsclip import TemplateCLIP
 from vlprompt.config import ConfigError
+from vlprompt.data.transforms import build_transform
 from vlprompt.engine import build_trainer
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
 from vlprompt.utils import load_checkpoint
 
 CLASSES = ["red star", "blue circle", "green square", "cat"]
 TEMPLATES = ["a photo of a {}.", "a drawing of a {}."]
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +63,20 @@ def test_head_starts_as_the_zero_shot_classifier(tiny_clip_files):
         torch.testing.assert_close(model.head.weight, zero_shot.logit_scale * zero_shot.class_text_features())
         assert torch.equal(model.head.bias, torch.zeros(4))
         torch.testing.assert_close(model(images), zero_shot(images), rtol=0, atol=1e-4)
+
+
+def test_l2sp_recipes_take_the_l2sp_authors_penalty_weights_and_cite_them():
+    """ALPHA 0.1 / BETA 0.01: the authors' implementation (holyseven/TransferLearningClassification)
+    trains L2-SP with --weight_decay_rate 0.1 --weight_decay_rate2 0.01 on tf.nn.l2_loss (sum / 2)."""
+    for recipe in ("vit_b16", "synthetic"):
+        path = REPOSITORY / "configs" / "trainers" / "L2SP" / f"{recipe}.yaml"
+        text = path.read_text()
+        node = yaml.safe_load(text)["TRAINER"]["L2SP"]
+        assert (node["ALPHA"], node["BETA"]) == (0.1, 0.01), recipe
+        header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
+        assert "holyseven/TransferLearningClassification" in header, recipe
+    header = (REPOSITORY / "configs" / "trainers" / "L2SP" / "vit_b16.yaml").read_text()
+    assert "--weight_decay_rate 0.1 --weight_decay_rate2 0.01" in header
 
 
 def test_l2sp_penalty_by_hand():
@@ -105,6 +124,20 @@ def test_lp_trains_the_head_on_cached_features(data_root, tiny_clip_files, tmp_p
     assert changed(before, trained_state(trainer)) == {"head.weight", "head.bias"}
     saved = load_checkpoint(str(tmp_path / "lp" / "LP" / "model.pth.tar-1"))["state_dict"]
     assert set(saved) == {"head.weight", "head.bias"}
+
+
+def test_lp_trains_on_the_evaluation_view_as_upstream(data_root, tiny_clip_files, tmp_path):
+    """Upstream's features use CLIP's preprocess: shorter side resized, then the center crop (not a
+    resize of both sides to INPUT.SIZE)."""
+    trainer = build_trainer(cfg("LP", "synthetic", data_root, tmp_path / "lp_view", tiny_clip_files))
+    transform = trainer.train_loader_x.dataset.transform
+    assert repr(transform) == repr(build_transform(trainer.cfg, is_train=False))
+    image = Image.new("RGB", (64, 32), (0, 0, 0))
+    image.paste((255, 255, 255), (0, 0, 16, 32))  # white left quarter, cropped away by the center crop
+    view = transform(image)
+    assert view.shape == (3, 32, 32)
+    black = -torch.tensor(trainer.cfg.INPUT.PIXEL_MEAN) / torch.tensor(trainer.cfg.INPUT.PIXEL_STD)
+    torch.testing.assert_close(view, black.view(3, 1, 1).expand(3, 32, 32), rtol=0, atol=1e-5)
 
 
 def test_lpft_stage_two_fine_tunes_everything_from_the_probed_head(data_root, tiny_clip_files, tmp_path):

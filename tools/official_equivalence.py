@@ -11,6 +11,7 @@ Usage (clones, or bare git directories, of the official repositories; HEAD is co
     python tools/official_equivalence.py TCP --official-git Textual-based_Class-aware_prompt_tuning \\
         --dassl-git Dassl.pytorch
     python tools/official_equivalence.py MMA --official-git Multi-Modal-Adapter --dassl-git Dassl.pytorch
+    python tools/official_equivalence.py MMA-scale0.1 --official-git Multi-Modal-Adapter --dassl-git Dassl.pytorch
     python tools/official_equivalence.py ProVP --official-git ProVP
     python tools/official_equivalence.py MMRL --official-git MMRL --dassl-git Dassl.pytorch
     python tools/official_equivalence.py MMRLpp --official-git MMRL --dassl-git Dassl.pytorch

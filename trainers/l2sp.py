@@ -9,8 +9,10 @@ w_S the image encoder's parameters, w_S⁰ their pretrained values (the CLIP wei
 starts from, before any MODEL.INIT_WEIGHTS), w_head the head's weight and bias. The penalty
 replaces weight decay: OPTIM.WEIGHT_DECAY must be 0. Recipe (configs/trainers/L2SP/vit_b16.yaml):
 FT's (AdamW lr 3e-5, batch 512, 10 epochs, cosine after 500 warm-up iterations, gradient clipping
-1.0) with weight decay 0 and ALPHA 0.1, BETA 0.01 (FLYP gives no values; these are L2-SP's
-defaults, configurable).
+1.0) with weight decay 0 and ALPHA 0.1, BETA 0.01 (FLYP gives no values; these are the L2-SP
+authors' own, from their implementation holyseven/TransferLearningClassification: train.sh's
+--weight_decay_rate 0.1 --weight_decay_rate2 0.01 on tf.nn.l2_loss = sum(x²) / 2; the config
+header cites them).
 """
 from yacs.config import CfgNode as CN
 

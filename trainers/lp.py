@@ -5,8 +5,9 @@ The model is FT's (trainers/ft.py: head W₀ = exp(logit_scale) * zero-shot weig
 normalised image features); the image encoder stays frozen and only the head (weight and bias)
 trains, with cross-entropy. As upstream (mlfoundations/wise-ft @ 58b7a4b3, src/models/finetune.py
 with --freeze-encoder, src/datasets/common.py get_features), the head trains on image features
-computed once: the configs enable FEATURE_CACHE and train on the evaluation-style view (no random
-augmentation). Recipe (configs/trainers/LP/vit_b16.yaml): the official fine-tuning loop (AdamW,
+computed once: the configs enable FEATURE_CACHE, and the training images take the evaluation
+transform, upstream's ``val_preprocess`` (CLIP's preprocess: the shorter side resized to 224, bicubic,
+the 224 x 224 center crop, CLIP's normalisation), not INPUT.TRANSFORMS' training resize. Recipe (configs/trainers/LP/vit_b16.yaml): the official fine-tuning loop (AdamW,
 weight decay 0.1, batch 512, 10 epochs, cosine after 500 warm-up iterations, gradient clipping
 1.0); its learning rate is not given upstream (the repository's default is 1e-3): the config uses
 RAda's LP-stage 4e-3 (LPFT stage 1). Single process (the features make one process fast).
@@ -14,6 +15,7 @@ RAda's LP-stage 4e-3 (LPFT stage 1). Single process (the features make one proce
 from yacs.config import CfgNode as CN
 
 from vlprompt.config import register_cfg_extension
+from vlprompt.data.transforms import build_transform
 from vlprompt.engine import TRAINER_REGISTRY
 
 from .ft import FT, add_ft_keys
@@ -35,3 +37,9 @@ class LP(FT):
     @classmethod
     def trains_encoder(cls, cfg):
         return False
+
+    def training_transform(self):
+        """The evaluation view, as upstream's features (CLIP's own preprocess): the shorter side
+        resized to max(INPUT.SIZE), the center crop INPUT.SIZE, INPUT.PIXEL_MEAN/STD normalisation;
+        an image becomes [3, H, W]."""
+        return build_transform(self.cfg, is_train=False)

@@ -264,9 +264,13 @@ class SimpleTrainer(EvaluationMixin, TrainerBase):
         The protocol runner loads that checkpoint for evaluation."""
         return cfg.OPTIM.MAX_EPOCH
 
+    def training_transform(self):
+        """The training loader's transform in place of the one INPUT.TRANSFORMS builds, or None (default)."""
+        return None
+
     def build_data_loader(self):
         """Build the DataManager, check the labels, and expose its loaders, ``num_classes``, ``lab2cname`` and ``dm``."""
-        dm = DataManager(self.cfg)
+        dm = DataManager(self.cfg, custom_tfm_train=self.training_transform())
         check_labels(dm.dataset)
         self.train_loader_x = dm.train_loader_x
         self.train_loader_u = dm.train_loader_u
