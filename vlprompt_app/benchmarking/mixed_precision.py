@@ -63,10 +63,10 @@ EPISODE_LR = 1e-6
 
 
 def contract_cases(cases):
-    """The cases the contract runs: one per distinct (trainer, synthetic config, kind)."""
+    """The cases the contract runs: one per distinct (trainer, synthetic config and its options, kind)."""
     seen, chosen = set(), []
     for case in cases:
-        key = (case.trainer, case.synthetic_config, case.kind)
+        key = (case.trainer, case.synthetic_config, case.synthetic_opts, case.kind)
         if key not in seen:
             seen.add(key)
             chosen.append(case)
