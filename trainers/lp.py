@@ -15,7 +15,6 @@ RAda's LP-stage 4e-3 (LPFT stage 1). Single process (the features make one proce
 from yacs.config import CfgNode as CN
 
 from vlprompt.config import register_cfg_extension
-from vlprompt.data.transforms import build_transform
 from vlprompt.engine import TRAINER_REGISTRY
 
 from .ft import FT, add_ft_keys
@@ -42,4 +41,6 @@ class LP(FT):
         """The evaluation view, as upstream's features (CLIP's own preprocess): the shorter side
         resized to max(INPUT.SIZE), the center crop INPUT.SIZE, INPUT.PIXEL_MEAN/STD normalisation;
         an image becomes [3, H, W]."""
+        from vlprompt.data.transforms import build_transform  # torchvision, when a run builds its data
+
         return build_transform(self.cfg, is_train=False)

@@ -28,7 +28,6 @@ Either way the backbone's weights file is checked against the recorded sha256 be
 another file is refused with both hashes and the path.
 """
 import hashlib
-import io
 import os
 import os.path as osp
 
@@ -59,10 +58,8 @@ def file_sha256(path):
 
 def save_export(path, record):
     """Write an export record (see the module docstring) atomically."""
-    buffer = io.BytesIO()
-    torch.save(dict(record, format=EXPORT_FORMAT, version=EXPORT_VERSION), buffer)
     with atomic_write(str(path), "wb") as f:
-        f.write(buffer.getvalue())
+        torch.save(dict(record, format=EXPORT_FORMAT, version=EXPORT_VERSION), f)
     return path
 
 
@@ -109,7 +106,9 @@ def check_weights(record, weights=None):
 
 def preprocess_settings(cfg, image_border=0):
     """The INPUT settings of the test transform (plain data) and the dataset's image border."""
-    settings = {key: cfg.INPUT[key] for key in PREPROCESS_KEYS}
+    given = cfg.INPUT
+    settings = {"SIZE": given.SIZE, "INTERPOLATION": given.INTERPOLATION, "TRANSFORMS": given.TRANSFORMS,
+                "PIXEL_MEAN": given.PIXEL_MEAN, "PIXEL_STD": given.PIXEL_STD, "NO_TRANSFORM": given.NO_TRANSFORM}
     settings = {key: list(value) if isinstance(value, tuple) else value for key, value in settings.items()}
     return dict(settings, image_border=int(image_border))
 
