@@ -7,8 +7,9 @@ those classes: ImageNet-A's subset) and uses the similarity logits only on a tar
 classes (EuroSAT, and the miniature ImageNet-V2, whose 12 classes are named "class i"). The
 end-to-end test runs tools/run_protocol.py in-process on miniature ImageNet, EuroSAT, ImageNet-V2
 and ImageNet-A trees with a tiny random CLIP: each evaluation gets its role (source, target), each
-rule is resolved in the log, and every target loads the ImageNet model (EuroSAT would get a 2048-dimensional representation from MMRL's per-dataset table,
-which the official test script overrides, as the config does).
+rule is resolved in the log, and every target loads the ImageNet model (EuroSAT would get a
+2048-dimensional representation from MMRL's per-dataset table, which the official test script
+overrides, as the config does).
 """
 import json
 from pathlib import Path
