@@ -168,6 +168,7 @@ def test_config_errors(toy_world, tmp_path):  # noqa: F811
         (("TRAINER.DEPT.HEAD_WEIGHT", "1.5"), r"TRAINER\.DEPT\.HEAD_WEIGHT must be between 0.0 and 1.0"),
         (("TRAINER.DEPT.HEAD_LR_MULT", "0.0"), r"TRAINER\.DEPT\.HEAD_LR_MULT must be > 0"),
         (("TRAINER.DEPT.INFERENCE", "head"), r"TRAINER\.DEPT\.INFERENCE must be one of \['auto', 'fused', 'sim'\]"),
+        (("TRAINER.DEPT.TARGET_FUSION", "name"), r"TRAINER\.DEPT\.TARGET_FUSION must be one of \['upstream', 'off'\]"),
         (("TRAINER.DEPT.PREC", "fp8"), "TRAINER.DEPT.PREC"),
         (("TRAINER.MAPLE.PROMPT_DEPTH", "0"), "PROMPT_DEPTH"),  # the base method's own checks run
     ]
@@ -185,3 +186,85 @@ def test_new_classes_load_the_base_run_without_its_head(toy_world, tmp_path, cap
     assert "Warning" not in capsys.readouterr().out  # no head rows of other classes reported
     torch.testing.assert_close(novel.model.base.prompt_learner.ctx, trained.model.base.prompt_learner.ctx)
     assert novel.model.head is None and novel.classnames != trained.classnames
+
+
+def trained_source_run(toy_world, tmp_path, subsample):  # noqa: F811
+    """A source trainer on the toy pets' ``subsample`` classes with its prompts, FiLM and head moved
+    away from their inits, saved as epoch 1 of ``tmp_path / "run"``: (trainer, run folder)."""
+    trained = build_seeded(pets_cfg(toy_world, tmp_path / "source", "DATASET.SUBSAMPLE_CLASSES", subsample))
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        trained.model.base.prompt_learner.ctx.add_(1.0)
+        for parameter in (trained.model.film_image.scale, trained.model.film_image.shift,
+                          trained.model.head.weight, trained.model.head.bias):
+            parameter.add_(torch.randn(parameter.shape, generator=generator))
+    trained.save_model(0, str(tmp_path / "run"))
+    return trained, tmp_path / "run"
+
+
+def target_trainer(toy_world, tmp_path, run, subsample, *opts):  # noqa: F811
+    """A target-scope evaluation of the toy pets' ``subsample`` classes that loads ``run``."""
+    trainer = build_seeded(pets_cfg(toy_world, tmp_path / "_".join(("target", subsample) + opts), "TEST.ROLE", "target",
+                                    "DATASET.SUBSAMPLE_CLASSES", subsample, *opts))
+    trainer.load_model(str(run), epoch=1)
+    trainer.model.eval()
+    return trainer
+
+
+def similarity_by_hand(model, x):
+    """s·f̂·t̂ᵀ [B, C] written out from the base method's features."""
+    f = model.base.unnormalised_image_features(x)
+    t = model.base.compute_text_features()
+    return model.clip.logit_scale.exp() * F.normalize(f, dim=-1) @ F.normalize(t, dim=-1).t()
+
+
+@pytest.mark.parametrize("subsample", ["all", "new"])  # the source's classes (as V2), a subset in another place (as -A)
+def test_a_target_of_source_classes_fuses_the_heads_rows_of_its_classes(toy_world, tmp_path, capsys,  # noqa: F811
+                                                                         subsample):
+    source, run = trained_source_run(toy_world, tmp_path, "all")
+    target = target_trainer(toy_world, tmp_path, run, subsample)
+    assert "DePT target fusion: fused" in capsys.readouterr().out
+    rows = [source.classnames.index(name) for name in target.classnames]
+    assert rows == ([0, 1, 2, 3, 4] if subsample == "all" else [3, 4])
+    model, x = target.model, images()
+    assert model.inference == "fused"
+    with torch.no_grad():
+        f = model.base.unnormalised_image_features(x)
+        head = ((source.model.film_image.scale * f + source.model.film_image.shift)
+                @ source.model.head.weight[rows].t() + source.model.head.bias[rows])
+        torch.testing.assert_close(model(x), 0.3 * similarity_by_hand(model, x) + 0.7 * head, **TOL)
+        assert (model(x) - similarity_by_hand(model, x)).abs().max() > 1e-2  # the head counts
+
+    off = target_trainer(toy_world, tmp_path, run, subsample, "TRAINER.DEPT.TARGET_FUSION", "off")
+    assert off.model.inference == "sim" and off.model.head is None
+    assert "DePT target fusion" not in capsys.readouterr().out
+    with torch.no_grad():
+        torch.testing.assert_close(off.model(x), similarity_by_hand(off.model, x), **TOL)
+
+
+def test_the_checkpoint_records_the_heads_classes(toy_world, tmp_path):  # noqa: F811
+    source, run = trained_source_run(toy_world, tmp_path, "base")
+    checkpoint = torch.load(run / "DePT" / "model.pth.tar-1", weights_only=False)
+    assert checkpoint["trainer_state"]["head_classnames"] == source.classnames == CLASSNAMES
+
+
+def test_a_target_with_classes_the_head_was_not_trained_on_uses_the_similarity_only(toy_world, tmp_path,  # noqa: F811
+                                                                                     capsys):
+    _, run = trained_source_run(toy_world, tmp_path, "base")  # the head knows 3 of the 5 classes
+    target = target_trainer(toy_world, tmp_path, run, "all")
+    out = capsys.readouterr().out
+    assert "DePT target fusion: sim, 2 of the 5 classes of this dataset are not among the head's 3" in out
+    assert target.model.inference == "sim" and target.model.head is None
+    with torch.no_grad():
+        torch.testing.assert_close(target.model(images()), similarity_by_hand(target.model, images()), **TOL)
+
+
+def test_a_checkpoint_without_head_classes_leaves_a_target_on_the_similarity(toy_world, tmp_path, capsys):  # noqa: F811
+    _, run = trained_source_run(toy_world, tmp_path, "all")
+    path = run / "DePT" / "model.pth.tar-1"
+    checkpoint = torch.load(path, weights_only=False)
+    del checkpoint["trainer_state"]["head_classnames"]
+    torch.save(checkpoint, path)
+    target = target_trainer(toy_world, tmp_path, run, "all")
+    assert "records no head classes" in capsys.readouterr().out
+    assert target.model.inference == "sim" and target.model.head is None

@@ -2,12 +2,14 @@
 
 MMRL (configs/trainers/MMRL/vit_b16_cross_datasets.yaml) scores the source with the fusion of both
 paths and every target with the class-token path z_c only; DePT (vit_b16_maple.yaml) fuses the
-linear head on the source and uses the similarity logits only on a target, whose classes its head
-was not trained on. The end-to-end test runs tools/run_protocol.py in-process on miniature ImageNet,
-EuroSAT, ImageNet-V2 and ImageNet-A trees with a tiny random CLIP: each evaluation gets its role
-(source, target), each rule is resolved in the log, and every target loads the
-ImageNet model (EuroSAT would get a 2048-dimensional representation from MMRL's per-dataset table,
-which the official test script overrides, as the config does).
+linear head on the source and on a target whose classes are among the source's (the head's rows of
+those classes: ImageNet-A's subset) and uses the similarity logits only on a target with other
+classes (EuroSAT, and the miniature ImageNet-V2, whose 12 classes are named "class i"). The
+end-to-end test runs tools/run_protocol.py in-process on miniature ImageNet, EuroSAT, ImageNet-V2
+and ImageNet-A trees with a tiny random CLIP: each evaluation gets its role (source, target), each
+rule is resolved in the log, and every target loads the ImageNet model (EuroSAT would get a
+2048-dimensional representation from MMRL's per-dataset table, which the official test script
+overrides, as the config does).
 """
 import json
 from pathlib import Path
@@ -91,6 +93,11 @@ RULES = {  # trainer: (config, log line of the source, log line of a target)
 }
 
 LEARNERS = {"MMRL": "representation", "DePT": "DePT"}  # the registered (checkpointed) module of each
+DEPT_TARGET_FUSION = {  # target: DePT's log line after loading the miniature ImageNet model (5 classes)
+    "eurosat": "DePT target fusion: sim, 4 of the 4 classes of this dataset are not among the head's 5",
+    "imagenetv2": "DePT target fusion: sim, 12 of the 12 classes of this dataset are not among the head's 5",
+    "imagenet_a": "DePT target fusion: fused, the head's rows of this dataset's 3 classes (of its 5 training",
+}
 
 
 def test_protocol_runs_score_the_source_with_fusion_and_every_target_with_the_rule(transfer_world, tmp_path,
@@ -123,3 +130,4 @@ def test_protocol_runs_score_the_source_with_fusion_and_every_target_with_the_ru
             assert "Evaluation scope: target" in log and target_line in log, (name, target)
             learner = LEARNERS[name]
             assert f'Loading weights to {learner} from "{source / learner}' in log  # the ImageNet model
+            assert (name == "DePT") == (DEPT_TARGET_FUSION[target] in log), (name, target)

@@ -18,8 +18,18 @@ Inference (TRAINER.DEPT.INFERENCE, a ScopeRule; ``auto`` follows the evaluation 
   LOGITS (not of probabilities);
 * ``sim`` (auto for new and target): s·f̂·t̂ᵀ only, the base method's logits.
 The head scores only the classes it was trained on: it is built for the base and source scopes
-(the training classes of the training dataset) and not at all for new and target, where
-INFERENCE ``fused`` is a ConfigError (an error, not a silent fallback to ``sim``).
+(the training classes of the training dataset) and not for new, where INFERENCE ``fused`` is a
+ConfigError (an error, not a silent fallback to ``sim``), as it is on a target.
+
+On a target with INFERENCE ``auto``, TRAINER.DEPT.TARGET_FUSION chooses:
+* ``upstream`` (default): when every class of the target is one of the head's classes (the
+  checkpoint's trainer state records them as "head_classnames": the source's classes), loading
+  the checkpoint gives the target a head of the trained rows of its classes, picked by name in
+  the target's order, and the target is ``fused``; otherwise (a class the head was not trained
+  on, or a checkpoint without the names) it stays ``sim``. A log line says which and why. This
+  is the domain-generalization targets' rule (ImageNet-V2/-Sketch with all 1,000 rows, -A/-R
+  with the rows of their 200 classes; SyntheticShapesV2/-Sketch with all 80 rows);
+* ``off``: ``sim`` on every target (this project's earlier behaviour).
 
 Learning rates: two parameter groups, the base method's prompts at OPTIM.LR and FiLM + head at
 OPTIM.LR × HEAD_LR_MULT (6.5), both under the same warm-up and cosine schedule.
@@ -30,13 +40,15 @@ FiLM-ed unnormalised features; training concatenates text_feats[labels] before i
 labels cat([labels, labels]); the similarity logits use the features WITHOUT FiLM; the loss and
 the test-time fusion are (1 - WEIGHT)·sim + WEIGHT·head on logits with WEIGHT 0.7; the head
 exists when SUBSAMPLE_CLASSES is base, or all on a dataset whose name contains "ImageNet",
-otherwise similarity only), trainers/optim.py and train.py's extend_cfg (STAGED_LR with
+otherwise similarity only; for ImageNet-A/-R its loader cuts the head's rows to the classes whose
+folders the target has), trainers/optim.py and train.py's extend_cfg (STAGED_LR with
 NEW_LAYERS ['linear_probe', 'film'], LR 0.0035, LR_EXP 6.5, BASE_LR_MULT 1: the prompts get
 0.0035 and FiLM + head 0.0035 × 6.5; the warm-up's constant 1e-5 applies to both groups), and
-configs/trainers/ExtrasLinearProbe{MaPLe,CoOp}/ (our vit_b16_*.yaml). Difference: upstream's
-rule fuses on every ImageNet-named dataset evaluated with all classes, so its domain-generalization
-targets (ImageNet-V2/-Sketch/-A/-R, the head rows cut to A/R's 200 classes) are fused; here a
-target is ``sim`` (the head of ImageNet's 1,000 classes is not mapped to a target's classes).
+configs/trainers/ExtrasLinearProbe{MaPLe,CoOp}/ (our vit_b16_*.yaml). Difference: upstream
+decides by the dataset's name ("ImageNet" in it, with all classes); here the evaluation scope
+and, on a target, the class names decide (TARGET_FUSION upstream), so the synthetic
+domain-generalization targets, which are not ImageNet-named, are fused as upstream fuses
+ImageNet's, and a cross-dataset target with other classes is ``sim``.
 Run side by side with the official code on both bases (tools/official_equivalence.py DePT-MaPLe
 and DePT-CoOp, Koorye/DePT @ d4ff4168 trainers/elp_maple.py and elp_coop.py with Dassl.pytorch @
 c61a1b57, on a seeded random ViT-B/16 with the base's prompts (MaPLe's prompts and couplings;
@@ -55,8 +67,11 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip import PromptedCLIP
 from vlprompt.config import ConfigError, check_choice, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-from vlprompt.engine.option_rules import ScopeRule
+from vlprompt.engine.fine_tuning import classifier_rows
+from vlprompt.engine.option_rules import AUTO, ScopeRule
 from vlprompt.engine.eval_scope import eval_scope
+from vlprompt.engine.run_folder import RunFolder
+from vlprompt.utils import load_checkpoint
 
 from .coop import CoOp, CoOpCLIP
 from .maple import MaPLe, MaPLeCLIP
@@ -65,6 +80,7 @@ from .maple import MaPLe, MaPLeCLIP
 BASES = {"CoOp": (CoOp, CoOpCLIP, "COOP"), "MaPLe": (MaPLe, MaPLeCLIP, "MAPLE")}
 INFERENCE_RULE = ScopeRule("TRAINER.DEPT.INFERENCE", base="fused", new="sim", source="fused", target="sim")
 HEAD_SCOPES = ("base", "source")  # scopes that score the training classes, which the head knows
+TARGET_FUSIONS = ("upstream", "off")  # TRAINER.DEPT.TARGET_FUSION (module docstring)
 
 
 @register_cfg_extension
@@ -75,6 +91,8 @@ def add_dept_config(cfg):
     cfg.TRAINER.DEPT.HEAD_WEIGHT = 0.7  # w: loss and fusion (1 - w)·sim + w·head (LINEAR_PROBE.WEIGHT upstream)
     cfg.TRAINER.DEPT.HEAD_LR_MULT = 6.5  # FiLM and head train at OPTIM.LR × this (LR_EXP upstream)
     cfg.TRAINER.DEPT.INFERENCE = "auto"  # auto (by evaluation scope), fused or sim
+    # INFERENCE auto on a target: upstream (fuse the head's rows of its classes when it knows them all) or off (sim)
+    cfg.TRAINER.DEPT.TARGET_FUSION = "upstream"
 
 
 class FiLM(nn.Module):
@@ -119,6 +137,16 @@ class DePTCLIP(PromptedCLIP):
         """FiLM's and the head's parameters (the group trained at LR × HEAD_LR_MULT)."""
         modules = [self.film_image, self.film_text] + ([self.head] if self.head is not None else [])
         return [p for module in modules for p in module.parameters()]
+
+    def attach_head(self, weight, bias):
+        """Give the model the head ``weight`` [C, E], ``bias`` [C] (trained rows of the current
+        C classes) and make its inference ``fused``."""
+        parameter = self.film_image.scale
+        head = nn.Linear(weight.shape[1], weight.shape[0]).to(device=parameter.device, dtype=parameter.dtype)
+        with torch.no_grad():
+            head.weight.copy_(weight)
+            head.bias.copy_(bias)
+        self.head, self.inference = head, "fused"
 
     def compute_text_features(self):
         return self.base.compute_text_features()
@@ -165,6 +193,7 @@ class DePT(ClipTrainer):
     def check_cfg(self, cfg):
         node = cfg.TRAINER.DEPT
         check_choice("TRAINER.DEPT.BASE", node.BASE, list(BASES))
+        check_choice("TRAINER.DEPT.TARGET_FUSION", node.TARGET_FUSION, list(TARGET_FUSIONS))
         check_range("TRAINER.DEPT.HEAD_WEIGHT", node.HEAD_WEIGHT, minimum=0.0, maximum=1.0)
         if node.HEAD_LR_MULT <= 0:
             raise ConfigError(f"TRAINER.DEPT.HEAD_LR_MULT must be > 0, got {node.HEAD_LR_MULT!r}.")
@@ -173,7 +202,8 @@ class DePT(ClipTrainer):
             raise ConfigError(
                 f"TRAINER.DEPT.INFERENCE fused needs the linear head, which scores only the classes it was "
                 f"trained on (evaluation scopes {' and '.join(HEAD_SCOPES)}); the {scope} scope scores other "
-                "classes: use INFERENCE auto or sim."
+                "classes: use INFERENCE auto or sim (auto with TARGET_FUSION upstream fuses a target whose "
+                "classes are all among the head's)."
             )
         base_trainer = BASES[node.BASE][0]
         base_trainer.check_cfg(self, cfg)  # the base node (prompt sizes, init phrase)
@@ -184,6 +214,9 @@ class DePT(ClipTrainer):
         _, base_model, base_key = BASES[node.BASE]
         base = base_model(clip, tokenizer, self.classnames, self.cfg.TRAINER[base_key])
         print(f"DePT on {node.BASE}; " + INFERENCE_RULE.describe(node.INFERENCE, self.eval_scope))
+        if self.fuses_target_on_load:
+            print("TRAINER.DEPT.TARGET_FUSION: upstream (the loaded checkpoint's head is fused in when it was "
+                  "trained on every class of this dataset)")
         inference = INFERENCE_RULE.resolve(node.INFERENCE, self.eval_scope)
         head_classes = len(self.classnames) if self.eval_scope in HEAD_SCOPES else 0
         self.model = DePTCLIP(base, node, inference, head_classes).to(self.device)
@@ -195,6 +228,48 @@ class DePT(ClipTrainer):
             {"params": self.model.head_parameters(), "lr": lr * node.HEAD_LR_MULT},
         ])
 
+    @property
+    def fuses_target_on_load(self):
+        """True when ``load_model`` may give a target the head's rows (INFERENCE auto, TARGET_FUSION upstream)."""
+        node = self.cfg.TRAINER.DEPT
+        return self.eval_scope == "target" and node.INFERENCE == AUTO and node.TARGET_FUSION == "upstream"
+
     def get_class_dependent_keys(self, name):
-        # The head scores the training classes; a scope without it (new, target) drops its rows.
-        return [] if self.model.head is not None else ["head.weight", "head.bias"]
+        # The head scores the training classes; the other scopes drop its stored rows (a target
+        # gets the rows of its classes in load_model).
+        return [] if self.eval_scope in HEAD_SCOPES else ["head.weight", "head.bias"]
+
+    def get_trainer_state(self):
+        """The engine's state plus "head_classnames", the C classes of the head's rows (when it has one)."""
+        state = super().get_trainer_state()
+        if self.model.head is not None:
+            state["head_classnames"] = list(self.classnames)
+        return state
+
+    def load_model(self, directory, epoch=None):
+        """The engine's load_model; then, on a target with TARGET_FUSION upstream, the checkpoint's
+        head rows of this dataset's classes, when it has all of them (module docstring)."""
+        super().load_model(directory, epoch)
+        if directory and self.fuses_target_on_load:
+            self.fuse_target_head(RunFolder(directory).checkpoint_path("DePT", epoch))
+
+    def fuse_target_head(self, model_path):
+        """Attach the head rows of the current classes from the checkpoint ``model_path`` when its
+        head was trained on all of them (then inference is ``fused``); print which it did and why."""
+        checkpoint = load_checkpoint(str(model_path))
+        trained = (checkpoint.get("trainer_state") or {}).get("head_classnames")
+        state = checkpoint["state_dict"]
+        if trained is None or "head.weight" not in state:
+            print(f'DePT target fusion: sim, "{model_path}" records no head classes (a checkpoint saved '
+                  "without them); train again to fuse the head on this target")
+            return
+        known = set(trained)
+        unknown = [name for name in self.classnames if name not in known]
+        if unknown:
+            print(f"DePT target fusion: sim, {len(unknown)} of the {len(self.classnames)} classes of this dataset "
+                  f"are not among the head's {len(trained)} training classes (e.g. {unknown[:3]})")
+            return
+        rows = classifier_rows(torch.arange(len(trained)), trained, self.classnames, model_path)
+        self.model.attach_head(state["head.weight"][rows], state["head.bias"][rows])
+        print(f"DePT target fusion: fused, the head's rows of this dataset's {len(rows)} classes "
+              f"(of its {len(trained)} training classes)")
