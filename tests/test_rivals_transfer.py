@@ -1,4 +1,5 @@
-"""Cross-dataset and domain-generalization runs of the issue-18 rivals with role-dependent inference.
+"""Cross-dataset and domain-generalization runs of MMRL and DePT, whose inference depends on the
+evaluation scope.
 
 MMRL (configs/trainers/MMRL/vit_b16_cross_datasets.yaml) scores the source with the fusion of both
 paths and every target with the class-token path z_c only; DePT (vit_b16_maple.yaml) fuses the
