@@ -180,7 +180,9 @@ def main(args):
     if scope.warning:
         print(f"Warning: {scope.warning}")
     print(f"Evaluation scope: {scope.scope} ({scope.reason})")
-    if training:
+    if training or (args.eval_only and not args.model_dir):
+        # An evaluation without --model-dir is the whole model (zero-shot CLIP): its folder is a run
+        # that tools/predict.py and tools/export.py read, as a training run's.
         RunFolder(cfg.OUTPUT_DIR).write_config(cfg)
     print("Collecting env info ...")
     print("** System info **")
