@@ -13,16 +13,15 @@ import os
 import re
 
 import pytest
+from test_predict import ROOT, TPT_VIEWS, run_train
 
 from vlprompt.config import ConfigError
-from vlprompt.engine import TRAINER_REGISTRY
-from vlprompt.engine import test_time
+from vlprompt.engine import TRAINER_REGISTRY, test_time
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES
 from vlprompt_app import load_run
 from vlprompt_app.commands import export as export_command
 from vlprompt_app.export import export_run, load_exported
 from vlprompt_app.project import import_project
-from test_predict import ROOT, TPT_VIEWS, run_train
 
 import_project()
 NAMES = sorted(TRAINER_REGISTRY.registered_names())
@@ -159,7 +158,7 @@ def test_export_loads_and_predicts_as_the_run_or_is_refused(name, runs, tmp_path
     if reason:
         with pytest.raises(ConfigError, match=f"^{name} cannot be exported: {re.escape(reason)}"):
             export_of(name, runs, tmp_path / "model.pt")
-        source, config, opts = TEST_TIME_SOURCES.get(name, (name, "", ()))
+        source, config, _ = TEST_TIME_SOURCES.get(name, (name, "", ()))
         argv = [str(runs(source)), "--output", str(tmp_path / "model.pt")]
         if is_test_time(name):
             argv += ["--test-time", name, "--test-time-config", f"configs/trainers/{config}"]

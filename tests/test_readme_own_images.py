@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from test_readme import code_blocks, section
@@ -49,12 +50,12 @@ def test_own_images_commands_and_python_example_run(tmp_path, monkeypatch):
                        "error"]
     assert [row[0] for row in rows[1:3]] == [f"{out}my_images/red_circle/0000.png", f"{out}my_images/blue_heart/0003.png"]
     assert all(row[1] in CLASSES and row[7] == "" for row in rows[1:3])
-    folder = csv_rows(open(f"{out}green_star.csv").read())
+    folder = csv_rows(Path(f"{out}green_star.csv").read_text())
     assert len(folder) == 1 + 40 and len(folder[0]) == 6
     assert sum(row[1] == "green star" for row in folder[1:]) >= 30
     assert "CoOp classifier (10 classes, cosine head)" in result.stderr
     assert "DeAR classifier (10 classes, trainer head)" in result.stderr
-    exported = csv_rows(open(f"{out}pink_cross.csv").read())
+    exported = csv_rows(Path(f"{out}pink_cross.csv").read_text())
     assert len(exported) == 1 + 40 and sum(row[1] == "pink cross" for row in exported[1:]) >= 30
 
     monkeypatch.chdir(ROOT)
