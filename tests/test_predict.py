@@ -142,6 +142,17 @@ def test_cli_writes_a_row_per_image_and_lists_unreadable_ones(coop_run, data_roo
     assert {row["predictions"][0]["label"] for row in record} <= {"cat", "dog"} and not record[0]["error"]
 
 
+def test_stdout_holds_the_csv_rows_alone(coop_run, data_root, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    images = os.path.join(data_root, "oxford_pets", "images")
+    assert predict_command.main([str(coop_run), images, "--topk", "2"]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert lines[0] == "path,label_1,probability_1,label_2,probability_2,error"
+    assert len(lines) == 1 + len(os.listdir(images)) and all(line.startswith(images) for line in lines[1:])
+    assert "Loading trainer: CoOp" in err and "Building transform_test" in err
+
+
 def test_other_class_names_are_scored_in_the_new_scope(coop_run, monkeypatch):
     monkeypatch.chdir(ROOT)
     predictor = load_run(coop_run, classes=["red circle", "blue square", "green star"])

@@ -328,6 +328,11 @@ class PromptAlign(TPT):
     every prompt-learner parameter (T_k, F_k) is tuned and reset per image.
     """
 
+    # Why tools/export.py refuses this method (vlprompt_app.export reads it).
+    export_refusal = ("every prediction reads the source run's token statistics (its promptalign_stats/ folder, "
+                      "or TRAINER.PROMPTALIGN.VIS_MEANS / VIS_VARS), which an exported file does not hold; "
+                      "predict from the source run: tools/predict.py SOURCE_RUN ... --test-time PromptAlign")
+
     def check_cfg(self, cfg):
         node = cfg.TRAINER.PROMPTALIGN
         if cfg.TRAINER.TPT.PROMPT != "maple":

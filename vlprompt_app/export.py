@@ -14,6 +14,9 @@ does (the eval-only path) and writes :mod:`vlprompt.export`'s format:
   and loads those tensors through the trainer's own ``load_model``: the method's code is needed
   because its model is not CLIP plus a text classifier (image-tower prompts, adapters, test-time
   episodes).
+
+A method whose predictions read more than its config and checkpoints declares why on its trainer
+class (``export_refusal``, e.g. PromptAlign's source statistics) and is refused with that reason.
 """
 import os
 import os.path as osp
@@ -21,18 +24,20 @@ import tempfile
 
 from vlprompt.config import ConfigError
 
-__all__ = ["export_run", "load_exported"]
+__all__ = ["check_exportable", "export_run", "load_exported"]
 
 CHECKPOINT_KEYS = ("state_dict", "epoch", "trainer_state")
 
 
-def export_run(run_dir, output, epoch=None, device=None, root=None, test_time="", test_time_config=""):
+def export_run(run_dir, output, epoch=None, device=None, root=None, test_time="", test_time_config="", opts=()):
     """Write the exported classifier of a run to ``output``; returns the record written.
 
-    Args: as :func:`vlprompt_app.predict.load_run` (the run's own classes).
+    Args: as :func:`vlprompt_app.predict.load_run` (the run's own classes); ``opts`` (KEY VALUE
+        overrides) are part of the exported config.
 
     Raises:
-        ConfigError: as load_run, or a backbone weights file that does not exist (nothing to hash).
+        ConfigError: as load_run, a method that declares why it cannot be exported (``export_refusal``
+            on its trainer class), or a backbone weights file that does not exist (nothing to hash).
     """
     from vlprompt.engine.amp import resolve_precision
     from vlprompt.engine.run_folder import RunFolder
@@ -40,7 +45,8 @@ def export_run(run_dir, output, epoch=None, device=None, root=None, test_time=""
     from vlprompt.utils import load_checkpoint
     from vlprompt_app.predict import build_predictor, run_config
 
-    cfg, last_epoch = run_config(run_dir, test_time, test_time_config)
+    cfg, last_epoch = run_config(run_dir, test_time, test_time_config, opts)
+    check_exportable(cfg.TRAINER.NAME)
     epoch = last_epoch if epoch is None else epoch
     predictor = build_predictor(cfg, model_dir=str(run_dir), epoch=epoch, device=device, root=root)
     trainer = predictor.trainer
@@ -66,6 +72,15 @@ def export_run(run_dir, output, epoch=None, device=None, root=None, test_time=""
         record["head"] = {"kind": "trainer", "config": cfg.dump(), "epoch": epoch, "checkpoints": checkpoints}
     save_export(output, record)
     return record
+
+
+def check_exportable(trainer_name):
+    """ConfigError when the trainer declares why its model cannot be exported (``export_refusal``)."""
+    from vlprompt.engine import TRAINER_REGISTRY
+
+    reason = getattr(TRAINER_REGISTRY.get(trainer_name), "export_refusal", "")
+    if reason:
+        raise ConfigError(f"{trainer_name} cannot be exported: {reason}.")
 
 
 def _cosine_head(trainer):

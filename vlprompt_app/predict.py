@@ -14,8 +14,9 @@ Classes:
 
 * by default the run's own classes (the run's dataset is built from its config, as eval-only
   builds it: DATASET.ROOT must hold it, ``root=`` overrides the folder);
-* ``classes=[...]``: any class names, scored in the ``new`` evaluation scope (base-to-novel's
-  rule for classes the model was not trained on). The dataset is not read; the class sentence
+* ``classes=[...]``: any class names, scored in the ``new`` evaluation scope with
+  DATASET.SUBSAMPLE_CLASSES ``new`` (as base-to-novel's test_new run scores the classes the model
+  was not trained on). The dataset is not read; the class sentence
   is the run's dataset's template. A method whose classifier is tied to its training classes
   declares why (``unseen_classes_refusal`` on its trainer class) and is refused with that reason.
 
@@ -105,7 +106,10 @@ def build_trainer_on_classes(cfg, data):
 
     def build_data_loader(self):
         self.dm = data
-        self.train_loader_x = self.train_loader_u = self.val_loader = self.test_loader = None
+        # No images: an empty training loader (a per-iteration schedule built with the model, as
+        # FLYP's, counts 0 iterations), no other loaders.
+        self.train_loader_x = ()
+        self.train_loader_u = self.val_loader = self.test_loader = None
         self.num_classes, self.num_source_domains, self.lab2cname = data.num_classes, 0, data.lab2cname
         if isinstance(self, TestTimeTrainer):
             self.throughput = None
@@ -372,6 +376,9 @@ def build_predictor(cfg, model_dir="", epoch=None, classes=None, device=None, ba
     if classes is not None:
         if scope is None:
             check_unseen_classes(cfg.TRAINER.NAME)
+            # Configured as base-to-novel's test_new run, which scores classes the model was not
+            # trained on (e.g. PromptKD's teacher is then not held to the training classes' count).
+            cfg.DATASET.SUBSAMPLE_CLASSES = "new"
         classes = _checked_classes(classes)
         cfg.TEST.ROLE = scope or "new"
     else:

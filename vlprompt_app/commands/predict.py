@@ -8,12 +8,14 @@
 Folders are walked for image files (sorted) with a progress bar. Each row names the file, then
 the top-k (label, probability) pairs, then ``error``: why an image could not be read (such an
 image does not stop the others). RUN_DIR may also be a file written by tools/export.py
-(its backbone weights are checked against the recorded sha256). Without ``--output`` the CSV goes to stdout. The model is the
+(its backbone weights are checked against the recorded sha256). Without ``--output`` the CSV goes to stdout
+(what building the model prints goes to stderr). The model is the
 one ``train.py --eval-only --model-dir RUN_DIR`` evaluates (vlprompt_app/predict.py); bad input
 (not a run folder, no checkpoint, an unknown device, class names the method cannot score) ends
 with one paragraph on stderr and exit status 2.
 """
 import argparse
+import contextlib
 import csv
 import io
 import json
@@ -100,20 +102,24 @@ def predict(args):
     if args.topk < 1:
         raise ConfigError(f"--topk must be >= 1, got {args.topk}.")
     classes = read_classes_file(args.classes_file) if args.classes_file else args.classes
-    if os.path.isfile(args.run_dir):
-        if classes:
-            raise ConfigError(f'"{args.run_dir}" is an exported classifier: it scores the class names it was '
-                              "exported with; predict from the run folder to score other names with --classes.")
-        predictor = load_exported(args.run_dir, weights=args.weights, device=args.device, batch_size=args.batch_size)
-    else:
-        predictor = load_run(args.run_dir, epoch=args.epoch, classes=classes, device=args.device,
-                             batch_size=args.batch_size, root=args.root, test_time=args.test_time,
-                             test_time_config=args.test_time_config)
-    paths = expand_images(args.images)
-    if not paths:
-        raise ConfigError(f"No image files found in {', '.join(args.images)}.")
-    topk = min(args.topk, len(predictor.classnames))
-    predictions = predictor.predict(paths, topk=topk, progress=True)
+    # What building the model prints (dataset, transforms, weights) goes to stderr, so that stdout
+    # holds the rows alone.
+    with contextlib.redirect_stdout(sys.stderr):
+        if os.path.isfile(args.run_dir):
+            if classes:
+                raise ConfigError(f'"{args.run_dir}" is an exported classifier: it scores the class names it was '
+                                  "exported with; predict from the run folder to score other names with --classes.")
+            predictor = load_exported(args.run_dir, weights=args.weights, device=args.device,
+                                      batch_size=args.batch_size)
+        else:
+            predictor = load_run(args.run_dir, epoch=args.epoch, classes=classes, device=args.device,
+                                 batch_size=args.batch_size, root=args.root, test_time=args.test_time,
+                                 test_time_config=args.test_time_config)
+        paths = expand_images(args.images)
+        if not paths:
+            raise ConfigError(f"No image files found in {', '.join(args.images)}.")
+        topk = min(args.topk, len(predictor.classnames))
+        predictions = predictor.predict(paths, topk=topk, progress=True)
     text = rows_csv(predictions, topk) if fmt == "csv" else rows_json(predictions)
     if args.output:
         with atomic_write(args.output, "w") as f:

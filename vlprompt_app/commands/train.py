@@ -205,7 +205,9 @@ def run_in_folder(args, cfg, scope, training, notes):
     print(f"Evaluation scope: {scope.scope} ({scope.reason})")
     for note in notes:
         print(note)
-    if training:
+    if training or (args.eval_only and not args.model_dir):
+        # An evaluation without --model-dir is the whole model (zero-shot CLIP): its folder is a run
+        # that tools/predict.py and tools/export.py read, as a training run's.
         RunFolder(cfg.OUTPUT_DIR).write_config(cfg)
     print("Collecting env info ...")
     print("** System info **")
