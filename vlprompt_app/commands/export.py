@@ -25,19 +25,16 @@ def build_parser():
 
 def main(argv=None):
     """Command-line entry point; returns the exit status (2 for bad input)."""
-    from vlprompt_app.commands.train import error_exit_status
+    from vlprompt_app.commands.train import run_reporting_bad_input
     from vlprompt_app.export import export_run
 
     args = build_parser().parse_args(argv)
-    try:
+
+    def export():
         record = export_run(args.run_dir, args.output, epoch=args.epoch, device=args.device, root=args.root,
                             test_time=args.test_time, test_time_config=args.test_time_config)
-    except Exception as error:  # noqa: BLE001  (re-raised unless it is bad input)
-        status = 2 if isinstance(error, FileNotFoundError) else error_exit_status(error)
-        if status is None:
-            raise
-        print(f"Error: {error}", file=sys.stderr)
-        return status
-    print(f"{record['trainer']} classifier ({len(record['classnames'])} classes, {record['head']['kind']} head) "
-          f"written to {args.output}", file=sys.stderr)
-    return 0
+        print(f"{record['trainer']} classifier ({len(record['classnames'])} classes, {record['head']['kind']} head) "
+              f"written to {args.output}", file=sys.stderr)
+        return 0
+
+    return run_reporting_bad_input(export)

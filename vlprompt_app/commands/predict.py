@@ -134,14 +134,7 @@ def predict(args):
 
 def main(argv=None):
     """Command-line entry point; returns the exit status (2 for bad input)."""
-    from vlprompt_app.commands.train import error_exit_status
+    from vlprompt_app.commands.train import run_reporting_bad_input
 
     args = build_parser().parse_args(argv)
-    try:
-        return predict(args)
-    except Exception as error:  # noqa: BLE001  (re-raised unless it is bad input)
-        status = 2 if isinstance(error, FileNotFoundError) else error_exit_status(error)
-        if status is None:
-            raise
-        print(f"Error: {error}", file=sys.stderr)
-        return status
+    return run_reporting_bad_input(lambda: predict(args))

@@ -63,6 +63,19 @@ def error_exit_status(error: BaseException):
     return 2 if isinstance(error, user_errors()) else None
 
 
+def run_reporting_bad_input(call):
+    """``call()``'s exit status; bad input (a missing file too) prints one "Error:" paragraph and
+    gives its status (error_exit_status), anything else propagates with its traceback."""
+    try:
+        return call()
+    except Exception as error:  # noqa: BLE001  (re-raised unless it is bad input)
+        status = 2 if isinstance(error, FileNotFoundError) else error_exit_status(error)
+        if status is None:
+            raise
+        print(f"Error: {error}", file=sys.stderr)
+        return status
+
+
 def print_args(args, cfg):
     print("***************")
     print("** Arguments **")

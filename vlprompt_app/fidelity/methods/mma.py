@@ -54,39 +54,23 @@ def one_block_early(learnables):
             for name, value in learnables.items()}
 
 
+MISPLACEMENTS = (Mutation("learnable rows in reverse order", values=reversed_rows),
+                 Mutation("adapters one block early", values=one_block_early,
+                          node={"ADAPTER_START": 4, "ADAPTER_END": 11}))
+
+
+def _spec(name, node, learnables, mutations, **fields):
+    """An MMA spec against the official trainers/mmadapter.py with ``node`` on both sides."""
+    return MethodSpec(name=name, repository="ZjjConan/Multi-Modal-Adapter", official_module="trainers.mmadapter",
+                      official_cfg={"TRAINER.MMADAPTER": dict(node)}, our_node=dict(node), learnables=learnables,
+                      outputs=("logits", "loss"), build_ours=build_ours, run_ours=run_ours_logits_and_ce,
+                      run_official=run_official_logits_and_ce, mutations=mutations, **fields)
+
+
 SPECS = (
-    MethodSpec(
-        name="MMA",
-        repository="ZjjConan/Multi-Modal-Adapter",
-        official_module="trainers.mmadapter",
-        official_cfg={"TRAINER.MMADAPTER": dict(NODE)},
-        our_node=dict(NODE),
-        learnables=adapter_learnables(),
-        outputs=("logits", "loss"),
-        build_ours=build_ours,
-        run_ours=run_ours_logits_and_ce,
-        run_official=run_official_logits_and_ce,
-        mutations=(Mutation("learnable rows in reverse order", values=reversed_rows),
-                   Mutation("adapters one block early", values=one_block_early,
-                            node={"ADAPTER_START": 4, "ADAPTER_END": 11})),
-        cost=CostSpec(trainer="MultiModalAdapter"),
-    ),
-    MethodSpec(
-        name="MMA-scale0.1",
-        fixture="mma-scale0.1",
-        repository="ZjjConan/Multi-Modal-Adapter",
-        official_module="trainers.mmadapter",
-        official_cfg={"TRAINER.MMADAPTER": dict(NODE_SCALE_01)},
-        our_node=dict(NODE_SCALE_01),
-        learnables=adapter_learnables(gain=1 / LEARNABLE_SCALE),
-        outputs=("logits", "loss"),
-        build_ours=build_ours,
-        run_ours=run_ours_logits_and_ce,
-        run_official=run_official_logits_and_ce,
-        mutations=(Mutation("learnable rows in reverse order", values=reversed_rows),
-                   Mutation("adapters one block early", values=one_block_early,
-                            node={"ADAPTER_START": 4, "ADAPTER_END": 11}),
-                   Mutation("adapter scale 0.09", node={"ADAPTER_SCALE": 0.09}),
-                   Mutation("adapters removed", values=zeroed, threshold=0.01)),
-    ),
+    _spec("MMA", NODE, adapter_learnables(), MISPLACEMENTS, cost=CostSpec(trainer="MultiModalAdapter")),
+    _spec("MMA-scale0.1", NODE_SCALE_01, adapter_learnables(gain=1 / LEARNABLE_SCALE),
+          MISPLACEMENTS + (Mutation("adapter scale 0.09", node={"ADAPTER_SCALE": 0.09}),
+                           Mutation("adapters removed", values=zeroed, threshold=0.01)),
+          fixture="mma-scale0.1"),
 )
