@@ -176,6 +176,17 @@ def test_resume_with_the_cache_is_exact(data_root, tiny_clip_files, uncached, tm
         assert torch.equal(value, whole[name]), name
 
 
+
+def test_a_run_resumed_from_its_last_checkpoint_only_evaluates(data_root, tiny_clip_files, uncached, tmp_path):
+    """Killed after its last epoch's checkpoint (during the final evaluation), a cached run
+    resumes with no epoch left to cache or train."""
+    run = tmp_path / "run"
+    trained_run(data_root, run, tiny_clip_files, tmp_path / "cache")
+    resumed = trained_run(data_root, run, tiny_clip_files, tmp_path / "cache")
+    assert resumed.start_epoch == resumed.max_epoch == 2
+    assert_same_generator(resumed, uncached)
+
+
 def test_unseeded_runs_keep_training_views_in_memory(data_root, tiny_clip_files, tmp_path):
     trainer = make_trainer(data_root, tmp_path / "run", tiny_clip_files, tmp_path / "cache", "SEED", "-1")
     trainer.train()
