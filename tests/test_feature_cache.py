@@ -164,12 +164,26 @@ def test_damaged_or_foreign_cache_files_are_recomputed(data_root, tiny_clip_file
 
 def test_resume_with_the_cache_is_exact(data_root, tiny_clip_files, uncached, tmp_path):
     run = tmp_path / "run"
-    trained_run(data_root, run, tiny_clip_files, tmp_path / "cache")
+    whole = trained_run(data_root, run, tiny_clip_files, tmp_path / "cache").model.mask_generator.state_dict()
     folder = run / "mask_generator"
     os.remove(folder / "model.pth.tar-2")  # as if the run had stopped after epoch 1
     (folder / "checkpoint").write_text("model.pth.tar-1\n")
     resumed = trained_run(data_root, run, tiny_clip_files, tmp_path / "cache")
     assert resumed.start_epoch == 1
+    assert_same_generator(resumed, uncached)
+    # bit for bit: the resumed run caches epoch 2 alone, and its features are those of the entry of epochs 1..2
+    for name, value in resumed.model.mask_generator.state_dict().items():
+        assert torch.equal(value, whole[name]), name
+
+
+
+def test_a_run_resumed_from_its_last_checkpoint_only_evaluates(data_root, tiny_clip_files, uncached, tmp_path):
+    """Killed after its last epoch's checkpoint (during the final evaluation), a cached run
+    resumes with no epoch left to cache or train."""
+    run = tmp_path / "run"
+    trained_run(data_root, run, tiny_clip_files, tmp_path / "cache")
+    resumed = trained_run(data_root, run, tiny_clip_files, tmp_path / "cache")
+    assert resumed.start_epoch == resumed.max_epoch == 2
     assert_same_generator(resumed, uncached)
 
 
@@ -194,3 +208,37 @@ def test_trainers_that_change_the_image_encoder_refuse_the_cache(data_root, tiny
         make_trainer(data_root, tmp_path / "run", tiny_clip_files, tmp_path / "cache", trainer="CoOp")
     with pytest.raises(ConfigError, match="K_TRANSFORMS"):
         make_trainer(data_root, tmp_path / "run", tiny_clip_files, tmp_path / "cache", "DATALOADER.K_TRANSFORMS", "2")
+
+
+class _EpochViews:
+    """Training-loader stand-in: every epoch, 3 batches of 2 images [2, 3, 2, 2] (image i is filled
+    with i), with labels and dataset positions."""
+
+    dataset = range(6)
+
+    def __iter__(self):
+        for start in range(0, 6, 2):
+            index = torch.arange(start, start + 2)
+            yield {"img": index.float().view(2, 1, 1, 1).expand(2, 3, 2, 2), "label": index % 3, "index": index}
+
+
+def test_an_epochs_features_do_not_depend_on_the_epochs_cached_before_it():
+    """A run resumed after epoch 1 caches epochs 2..3 only: their features must be those of the
+    entry of epochs 1..3, also with an encoder whose output depends on its whole batch (as real
+    kernels do at the last bit)."""
+    from contextlib import nullcontext
+
+    from vlprompt.data.feature_cache import FeatureCache, _ChunkedEncoder
+
+    def encode(images):  # [B, 3, 2, 2] -> [B, 2]: the image's value plus the batch's sum
+        return images.flatten(1)[:, :2] + images.sum()
+
+    def entry(first_epoch):
+        cache = FeatureCache.__new__(FeatureCache)
+        cache.encoder = _ChunkedEncoder(encode, 4, "cpu", nullcontext)
+        return cache._compute_train(_EpochViews(), first_epoch, 3)
+
+    whole, resumed = entry(0), entry(1)
+    assert whole["features"].shape == (18, 2) and resumed["features"].shape == (12, 2)
+    assert torch.equal(resumed["features"], whole["features"][6:])
+    assert torch.equal(resumed["labels"], whole["labels"][6:])

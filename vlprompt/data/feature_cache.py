@@ -12,7 +12,10 @@ very views, in the very order, that the uncached run would see: same augmentatio
 distribution and number of views, and, when the training step itself draws no random
 numbers from torch's CPU generator (RAda, CLIP-Adapter), the same trained parameters. While
 replaying, the CPU generator is set at the end of each epoch to the state the uncached run
-has there, so checkpoints hold the same RNG states and resuming stays exact.
+has there, so checkpoints hold the same RNG states and resuming stays exact. Each epoch's views
+are encoded in batches of their own (the first view of an epoch starts an encoder batch): the
+encoder's output depends on its batch to the last bit, and a run resumed from a checkpoint caches
+fewer epochs, so an epoch's features must not depend on the epochs cached before it.
 
 Evaluation views (:meth:`FeatureCache.eval_loader`): the deterministic test transform over a
 sequential loader, encoded once per split.
@@ -39,7 +42,7 @@ from vlprompt.utils import atomic_write
 
 __all__ = ["FeatureCache", "CachedTrainEpochs", "CachedEvalLoader", "FORMAT_VERSION"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: each training epoch's views start a new encoder batch
 
 
 def _digest(value):
@@ -91,10 +94,14 @@ class _ChunkedEncoder:
         while self.pending_count >= self.batch_size:
             self._encode(self.batch_size)
 
-    def finish(self):
-        """All features [N, E] on the CPU, in the order images were added."""
+    def flush(self):
+        """Encode the images added so far, however few, so that the next image starts an encoder batch."""
         if self.pending_count:
             self._encode(self.pending_count)
+
+    def finish(self):
+        """All features [N, E] on the CPU, in the order images were added."""
+        self.flush()
         features, self.features = self.features, []
         return torch.cat(features) if features else torch.empty(0)
 
@@ -246,6 +253,7 @@ class FeatureCache:
                 labels.append(batch["label"])
                 indices.append(batch["index"])
                 sizes.append(batch["label"].shape[0])
+            self.encoder.flush()
             batch_sizes.append(sizes)
             rng_after_epoch.append(torch.get_rng_state())
         return {

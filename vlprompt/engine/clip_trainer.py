@@ -153,7 +153,8 @@ class ClipTrainer(TrainerX):
 
     def before_train(self):
         super().before_train()
-        if self.feature_cache is not None:
+        if self.feature_cache is not None and self.start_epoch < self.max_epoch:
+            # no epoch left (resumed from the last checkpoint: only the final evaluation runs): nothing to cache
             self.train_loader_x = self.feature_cache.train_epochs(
                 self.dm.train_loader_x, self.start_epoch, self.max_epoch, lambda: self.epoch
             )
