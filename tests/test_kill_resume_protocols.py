@@ -270,10 +270,3 @@ def _assert_resumes_to_the_uninterrupted_grid(setup, grid, base: Path, trials: r
 @pytest.mark.parametrize("grid", sorted(GRIDS))
 def test_killed_grids_resume_to_the_uninterrupted_grid(setup, tmp_path, grid):
     _assert_resumes_to_the_uninterrupted_grid(setup, grid, tmp_path, trials=range(0, 2))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("grid", sorted(GRIDS))
-def test_killed_grids_resume_to_the_uninterrupted_grid_many_trials(setup, tmp_path, grid):
-    """Trials 2 to 9 of the same seeded draw (a trial's plan does not depend on how many follow)."""
-    _assert_resumes_to_the_uninterrupted_grid(setup, grid, tmp_path, trials=range(2, 10))

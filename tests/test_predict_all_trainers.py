@@ -21,10 +21,10 @@ from vlprompt.testing import OXFORD_PETS_TOY_CLASSES
 from vlprompt_app import load_run
 from vlprompt_app.commands import export as export_command
 from vlprompt_app.export import export_run, load_exported
-from vlprompt_app.project import import_project
+from vlprompt_app.project import import_project, registered_trainer_names
 
 import_project()
-NAMES = sorted(TRAINER_REGISTRY.registered_names())
+NAMES = registered_trainer_names()  # the project's trainers (other tests register toy ones in this process)
 
 # Trainers whose synthetic config is not configs/trainers/<name>/synthetic.yaml.
 CONFIGS = {
