@@ -139,7 +139,7 @@ def test_our_side_takes_the_spec_hooks_and_the_loader_batch(tiny_clip_files, tmp
     images, labels = torch.randn(3, 3, size, size), torch.tensor([0, 1, 0])
     torch.save({"images": images, "labels": labels}, tmp_path / "inputs.pt")
     (tmp_path / "settings.json").write_text(json.dumps({"backbone": config, "threads": 1, "classes": 2, "rounds": 1,
-                                                         "warmup": 0}))
+                                                         "warmup": 0, "device": "cpu", "prec": "fp32"}))
     seen = {}
 
     def our_after_build(trainer):
@@ -177,7 +177,8 @@ def _side_workdir(tmp_path, config, size, views=None, method=None):
         inputs["views"] = torch.randn(views + 2, 3, size, size)  # more than the method's (the largest of a run)
     torch.save(inputs, tmp_path / "inputs.pt")
     (tmp_path / "settings.json").write_text(json.dumps({"backbone": config, "threads": 1, "classes": 3, "rounds": 1,
-                                                         "warmup": 0, "classnames": ["a", "b", "c"],
+                                                         "warmup": 0, "device": "cpu", "prec": "fp32",
+                                                         "classnames": ["a", "b", "c"],
                                                          "views": {method: views} if views else {}}))
     return inputs
 

@@ -1,5 +1,5 @@
 """The repository speaks for itself: no tracked file (the CI harness in .ci/ aside) cites the
-planning inputs beside it (the shared specification folder, a section of it) or a work item by number ("issue 12", "issue-18").
+planning inputs beside it (the shared specification folder, a section of it) or a work item by its number.
 An upstream repository's GitHub issue is a source and is cited with its '#' ("issue #5 of ...")."""
 import re
 import subprocess

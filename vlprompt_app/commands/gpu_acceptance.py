@@ -17,9 +17,7 @@ The stages, their budget and the report: vlprompt_app/gpu_acceptance/run.py; PER
 import argparse
 import sys
 
-from vlprompt_app.gpu_acceptance.run import STAGES
-
-DEFAULT_FOLDER = ".gpu"
+from vlprompt_app.gpu_acceptance.run import CARRIED_FOLDER as DEFAULT_FOLDER, STAGES
 
 
 def build_parser():

@@ -262,8 +262,6 @@ def _side_inputs(workdir, method):
         settings = json.load(f)
     inputs = torch.load(os.path.join(workdir, "inputs.pt"), weights_only=True)
     torch.set_num_threads(settings["threads"])
-    settings.setdefault("device", "cpu")  # what a settings file without them (the CPU comparison) means
-    settings.setdefault("prec", "fp32")
     device = torch.device(settings["device"])
     views = settings.get("views", {}).get(method)
     if views:

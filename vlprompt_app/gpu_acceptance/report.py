@@ -92,7 +92,7 @@ def markdown(report):
     return "\n".join(lines) + "\n"
 
 
-def write_report(out_dir, settings, stages, seconds):
+def write_report(out_dir, settings, stages, seconds, commit):
     """Gather the stages' files into ``acceptance.json`` and ``acceptance.md``; returns the report."""
     tests_log = os.path.join(out_dir, "logs", "cuda-tests.log")
     for stage in stages:
@@ -100,7 +100,7 @@ def write_report(out_dir, settings, stages, seconds):
             with open(tests_log, encoding="utf-8", errors="replace") as f:
                 tail = [line.strip() for line in f if line.strip()]
             stage["summary"] = tail[-1] if tail else ""
-    report = {"settings": settings, "seconds": seconds, "commit": _commit(), "stages": stages,
+    report = {"settings": settings, "seconds": seconds, "commit": commit, "stages": stages,
               "environment": _read_json(os.path.join(out_dir, "environment.json")) or {},
               "parity": _read_jsonl(os.path.join(out_dir, "parity.jsonl")),
               "official": _official(out_dir),
@@ -119,15 +119,3 @@ def _official(out_dir):
         return report
     records = _read_jsonl(os.path.join(out_dir, "official.jsonl"))
     return {"settings": None, "results": records} if records else None
-
-
-def _commit():
-    """The commit the run's tree came from: ``.gpu/commit`` (written by prepare), else git's."""
-    from vlprompt.paths import repository_root
-    from vlprompt_app.benchmarking.report import git_commit
-
-    recorded = os.path.join(str(repository_root()), ".gpu", "commit")
-    if os.path.exists(recorded):
-        with open(recorded, encoding="utf-8") as f:
-            return f.read().strip()
-    return git_commit()

@@ -30,6 +30,7 @@ from vlprompt.paths import repository_root
 from .report import write_report
 
 OFFICIAL_METHODS = ("CoOp", "MaPLe", "PromptSRC", "MMRL")  # the GPU comparison's methods
+CARRIED_FOLDER = ".gpu"  # what prepare fills by default (git-ignored), relative to the repository
 DASSL_FOLDER = "dassl"  # the exported Dassl.pytorch under --official, beside owner+name folders
 GPU_SETTINGS = {  # the papers' settings: train batch 16, evaluation batch 250 (DeAR's supplement), 1000 classes
     "batch": 16, "eval_batch": 250, "classes": 1000, "image_size": 224, "device": "cuda", "prec": "amp",
@@ -160,9 +161,20 @@ def run(out_dir, official=None, rehearsal=False, budget_s=330.0, stages=STAGES, 
         done.append(Stage("trainers", stage_command("trainers", out_dir, settings), out_dir, limit(1.0)).wait())
     else:
         done.append(not_selected("trainers"))
-    report = write_report(out_dir, settings, done, time.monotonic() - start)
+    report = write_report(out_dir, settings, done, time.monotonic() - start, recorded_commit())
     _gather_logs(out_dir)
     return report
+
+
+def recorded_commit():
+    """The commit the run's tree came from: ``.gpu/commit`` (written by prepare), else git's."""
+    from vlprompt_app.benchmarking.report import git_commit
+
+    recorded = os.path.join(str(repository_root()), CARRIED_FOLDER, "commit")
+    if os.path.exists(recorded):
+        with open(recorded, encoding="utf-8") as f:
+            return f.read().strip()
+    return git_commit()
 
 
 def _gather_logs(out_dir):
