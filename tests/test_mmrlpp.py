@@ -61,7 +61,7 @@ def hand_image(model, images, beta=BETA):
             x = torch.cat([x[:, :1], mixed, x[:, 1 + K:]], 1)
         x = block(x)
     proj_rep = visual.proj + rep.proj_residual.a @ rep.proj_residual.b
-    return visual.project(x[:, 0]), (visual.ln_post(x[:, 1:1 + K]) @ proj_rep).mean(1)
+    return visual.token_features(x[:, 0]), (visual.ln_post(x[:, 1:1 + K]) @ proj_rep).mean(1)
 
 
 def hand_text(model, beta=BETA):

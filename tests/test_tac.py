@@ -87,7 +87,7 @@ def hand_image(model, images, masked=True):
             tokens = torch.cat([g_v, model.vision_prompts[index]]).expand(len(x), -1, -1)
             x = torch.cat([x[:, :-(K + N_VISION)], tokens], 1)
         x = block(x, attn_mask=mask)
-    return visual.project(x[:, 0])
+    return visual.token_features(x[:, 0])
 
 
 def test_learnables_initialisation_and_buffers(tiny_runner):  # noqa: F811

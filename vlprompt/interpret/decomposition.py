@@ -12,7 +12,7 @@ Gandelsman et al., ICLR 2024),
 turns that sum into an exact decomposition of the image feature in the joint space.
 The block loop is the prompted runner's: the prefix comes from
 ``VisionTower.run_prefix`` and each analysed block is advanced with
-``runner.attention_block``; this module only splits the class token's attention output
+``runner.run_block``; this module only splits the class token's attention output
 of the same block into heads.
 """
 from dataclasses import dataclass
@@ -20,7 +20,7 @@ from typing import Tuple
 
 import torch
 
-from vlprompt.clip.runner import VisionTower, attention_block
+from vlprompt.clip.runner import VisionTower, run_block
 
 __all__ = ["ImageDecomposition", "decompose_image_features", "class_token_head_outputs"]
 
@@ -58,7 +58,7 @@ class ImageDecomposition:
 def class_token_head_outputs(block, x):
     """Split one block's attention output at the class token (position 0) into heads.
 
-    Mirrors ``runner.attention_block``: ``ln_1``, the block's fused in-projection,
+    Mirrors ``runner.run_block``: ``ln_1``, the block's fused in-projection,
     softmax attention with scale head_dim^-0.5, the output projection and ``ls_1``.
 
     Args:
@@ -123,7 +123,7 @@ def decompose_image_features(visual: VisionTower, images, num_layers):
         mlps.append(block.ls_2(block.mlp(block.ln_2(middle))))
         heads.append(head_out)
         biases.append(bias.expand_as(middle))
-        x = attention_block(block, x)
+        x = run_block(visual.ops, block, x)
 
     ln = visual.ln_post
     final = x[:, 0]

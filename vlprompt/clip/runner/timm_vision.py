@@ -1,0 +1,167 @@
+"""timm image towers inside open_clip's ``TimmModel``: SigLIP/SigLIP2 (``VisionTransformer``
+with an attention-pool head and no class token) and EVA02/PE-Core (``Eva``: rotary positions
+on the patch tokens, SwiGLU, layer scale, q/k norms where present).
+
+The stem is the trunk's own (``patch_embed`` then ``_pos_embed``: prefix tokens, absolute
+positions); the head is the trunk's final ``norm``, its pooling (class token, patch average or
+attention pool), ``fc_norm``, the trunk's ``head`` and open_clip's projection head. Prompt
+tokens get no rotary position: ``Eva`` rotates the patch tokens only, wherever edits move
+them (``RunState.patches``).
+"""
+import torch
+from torch import nn
+
+from .blocks import EvaBlockOps, TimmBlockOps
+from .tower import RotaryTable, TokenLayout, UnsupportedBackboneError, check_block_types
+from .vision import VisionTower
+
+__all__ = ["TimmVisionTower", "TimmViTVisionTower", "EvaVisionTower"]
+
+POOLINGS = {"token": "token", "avg": "avg", "map": "map"}
+
+
+class TimmVisionTower(VisionTower):
+    """What the timm towers share: checks, the head and the parameter groups.
+
+    Args:
+        visual: open_clip ``TimmModel`` (``trunk`` the timm model, ``head`` open_clip's projection).
+    """
+
+    def __init__(self, visual):
+        super().__init__()
+        trunk = visual.trunk
+        pooling = "map" if trunk.attn_pool is not None else POOLINGS.get(trunk.global_pool)
+        if pooling is None:
+            raise UnsupportedBackboneError(
+                f"The timm image tower pools with '{trunk.global_pool}'; the prompted runner supports "
+                "class-token ('token'), average ('avg') and attention-pool ('map') heads."
+            )
+        if getattr(trunk, "dynamic_img_size", False):
+            raise UnsupportedBackboneError("The timm image tower resizes its positions per image (dynamic_img_size); "
+                                           "the prompted runner needs a fixed input size.")
+        if not _is_identity(getattr(trunk, "patch_drop", None)):
+            raise UnsupportedBackboneError("The timm image tower drops patches (patch_drop_rate > 0), which changes "
+                                           "the token layout per image; build it without patch dropout.")
+        self.trunk = trunk
+        self.blocks = trunk.blocks
+        self.patch_embed = trunk.patch_embed
+        self.norm_pre = trunk.norm_pre
+        self.norm = trunk.norm
+        self.attn_pool = trunk.attn_pool
+        self.fc_norm = trunk.fc_norm
+        steps = [trunk.head_drop, trunk.head, *visual.head.children()]
+        self.head_steps = nn.ModuleList(step for step in steps if not _is_identity(step))
+        self.pool_include_prefix = getattr(trunk, "pool_include_prefix", True)
+        self.layout = TokenLayout(prefix_tokens=trunk.num_prefix_tokens, num_patches=trunk.patch_embed.num_patches,
+                                  pooling=pooling, rotary=getattr(trunk, "rope", None) is not None)
+        with torch.no_grad():  # the head's output width, whatever its steps
+            self._output_dim = self._head(next(trunk.parameters()).new_zeros(1, trunk.embed_dim)).shape[-1]
+
+    @property
+    def output_dim(self):
+        return self._output_dim
+
+    def embed(self, images):
+        return self.trunk._pos_embed(self.patch_embed(images.to(self.patch_embed.proj.weight.dtype)))
+
+    def pre_norm(self, x):
+        return self.norm_pre(x)
+
+    def pool(self, x, state, pool_keys=None):
+        pooling = self.layout.pooling
+        if pooling == "token":
+            return self._head(self.norm(x[:, 0]))
+        x = self.norm(x)
+        if pooling == "avg":
+            return self._head(x[:, state.patches: state.patches + self.layout.num_patches].mean(1))
+        if pool_keys is not None:
+            x = x[:, list(pool_keys)]
+        elif not self.pool_include_prefix:
+            x = x[:, self.layout.prefix_tokens:]
+        return self._head(self.attn_pool(x))
+
+    def token_features(self, tokens, projection=None):
+        x = self.norm(tokens)
+        if self.attn_pool is not None:
+            x = self.attn_pool(x.reshape(-1, 1, x.shape[-1])).reshape(*x.shape[:-1], -1)
+        return self._head(x, projection)
+
+    def _head(self, pooled, projection=None):
+        """fc_norm, the trunk's head and open_clip's projection of pooled features [..., D]."""
+        x = self.fc_norm(pooled)
+        final = self._final_linear()
+        steps = self.head_steps if projection is None or final is None else self.head_steps[:-1]
+        for step in steps:
+            x = step(x)
+        if projection is None:
+            return x
+        x = x @ projection
+        return x if final is None or final.bias is None else x + final.bias
+
+    def _final_linear(self):
+        last = self.head_steps[-1] if len(self.head_steps) else None
+        return last if isinstance(last, nn.Linear) else None
+
+    @property
+    def projection(self):
+        final = self._final_linear()
+        return None if final is None else final.weight.t()
+
+    def stem_parameters(self):
+        yield from self.patch_embed.parameters()
+        for name in ("cls_token", "reg_token", "pos_embed"):
+            parameter = getattr(self.trunk, name, None)
+            if parameter is not None:
+                yield parameter
+        yield from self.norm_pre.parameters()
+
+    def head_parameters(self):
+        for module in (self.norm, self.attn_pool, self.fc_norm, self.head_steps):
+            if module is not None:
+                yield from module.parameters()
+
+
+def _is_identity(module):
+    return module is None or isinstance(module, nn.Identity) or (isinstance(module, nn.Dropout) and module.p == 0)
+
+
+class TimmViTVisionTower(TimmVisionTower):
+    """timm ``VisionTransformer`` (SigLIP, SigLIP2: no class token, attention pool; register ViTs)."""
+
+    ops = TimmBlockOps()
+
+    def __init__(self, visual):
+        from timm.layers import Attention
+        from timm.models.vision_transformer import Block
+
+        super().__init__(visual)
+        check_block_types(self.blocks, (Block,), "image")
+        check_block_types([block.attn for block in self.blocks], (Attention,), "image attention")
+
+
+class EvaVisionTower(TimmVisionTower):
+    """timm ``Eva`` (EVA02, PE-Core): rotary positions on the patch tokens only."""
+
+    def embed(self, images):
+        x, _ = self.trunk._pos_embed(self.patch_embed(images.to(self.patch_embed.proj.weight.dtype)))
+        return x  # the rotary table is the tower's (``rotary_table``), placed where the patches are
+
+    ops = EvaBlockOps()
+
+    def __init__(self, visual):
+        from timm.layers import AttentionRope
+        from timm.models.eva import EvaAttention, EvaBlock
+
+        super().__init__(visual)
+        check_block_types(self.blocks, (EvaBlock,), "image")
+        check_block_types([block.attn for block in self.blocks], (EvaAttention, AttentionRope), "image attention")
+        if getattr(self.trunk, "rope_mixed", False):
+            raise UnsupportedBackboneError("The Eva tower uses per-layer ('mixed') rotary positions, which the "
+                                           "prompted runner does not drive.")
+        self.rope = self.trunk.rope
+        self.rotate_half = bool(getattr(self.blocks[0].attn, "rotate_half", False))
+
+    def rotary_table(self, state, length):
+        if self.rope is None:
+            return None
+        return RotaryTable(self.rope.get_embed(), state.patches, length, self.rotate_half)
