@@ -208,3 +208,58 @@ def test_the_real_family_configs_get_their_adapters(name, adapter, layout):
         visual = CLIPRunner(model_class(**config)).visual
     assert type(visual).__name__ == adapter
     assert (visual.layout.prefix_tokens, visual.layout.num_patches, visual.layout.pooling, visual.layout.rotary) == layout
+
+
+def test_head_decomposition_adds_up_to_the_features(family):
+    """Per-head direct contributions (through the frozen readout: class token or attention
+    pool) plus the other terms give the features exactly, for every family; every head of
+    the analysed blocks contributes."""
+    from vlprompt.interpret import decompose_image_features
+
+    _, _, runner, _, images, _ = family
+    visual = runner.visual
+    for num_layers in (1, visual.num_layers):
+        parts = decompose_image_features(visual, images, num_layers)
+        assert parts.heads.shape == (3, num_layers, visual.num_heads, visual.output_dim)
+        with torch.no_grad():
+            torch.testing.assert_close(parts.total(), visual(images).features, **TOL)
+        assert (parts.heads.flatten(2).norm(dim=-1) > 0).all()
+
+
+def _attention_branch(model, x):
+    """Block 1's attention branch (before the residual add) computed by the model's own modules."""
+    visual = model.visual
+    if hasattr(visual, "transformer"):  # open_clip ViT
+        block = visual.transformer.resblocks[1]
+        return block.ls_1(block.attention(block.ln_1(x)))
+    block, trunk = visual.trunk.blocks[1], visual.trunk
+    if hasattr(block, "gamma_1"):  # timm Eva: rotary positions after the prefix tokens
+        out = block.attn(block.norm1(x), rope=trunk.rope.get_embed() if trunk.rope is not None else None)
+        return out if block.gamma_1 is None else block.gamma_1 * out
+    return block.ls1(block.attn(block.norm1(x)))
+
+
+def test_block_head_terms_split_the_attention_output_by_head(family):
+    """A block's head terms plus its bias term equal the attention branch's output (EVA02's
+    norm after the heads included), and head h's term is what zeroing head h's slice of the
+    output projection removes (families without a norm after the heads)."""
+    from vlprompt.interpret import block_head_terms
+
+    _, model, runner, _, images, _ = family
+    visual = runner.visual
+    positions = [0, 5, 9]
+    norm, _, proj = visual.ops.attention_parts(visual.blocks[1])
+    with torch.no_grad():
+        x = visual.run_prefix(images, 1)
+        heads, bias = block_head_terms(visual, 1, x, positions)
+        attention = _attention_branch(model, x)[:, positions]
+        torch.testing.assert_close(heads.sum(2) + bias, attention, **TOL)
+        if norm is not None:
+            return
+        width = proj.weight.shape[1] // visual.num_heads
+        for head in range(visual.num_heads):
+            saved = proj.weight[:, head * width:(head + 1) * width].clone()
+            proj.weight[:, head * width:(head + 1) * width] = 0
+            ablated = _attention_branch(model, x)[:, positions]
+            proj.weight[:, head * width:(head + 1) * width] = saved
+            torch.testing.assert_close(attention - ablated, heads[:, :, head], **TOL)

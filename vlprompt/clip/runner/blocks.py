@@ -66,6 +66,12 @@ class BlockOps:
         """Query heads per key/value head (grouped-query attention; 1 without)."""
         return 1
 
+    def attention_parts(self, block):
+        """(norm, gate, projection) after the heads: the norm over the concatenated heads and
+        the gate (modules, or None where the family has none) and the output projection
+        (nn.Linear); ``attention_output`` is ``proj(norm(out) * sigmoid(gate(h)))``."""
+        raise NotImplementedError
+
 
 def _split_heads(projected, parts, heads):
     """[B, L, parts * D] -> ``parts`` tensors [B, heads, L, D / heads]."""
@@ -103,6 +109,9 @@ class OpenCLIPBlockOps(BlockOps):
     def attention_output(self, block, out, h):
         return block.attn.out_proj(out)
 
+    def attention_parts(self, block):
+        return None, None, block.attn.out_proj
+
     def scale_attention(self, block, y):
         return block.ls_1(y)
 
@@ -134,6 +143,11 @@ class TimmBlockOps(BlockOps):
         if attn.gate is not None:
             out = out * attn.gate(h).sigmoid()
         return attn.proj(out)
+
+    def attention_parts(self, block):
+        attn = block.attn
+        norm = None if isinstance(attn.norm, torch.nn.Identity) else attn.norm
+        return norm, getattr(attn, "gate", None), attn.proj
 
     def scale_attention(self, block, y):
         return block.ls1(y)

@@ -13,7 +13,7 @@ from torch import nn
 
 from .blocks import EvaBlockOps, TimmBlockOps
 from .tower import RotaryTable, TokenLayout, UnsupportedBackboneError, check_block_types
-from .vision import VisionTower
+from .vision import VisionTower, frozen_layer_norm
 
 __all__ = ["TimmVisionTower", "TimmViTVisionTower", "EvaVisionTower"]
 
@@ -107,6 +107,38 @@ class TimmVisionTower(VisionTower):
         final = self._final_linear()
         return None if final is None else final.weight.t()
 
+    def readout(self, x, state=None):
+        state = state or self.initial_state()
+        pooling = self.layout.pooling
+        if pooling == "token":
+            positions = [0]
+        elif pooling == "avg":
+            positions = list(range(state.patches, state.patches + self.layout.num_patches))
+        else:
+            first = 0 if self.pool_include_prefix else self.layout.prefix_tokens
+            positions = list(range(first, x.shape[1]))
+        tokens = x[:, positions]
+        norm = frozen_layer_norm(self.norm, tokens[:, :, None])
+        if pooling != "map":
+            pooled = self.norm(tokens).mean(1)  # the class token alone, or the patches' mean
+            fc_norm = frozen_layer_norm(self.fc_norm, pooled[:, None])
+            return positions, lambda t: self._affine_head(fc_norm(norm(t).mean(1)))
+        pool_affine = _frozen_attention_pool(self.attn_pool, self.norm(tokens))
+        pooled = pool_affine(self.norm(tokens)[:, :, None])
+        fc_norm = frozen_layer_norm(self.fc_norm, pooled)
+        return positions, lambda t: self._affine_head(fc_norm(pool_affine(norm(t))))
+
+    def _affine_head(self, x):
+        """The head steps after pooling (checked affine: linear maps and inactive dropout)."""
+        for step in self.head_steps:
+            if not isinstance(step, (nn.Linear, nn.Dropout, nn.Identity)):
+                raise UnsupportedBackboneError(
+                    f"The image tower's head ends with a {type(step).__name__}, which is not affine; the "
+                    "decomposition of its features needs linear maps after the pooling."
+                )
+            x = step(x)
+        return x
+
     def stem_parameters(self):
         yield from self.patch_embed.parameters()
         for name in ("cls_token", "reg_token", "pos_embed"):
@@ -119,6 +151,37 @@ class TimmVisionTower(VisionTower):
         for module in (self.norm, self.attn_pool, self.fc_norm, self.head_steps):
             if module is not None:
                 yield from module.parameters()
+
+
+def _frozen_attention_pool(pool, tokens):
+    """timm's AttentionPoolLatent over ``tokens`` [B, P, D] as an affine map of per-position
+    terms [B, P, X, D] -> [B, X, D']: its attention weights (from ``tokens``) and its MLP's
+    output are frozen, so that only the values carry the terms (the pool is linear in its values
+    once its weights are fixed)."""
+    import torch.nn.functional as F
+
+    if pool.latent_len != 1 or pool.pool != "token":
+        raise UnsupportedBackboneError("The attention pool has several latent queries; the decomposition "
+                                       "reads pools with one.")
+    batch, length, width = tokens.shape
+    heads, head_dim = pool.num_heads, pool.head_dim
+    keyed = tokens if pool.pos_embed is None else tokens + pool.pos_embed.unsqueeze(0).to(tokens.dtype)
+    q = pool.q_norm(pool.q(pool.latent).reshape(1, 1, heads, head_dim).transpose(1, 2))  # [1, H, 1, hd]
+    k, v = pool.kv(keyed).reshape(batch, length, 2, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    k = pool.k_norm(k)
+    weights = (q * pool.scale @ k.transpose(-2, -1)).softmax(-1)[:, :, 0]  # [B, H, P]
+    value_weight, value_bias = pool.kv.weight[width:], None if pool.kv.bias is None else pool.kv.bias[width:]
+    out = torch.einsum("bhp,bhpd->bhd", weights, v).reshape(batch, width)
+    mlp = None if pool.mlp is None else pool.mlp(pool.norm(pool.proj(out)))  # [B, D']
+
+    def apply(t):
+        keyed_t = t if pool.pos_embed is None else t + pool.pos_embed[:, None].to(t.dtype)
+        values = F.linear(keyed_t, value_weight, value_bias).unflatten(-1, (heads, head_dim))  # [B, P, X, H, hd]
+        mixed = torch.einsum("bhp,bpxhd->bxhd", weights, values).flatten(-2)
+        y = pool.proj(mixed)
+        return y if mlp is None else y + mlp[:, None]
+
+    return apply
 
 
 def _is_identity(module):

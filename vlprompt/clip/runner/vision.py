@@ -18,7 +18,25 @@ from .plan import EMPTY_PLAN, RunState
 from .prefix import SharedPrefix
 from .tower import TokenLayout, Tower, TowerOutput, UnsupportedBackboneError, check_block_types
 
-__all__ = ["VisionTower", "OpenCLIPVisionTower"]
+__all__ = ["VisionTower", "OpenCLIPVisionTower", "frozen_layer_norm"]
+
+
+def frozen_layer_norm(norm, x):
+    """``norm`` (a LayerNorm, or an identity) with the statistics of ``x`` [..., D] frozen: a
+    function of terms broadcastable to ``x`` that is affine in them and equals ``norm(x)`` at x."""
+    if isinstance(norm, torch.nn.Identity):
+        return norm
+    if not isinstance(norm, torch.nn.LayerNorm):
+        raise UnsupportedBackboneError(
+            f"The tower normalises with {type(norm).__name__}; decompositions freeze LayerNorm statistics only.")
+    sigma = torch.sqrt(x.var(dim=-1, unbiased=False, keepdim=True) + norm.eps)
+
+    def apply(t):
+        t = (t - t.mean(dim=-1, keepdim=True)) / sigma
+        t = t if norm.weight is None else t * norm.weight
+        return t if norm.bias is None else t + norm.bias
+
+    return apply
 
 
 class VisionTower(Tower):
@@ -67,6 +85,15 @@ class VisionTower(Tower):
     def projection(self):
         """The head's final linear map as a matrix [D', E] (frozen; a view of the weight), or
         None when the head ends without one."""
+        raise NotImplementedError
+
+    def readout(self, x, state=None):
+        """The pooling head of final hidden states ``x`` [B, L, D] as an affine map, for
+        decompositions: (positions, affine) where ``positions`` are the P positions the head
+        reads and ``affine(t)`` maps per-position terms t [B, P, X, D] to [B, X, E] with this
+        image's statistics frozen (its norms' means and deviations, its attention pool's
+        weights, its pool MLP's output), so that ``affine(x[:, positions, None])[:, 0]`` is the
+        pooled feature and ``affine(t) - affine(0)`` is linear in t."""
         raise NotImplementedError
 
     def stem_parameters(self):
@@ -214,6 +241,10 @@ class OpenCLIPVisionTower(VisionTower):
     @property
     def projection(self):
         return self.proj
+
+    def readout(self, x, state=None):
+        norm = frozen_layer_norm(self.ln_post, x[:, [0], None])
+        return [0], lambda t: (norm(t) @ self.proj)[:, 0]
 
     def stem_parameters(self):
         yield from self.conv1.parameters()
