@@ -263,3 +263,12 @@ def test_block_head_terms_split_the_attention_output_by_head(family):
             ablated = _attention_branch(model, x)[:, positions]
             proj.weight[:, head * width:(head + 1) * width] = saved
             torch.testing.assert_close(attention - ablated, heads[:, :, head], **TOL)
+
+
+def test_the_runner_registers_every_weight_once(family):
+    """Each frozen weight has one name in the runner (checkpoints of fine-tuned towers hold it
+    once), and the runner holds the model's every parameter."""
+    _, model, runner, _, _, _ = family
+    names = [name for name, _ in runner.named_parameters(remove_duplicate=False)]
+    assert len(names) == len({id(p) for p in runner.parameters()})
+    assert {id(p) for p in runner.parameters()} == {id(p) for p in model.parameters()}

@@ -42,20 +42,36 @@ class TimmVisionTower(VisionTower):
         if not _is_identity(getattr(trunk, "patch_drop", None)):
             raise UnsupportedBackboneError("The timm image tower drops patches (patch_drop_rate > 0), which changes "
                                            "the token layout per image; build it without patch dropout.")
-        self.trunk = trunk
-        self.blocks = trunk.blocks
-        self.patch_embed = trunk.patch_embed
-        self.norm_pre = trunk.norm_pre
-        self.norm = trunk.norm
-        self.attn_pool = trunk.attn_pool
-        self.fc_norm = trunk.fc_norm
-        steps = [trunk.head_drop, trunk.head, *visual.head.children()]
-        self.head_steps = nn.ModuleList(step for step in steps if not _is_identity(step))
+        self.trunk = trunk  # the timm model and open_clip's head, each registered once (no aliases)
+        self.head = visual.head
+        self.head_steps = [step for step in (trunk.head_drop, trunk.head, *visual.head.children())
+                           if not _is_identity(step)]
         self.pool_include_prefix = getattr(trunk, "pool_include_prefix", True)
         self.layout = TokenLayout(prefix_tokens=trunk.num_prefix_tokens, num_patches=trunk.patch_embed.num_patches,
                                   pooling=pooling, rotary=getattr(trunk, "rope", None) is not None)
         with torch.no_grad():  # the head's output width, whatever its steps
             self._output_dim = self._head(next(trunk.parameters()).new_zeros(1, trunk.embed_dim)).shape[-1]
+
+    @property
+    def blocks(self):
+        return self.trunk.blocks
+
+    @property
+    def patch_embed(self):
+        return self.trunk.patch_embed
+
+    @property
+    def norm(self):
+        """The norm after the last block."""
+        return self.trunk.norm
+
+    @property
+    def attn_pool(self):
+        return self.trunk.attn_pool
+
+    @property
+    def fc_norm(self):
+        return self.trunk.fc_norm
 
     @property
     def output_dim(self):
@@ -65,7 +81,7 @@ class TimmVisionTower(VisionTower):
         return self.trunk._pos_embed(self.patch_embed(images.to(self.patch_embed.proj.weight.dtype)))
 
     def pre_norm(self, x):
-        return self.norm_pre(x)
+        return self.trunk.norm_pre(x)
 
     def pool(self, x, state, pool_keys=None):
         pooling = self.layout.pooling
@@ -145,10 +161,10 @@ class TimmVisionTower(VisionTower):
             parameter = getattr(self.trunk, name, None)
             if parameter is not None:
                 yield parameter
-        yield from self.norm_pre.parameters()
+        yield from self.trunk.norm_pre.parameters()
 
     def head_parameters(self):
-        for module in (self.norm, self.attn_pool, self.fc_norm, self.head_steps):
+        for module in (self.norm, self.attn_pool, self.fc_norm, *self.head_steps):
             if module is not None:
                 yield from module.parameters()
 
@@ -221,10 +237,10 @@ class EvaVisionTower(TimmVisionTower):
         if getattr(self.trunk, "rope_mixed", False):
             raise UnsupportedBackboneError("The Eva tower uses per-layer ('mixed') rotary positions, which the "
                                            "prompted runner does not drive.")
-        self.rope = self.trunk.rope
         self.rotate_half = bool(getattr(self.blocks[0].attn, "rotate_half", False))
 
     def rotary_table(self, state, length):
-        if self.rope is None:
+        rope = self.trunk.rope
+        if rope is None:
             return None
-        return RotaryTable(self.rope.get_embed(), state.patches, length, self.rotate_half)
+        return RotaryTable(rope.get_embed(), state.patches, length, self.rotate_half)
