@@ -13,7 +13,7 @@ from torch import nn
 
 from .blocks import EvaBlockOps, TimmBlockOps
 from .tower import RotaryTable, TokenLayout, UnsupportedBackboneError, check_block_types
-from .vision import VisionTower, frozen_layer_norm
+from .vision import VisionTower, frozen_layer_norm, take
 
 __all__ = ["TimmVisionTower", "TimmViTVisionTower", "EvaVisionTower"]
 
@@ -91,7 +91,7 @@ class TimmVisionTower(VisionTower):
         if pooling == "avg":
             return self._head(x[:, state.patches: state.patches + self.layout.num_patches].mean(1))
         if pool_keys is not None:
-            x = x[:, list(pool_keys)]
+            x = take(x, pool_keys)
         elif not self.pool_include_prefix:
             x = x[:, self.layout.prefix_tokens:]
         return self._head(self.attn_pool(x))

@@ -18,7 +18,14 @@ from .plan import EMPTY_PLAN, RunState
 from .prefix import SharedPrefix
 from .tower import TokenLayout, Tower, TowerOutput, UnsupportedBackboneError, check_block_types
 
-__all__ = ["VisionTower", "OpenCLIPVisionTower", "frozen_layer_norm"]
+__all__ = ["VisionTower", "OpenCLIPVisionTower", "frozen_layer_norm", "take"]
+
+
+def take(x, positions):
+    """x[:, positions] of [B, L, D]: a view for a range of consecutive positions, else a copy."""
+    if isinstance(positions, range) and positions.step == 1:
+        return x[:, positions.start:positions.stop]
+    return x[:, list(positions)]
 
 
 def frozen_layer_norm(norm, x):
@@ -152,7 +159,7 @@ class VisionTower(Tower):
                 hidden = self.run_prefix(images, start)
         if self.layout.pooling != "token":
             x = self.run_blocks(hidden, start, self.num_layers, plan, state, known=known)
-            return TowerOutput(features=self.pool(x, state, pool_keys), tokens=x if rows is None else x[:, list(rows)])
+            return TowerOutput(features=self.pool(x, state, pool_keys), tokens=x if rows is None else take(x, rows))
         if rows is None:
             x = self.run_blocks(hidden, start, self.num_layers, plan, state, known=known)
             return TowerOutput(features=self.pool(x, state), tokens=x)
