@@ -21,10 +21,10 @@ FAMILIES = tuple(FAMILY_TEST_CONFIGS)
 TOL = dict(rtol=1e-5, atol=1e-5)
 EXPECTED_LAYOUT = {  # family: (tower adapter, prefix tokens, pooling, rotary, image blocks)
     "openai": ("OpenCLIPVisionTower", 1, "token", False, 3),
-    "siglip": ("TimmViTVisionTower", 0, "map", False, 2),
-    "eva02": ("EvaVisionTower", 1, "token", True, 2),
-    "pe_core": ("EvaVisionTower", 1, "map", True, 2),
-    "vit_reg": ("TimmViTVisionTower", 3, "token", False, 2),
+    "siglip": ("TimmViTVisionTower", 0, "map", False, 6),
+    "eva02": ("EvaVisionTower", 1, "token", True, 6),
+    "pe_core": ("EvaVisionTower", 1, "map", True, 6),
+    "vit_reg": ("TimmViTVisionTower", 3, "token", False, 6),
 }
 
 

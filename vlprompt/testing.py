@@ -38,7 +38,7 @@ TINY_RESNET_CLIP_CONFIG = dict(
 # image towers are registered by vlprompt.clip.small_models). Text towers: open_clip's
 # TextTransformer with CLIP's tokenizer (context length 32); SigLIP's is bidirectional, pooled at
 # the last position, with a projection bias, and the model scores with a logit bias.
-_CAUSAL_TEXT = {"context_length": 32, "vocab_size": 49408, "width": 32, "heads": 4, "layers": 2}
+_CAUSAL_TEXT = {"context_length": 32, "vocab_size": 49408, "width": 32, "heads": 4, "layers": 4}
 FAMILY_TEST_CONFIGS = {
     "openai": TINY_CLIP_CONFIG,
     "siglip": {

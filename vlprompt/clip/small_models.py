@@ -50,21 +50,21 @@ def _definitions():
     from timm.models.vision_transformer import VisionTransformer
 
     def vlprompt_tiny_siglip(**kwargs):
-        """SigLIP-style tower: no class token, attention-pool head (width 32, 2 blocks of 4 heads)."""
-        defaults = dict(embed_dim=32, depth=2, num_heads=4, class_token=False, global_pool="map",
+        """SigLIP-style tower: no class token, attention-pool head (width 32, 6 blocks of 4 heads)."""
+        defaults = dict(embed_dim=32, depth=6, num_heads=4, class_token=False, global_pool="map",
                         norm_layer=partial(torch.nn.LayerNorm, eps=1e-6))
         return _build(VisionTransformer, defaults, kwargs)
 
     def vlprompt_tiny_eva02(**kwargs):
         """EVA02-CLIP-style tower: RoPE, SwiGLU with inner norm, attention inner norm, class token."""
-        defaults = dict(embed_dim=32, depth=2, num_heads=4, qkv_fused=False, mlp_ratio=4 * 2 / 3, swiglu_mlp=True,
+        defaults = dict(embed_dim=32, depth=6, num_heads=4, qkv_fused=False, mlp_ratio=4 * 2 / 3, swiglu_mlp=True,
                         scale_mlp=True, scale_attn_inner=True, use_rot_pos_emb=True, ref_feat_shape=(4, 4),
                         global_pool="token")
         return _build(Eva, defaults, kwargs)
 
     def vlprompt_tiny_pe_core(**kwargs):
         """PE-Core-style tower: AttentionRope, pre-block norm, xy RoPE grid, layer scale, attention pool."""
-        defaults = dict(embed_dim=32, depth=2, num_heads=4, global_pool="map", attn_type="rope",
+        defaults = dict(embed_dim=32, depth=6, num_heads=4, global_pool="map", attn_type="rope",
                         use_pre_transformer_norm=True, use_rot_pos_emb=True, ref_feat_shape=(4, 4),
                         rope_grid_offset=1.0, rope_grid_indexing="xy", attn_pool_num_heads=4,
                         attn_pool_mlp_ratio=4.0, init_values=0.1, norm_layer=partial(LayerNorm, eps=1e-5))
@@ -72,7 +72,7 @@ def _definitions():
 
     def vlprompt_tiny_vit_reg(**kwargs):
         """Register-token ViT: a class token and two registers, class-token pooling."""
-        defaults = dict(embed_dim=32, depth=2, num_heads=4, class_token=True, reg_tokens=2, global_pool="token")
+        defaults = dict(embed_dim=32, depth=6, num_heads=4, class_token=True, reg_tokens=2, global_pool="token")
         return _build(VisionTransformer, defaults, kwargs)
 
     return {fn.__name__: fn for fn in (vlprompt_tiny_siglip, vlprompt_tiny_eva02, vlprompt_tiny_pe_core,
