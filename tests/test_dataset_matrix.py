@@ -111,7 +111,9 @@ def test_the_command_prints_and_writes_the_matrix(tmp_path, capsys):
     assert written["methods_without_tables"] == ["CoOp"]
 
 
-def test_unknown_names_exit_2_with_what_was_expected(capsys):
+def test_unknown_names_exit_2_with_what_was_expected(tmp_path, capsys):
+    assert dataset_matrix.main(["--json", str(tmp_path / "missing" / "matrix.json")]) == 2
+    assert "matrix.json: its folder does not exist" in capsys.readouterr().err
     assert dataset_matrix.main(["--methods", "Mars"]) == 2
     assert "Unknown method(s) ['Mars']: expected some of ATPrompt, CLIPAdapter" in capsys.readouterr().err
     assert dataset_matrix.main(["--datasets", "eurosatt"]) == 2

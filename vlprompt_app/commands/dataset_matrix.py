@@ -259,6 +259,10 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        print(f"dataset_matrix: --json {args.json}: its folder does not exist; give a path in an existing folder.",
+              file=sys.stderr)
+        return 2
     rules = method_rules()
     try:
         methods = _choose(args.methods, list(rules), "method(s)") if args.methods else list(rules)
