@@ -31,6 +31,7 @@ class _SyntheticSet(CoopSplitDataset):
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         cls.split_file = SETS[cls.__name__].split_file
+        cls.description_stem = SETS[cls.__name__].folder  # the descriptions are written on first use
         cls.layout = (f"{cls.dataset_dir}/\n  images/<class>/<split>_<n>.png\n  {cls.split_file}\n"
                       "  synthetic.json\n  (rendered on first use)")
 

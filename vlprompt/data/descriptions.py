@@ -3,9 +3,10 @@
 A dataset's descriptions are one file ``<stem>_prompt.json`` holding
 ``{"<class name>": ["<sentence>", ...], ...}``, keyed by the class names with "_" written as
 spaces (upstream FushengHao/TAC ships them for the 15 datasets of the benchmark as
-``descriptions/<stem>_prompt.json``). The stem of a dataset is upstream's (``DESCRIPTION_STEMS``,
-e.g. FGVCAircraft -> "fgvc"); the synthetic sets use their folder names and their files are
-written on first use from the world's attributes (:mod:`vlprompt.synthetic.descriptions`).
+``descriptions/<stem>_prompt.json``). The stem is a fact of the dataset class, its
+``description_stem`` (upstream's, e.g. FGVCAircraft's "fgvc"; a class registered in
+DATASET_REGISTRY); the synthetic sets use their folder names and their files are written on
+first use from the world's attributes (:mod:`vlprompt.synthetic.descriptions`).
 
 :func:`read_class_descriptions` returns the sentences of the classes asked for, in their
 order, and raises :class:`DescriptionsError` naming the file and what is wrong with it.
@@ -15,28 +16,12 @@ import os
 
 from vlprompt.fileio import atomic_write
 
+from .datasets import DATASET_REGISTRY
+
 __all__ = [
-    "DESCRIPTION_STEMS", "DescriptionsError", "check_descriptions_file", "descriptions_file", "read_class_descriptions",
+    "DescriptionsError", "check_descriptions_file", "descriptions_file", "read_class_descriptions",
 ]
 
-# DATASET.NAME -> file stem of upstream's descriptions/<stem>_prompt.json.
-DESCRIPTION_STEMS = {
-    "Caltech101": "caltech",
-    "DescribableTextures": "dtd",
-    "EuroSAT": "eurosat",
-    "FGVCAircraft": "fgvc",
-    "Food101": "food101",
-    "ImageNet": "imagenet",
-    "ImageNetA": "imagenet_a",
-    "ImageNetR": "imagenet_r",
-    "ImageNetSketch": "imagenet_sketch",
-    "ImageNetV2": "imagenetv2",
-    "OxfordFlowers": "oxford_flowers",
-    "OxfordPets": "oxford_pets",
-    "StanfordCars": "stanford_cars",
-    "SUN397": "sun397",
-    "UCF101": "ucf101",
-}
 UPSTREAM = "https://github.com/FushengHao/TAC (folder descriptions/)"
 
 
@@ -56,18 +41,22 @@ def descriptions_file(folder, dataset_name):
     Raises:
         DescriptionsError: the dataset has no known file stem.
     """
-    sets = _synthetic_sets()
-    if dataset_name in sets:
-        stem = sets[dataset_name].folder
-    elif dataset_name in DESCRIPTION_STEMS:
-        stem = DESCRIPTION_STEMS[dataset_name]
-    else:
+    stem = _description_stem(dataset_name)
+    if not stem:
+        known = [name for name in DATASET_REGISTRY.registered_names() if _description_stem(name)]
         raise DescriptionsError(
-            f"No descriptions file name is known for the dataset {dataset_name!r} (known: "
-            f"{', '.join(list(DESCRIPTION_STEMS) + list(sets))}); add its stem to "
-            "vlprompt.data.descriptions.DESCRIPTION_STEMS and write <stem>_prompt.json in the upstream format."
+            f"No descriptions file name is known for the dataset {dataset_name!r} (known: {', '.join(known)}); "
+            "set the description_stem attribute of its dataset class and write <stem>_prompt.json in the "
+            "upstream format."
         )
     return os.path.join(folder, f"{stem}_prompt.json")
+
+
+def _description_stem(dataset_name):
+    """The ``description_stem`` of the dataset class registered as ``dataset_name``; "" when none."""
+    if dataset_name not in DATASET_REGISTRY:
+        return ""
+    return getattr(DATASET_REGISTRY.get(dataset_name), "description_stem", "")
 
 
 def _write_synthetic(path, dataset_name):
