@@ -171,8 +171,11 @@ class EvaBlockOps(TimmBlockOps):
             tensors = _fused_projection(h, attn.qkv.weight, bias, parts, attn.num_heads)
         else:
             modules = {"q": attn.q_proj, "k": attn.k_proj, "v": attn.v_proj}
+            kv_heads = getattr(attn, "num_kv_heads", attn.num_heads)
+            heads = {"q": attn.num_heads, "k": kv_heads, "v": kv_heads}
             batch, length, _ = h.shape
-            tensors = [modules[part](h).view(batch, length, -1, attn.head_dim).transpose(1, 2) for part in parts]
+            tensors = [modules[part](h).view(batch, length, heads[part], attn.head_dim).transpose(1, 2)
+                       for part in parts]
         return _normalise_qk(attn, parts, tensors)
 
     def kv_groups(self, block):
