@@ -365,7 +365,7 @@ def build_predictor(cfg, model_dir="", epoch=None, classes=None, device=None, ba
         root: the datasets folder when the run's classes are read (None: the run's DATASET.ROOT).
         scope: with ``classes``, the evaluation scope they have (an export's own classes); None: "new".
     """
-    from vlprompt.config.validate import validate_cfg
+    from vlprompt.engine.config_checks import validate_cfg
     from vlprompt.engine import build_trainer
     from vlprompt.engine.eval_scope import resolve_eval_scope
 
