@@ -15,9 +15,6 @@ from typing import Mapping, Optional
 
 from vlprompt.version import __version__
 
-WISEFT_SWEEP_FILENAME = "wiseft_alphas.json"
-"""WiSE-FT's mixing-coefficient sweep of an evaluation (trainers/wiseft.py; tools/plot_results.py wiseft)."""
-
 RUN_INFO_DEFAULTS = {
     "config_file": "",
     "dataset_config_file": "",

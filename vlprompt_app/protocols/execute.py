@@ -43,12 +43,11 @@ from vlprompt.paths import repository_root
 from .grid import Chain, Run
 
 __all__ = [
-    "CONSOLE_NAME", "OK", "FAILED", "SKIPPED", "BLOCKED", "Outcome", "Launcher",
+    "OK", "FAILED", "SKIPPED", "BLOCKED", "Outcome", "Launcher",
     "SlurmOptions", "is_completed", "check_one_run_per_folder", "pending_runs", "execute_chain", "Progress", "run_sequential",
     "run_queue", "submit_slurm", "run_chain_job", "wait_for_jobs", "summarize",
 ]
 
-CONSOLE_NAME = "console.txt"
 
 OK, FAILED, SKIPPED, BLOCKED = "ok", "FAILED", "skipped", "blocked"
 
@@ -194,7 +193,7 @@ def _last_line(path: Path) -> str:
 def _attempt(run: Run, launcher: Callable, env: Dict[str, str], where: str) -> Outcome:
     output_dir = Path(run.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    console_path = output_dir / CONSOLE_NAME
+    console_path = RunFolder(output_dir).console_path
     started = time.time()
     with open(console_path, "a", encoding="utf-8") as console:
         stamp = datetime.datetime.now().isoformat(timespec="seconds")
