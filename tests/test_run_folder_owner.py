@@ -10,6 +10,7 @@
 """
 import ast
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -109,7 +110,7 @@ def test_every_path_of_the_owner_is_in_the_layout(tmp_path):
         folder.config_path, folder.results_path, folder.console_path, folder.cmat_path, folder.bad_images_path,
         folder.wiseft_sweep_path, folder.lock().path, *folder.episode_record_paths("test"),
         folder.checkpoint_path("prompt_learner", 3), folder.checkpoint_path("prompt_learner"),
-        folder.mid_epoch_checkpoint_path("prompt_learner", 2, 5), folder.pointer_path("prompt_learner"),
+        folder.mid_epoch_checkpoint_path("prompt_learner", 2, 5), folder.model_dir("prompt_learner") / run_layout.POINTER_FILENAME,
         folder.tensorboard_dir / "events.out.tfevents.1.host", tmp_path / run_layout.log_name(0),
         tmp_path / run_layout.log_name(3),
         tmp_path / run_layout.timestamped_log_name(run_layout.LOG_FILENAME, run_layout.log_start_time(
@@ -168,6 +169,11 @@ def test_a_training_run_writes_only_files_the_layout_names(pets_root, tiny_clip_
         "the pointer to the checkpoint written last",
     }
     assert RunFolder(output).tensorboard_dir.is_dir()
+    # the mid-epoch checkpoints are deleted when training ends; the log names every checkpoint written
+    saved = re.findall(r'^(?:Checkpoint saved to|Best checkpoint saved to) "?(.+?)"?$',
+                       RunFolder(output).logs()[0].read_text(), re.M)
+    written = {run_layout.describe(Path(path).relative_to(output).as_posix()) for path in saved}
+    assert written == {"a mid-epoch checkpoint", "a checkpoint after an epoch", "the checkpoint of the best val result"}
 
 
 def test_a_test_time_run_writes_only_files_the_layout_names(pets_root, tiny_clip_files, tmp_path, monkeypatch):

@@ -365,7 +365,8 @@ def write_stand_in_teacher(folder, backbone, weights, input_size, dataset):
     prompts = {name: param.detach() for name, param in model.named_parameters() if param.requires_grad}
     run = RunFolder(folder)
     checkpoint = run.checkpoint_path(TEACHER_MODEL_NAME, cfg.OPTIM.MAX_EPOCH)
-    save_checkpoint({"state_dict": prompts, "epoch": cfg.OPTIM.MAX_EPOCH}, str(checkpoint.parent), model_name=checkpoint.name)
+    save_checkpoint({"state_dict": prompts, "epoch": cfg.OPTIM.MAX_EPOCH}, str(checkpoint.parent),
+                    model_name=checkpoint.name)
     run.write_config(cfg)
     return folder
 

@@ -1,10 +1,11 @@
 """The layout of a run folder: the one place where the names of its files are spelled.
 
 :class:`vlprompt.engine.run_folder.RunFolder` is the API over this layout (paths, reading,
-writing, the lock); every reader and writer gets its paths from it. The names live in this
-module, which imports nothing of the library, so that Dassl's helpers in :mod:`vlprompt.utils`
-that keep Dassl's defaults (``setup_logger(OUTPUT_DIR)`` opens ``log.txt``, ``save_checkpoint``
-names ``model.pth.tar-N``) take them from here as well. :data:`LAYOUT` lists every file a run
+writing, the lock): the engine, the methods and the application get their paths from it. The
+names live in this module, which imports nothing of the library, so that the helpers below the
+engine that keep Dassl's defaults (``setup_logger(OUTPUT_DIR)`` opens ``log.txt``,
+``save_checkpoint`` names ``model.pth.tar-N``, the evaluator saves ``OUTPUT_DIR/cmat.pt``,
+``check_images`` reports to ``bad_images.txt``) take them from here as well. :data:`LAYOUT` lists every file a run
 may leave in its folder (Dassl's names where Dassl has them)::
 
     OUTPUT_DIR/
@@ -33,7 +34,7 @@ from typing import Optional, Tuple
 
 __all__ = [
     "CONFIG_FILENAME", "RESULTS_FILENAME", "LOG_FILENAME", "LOCK_FILENAME", "CONSOLE_FILENAME", "CMAT_FILENAME",
-    "BAD_IMAGES_FILENAME", "WISEFT_SWEEP_FILENAME", "TENSORBOARD_DIRNAME", "TEST_TIME_DIRNAME", "CHECKPOINT_PREFIX",
+    "BAD_IMAGES_FILENAME", "WISEFT_SWEEP_FILENAME", "TENSORBOARD_DIRNAME", "TEST_TIME_DIRNAME",
     "BEST_CHECKPOINT", "POINTER_FILENAME", "LAYOUT", "log_name", "timestamped_log_name", "log_start_time",
     "epoch_checkpoint_name", "mid_epoch_checkpoint_name", "checkpoint_position", "episode_record_names",
     "describe",
@@ -49,10 +50,10 @@ BAD_IMAGES_FILENAME = "bad_images.txt"
 WISEFT_SWEEP_FILENAME = "wiseft_alphas.json"
 TENSORBOARD_DIRNAME = "tensorboard"
 TEST_TIME_DIRNAME = "test_time"
-CHECKPOINT_PREFIX = "model.pth.tar-"
 BEST_CHECKPOINT = "model-best.pth.tar"
 POINTER_FILENAME = "checkpoint"
 
+_CHECKPOINT_PREFIX = "model.pth.tar-"
 _RANK_LOG = "log-rank{rank}.txt"
 _LOG_TIMESTAMP = "%Y-%m-%d-%H-%M-%S"
 _BATCH_INFIX = "-batch"
@@ -105,12 +106,12 @@ def log_start_time(path) -> Optional[datetime]:
 
 def epoch_checkpoint_name(epochs_done: int) -> str:
     """``model.pth.tar-N``: the checkpoint after N completed epochs."""
-    return f"{CHECKPOINT_PREFIX}{epochs_done}"
+    return f"{_CHECKPOINT_PREFIX}{epochs_done}"
 
 
 def mid_epoch_checkpoint_name(epochs_done: int, batches_done: int) -> str:
     """``model.pth.tar-E-batchB``: E epochs and B batches of the next epoch done."""
-    return f"{CHECKPOINT_PREFIX}{epochs_done}{_BATCH_INFIX}{batches_done}"
+    return f"{_CHECKPOINT_PREFIX}{epochs_done}{_BATCH_INFIX}{batches_done}"
 
 
 def checkpoint_position(name: str) -> Optional[Tuple[int, int]]:

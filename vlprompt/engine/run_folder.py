@@ -34,15 +34,14 @@ from vlprompt.config import ConfigError
 from vlprompt.engine.run_lock import RunLock
 from vlprompt.fileio import atomic_write
 from vlprompt.run_layout import (
-    BAD_IMAGES_FILENAME, BEST_CHECKPOINT, CHECKPOINT_PREFIX, CMAT_FILENAME, CONFIG_FILENAME, CONSOLE_FILENAME,
-    LOG_FILENAME, POINTER_FILENAME, RESULTS_FILENAME, TENSORBOARD_DIRNAME, TEST_TIME_DIRNAME, WISEFT_SWEEP_FILENAME,
-    checkpoint_position, describe, episode_record_names, epoch_checkpoint_name, log_start_time,
+    BAD_IMAGES_FILENAME, BEST_CHECKPOINT, CMAT_FILENAME, CONFIG_FILENAME, CONSOLE_FILENAME, LOG_FILENAME,
+    RESULTS_FILENAME, TENSORBOARD_DIRNAME, TEST_TIME_DIRNAME, WISEFT_SWEEP_FILENAME, checkpoint_position, describe, episode_record_names, epoch_checkpoint_name, log_start_time,
     mid_epoch_checkpoint_name,
 )
 
 __all__ = [
     "RunFolder", "RunFolderError", "log_start_time", "CONFIG_FILENAME", "RESULTS_FILENAME", "LOG_FILENAME",
-    "TEST_TIME_DIRNAME", "CHECKPOINT_PREFIX", "BEST_CHECKPOINT",
+    "TEST_TIME_DIRNAME", "BEST_CHECKPOINT",
 ]
 
 
@@ -129,10 +128,6 @@ class RunFolder:
     def mid_epoch_checkpoint_path(self, model_name: str, epochs_done: int, batches_done: int) -> Path:
         """``<model name>/model.pth.tar-E-batchB``: E epochs and B batches of the next epoch done."""
         return self.model_dir(model_name) / mid_epoch_checkpoint_name(epochs_done, batches_done)
-
-    def pointer_path(self, model_name: str) -> Path:
-        """``<model name>/checkpoint``: the pointer file naming the checkpoint written last."""
-        return self.model_dir(model_name) / POINTER_FILENAME
 
     def checkpoints(self, model_name: str) -> Dict[Tuple[int, int], Path]:
         """{(epochs done, batches done): path} of the epoch checkpoints (at (N, 0)) and mid-epoch
