@@ -17,6 +17,7 @@ from yacs.config import CfgNode as CN
 
 from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
+from vlprompt.run_layout import epoch_checkpoint_name
 
 from .ft import FT, add_ft_keys
 
@@ -45,4 +46,4 @@ class LPFT(FT):
         super().check_cfg(cfg)
         if node.STAGE == 2 and not cfg.MODEL.INIT_WEIGHTS:
             print("Note: LP-FT stage 2 without MODEL.INIT_WEIGHTS fine-tunes from the zero-shot head, not from a "
-                  "probed one (e.g. MODEL.INIT_WEIGHTS <stage 1 dir>/LPFT/model.pth.tar-5)")
+                  f"probed one (e.g. MODEL.INIT_WEIGHTS <stage 1 dir>/LPFT/{epoch_checkpoint_name(5)})")
