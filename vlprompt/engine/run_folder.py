@@ -7,6 +7,8 @@ Layout (Dassl's names where Dassl has them)::
                                     log.txt-YYYY-MM-DD-HH-MM-SS siblings
         config.yaml                 the merged config of a training run (detectron2's name),
                                     written when it starts
+        eval_config.yaml            the merged config of an evaluation of a --model-dir (its
+                                    folder is not a model, so not config.yaml), written when it starts
         results.json                the record of the final evaluation (metrics at full
                                     precision, evaluation scope, "completed": true), written last
         <model name>/model.pth.tar-N    checkpoints by completed epoch (learned tensors only),
@@ -14,6 +16,13 @@ Layout (Dassl's names where Dassl has them)::
         test_time/<split>.json|.bin     a test-time method's per-image episode records
         run.lock                    present while a process runs into the folder (its pid, host
                                     and start time; see vlprompt/engine/run_lock.py)
+        console.txt                 the console output of each attempt, appended by
+                                    tools/run_protocol.py
+        replaced-YYYY-MM-DD-HH-MM-SS/   the files of an earlier run, moved aside by a rerun
+                                    started afresh (train.py --restart; see vlprompt/engine/rerun.py)
+
+A rerun reuses the checkpoints and test-time records only when it asks for the run the folder
+records (vlprompt/engine/rerun.py compares the merged configs).
 
 Every reader goes through :class:`RunFolder`: the evaluation-scope inference (which dataset a
 model was trained on), the protocol runner (whether a run completed), the results tables,
@@ -31,10 +40,13 @@ from typing import List, Mapping, Optional
 import yaml
 
 from vlprompt.config import ConfigError
-from vlprompt.engine.run_lock import RunLock
+from vlprompt.engine.run_lock import LOCK_FILENAME, RunLock
 from vlprompt.fileio import atomic_write
 
 CONFIG_FILENAME = "config.yaml"
+EVAL_CONFIG_FILENAME = "eval_config.yaml"
+CONSOLE_FILENAME = "console.txt"
+REPLACED_PREFIX = "replaced-"
 RESULTS_FILENAME = "results.json"
 LOG_FILENAME = "log.txt"
 TEST_TIME_DIRNAME = "test_time"
@@ -43,10 +55,16 @@ BEST_CHECKPOINT = "model-best.pth.tar"
 
 _TIMESTAMP_FORMAT = "%Y-%m-%d-%H-%M-%S"
 _TIMESTAMPED_LOG = re.compile(r"^log\.txt-(\d{4}-\d{2}-\d{2}-\d{2}-\d{2}-\d{2})$")
+_REPLACED = re.compile(r"^replaced-\d{4}-\d{2}-\d{2}-\d{2}-\d{2}-\d{2}(-\d+)?$")
 
 
 class RunFolderError(ValueError):
     """A run-folder file that cannot be read as what it should be."""
+
+
+def is_replaced_folder(name: str) -> bool:
+    """True for the name of a folder where :meth:`RunFolder.move_aside` put an earlier run's files."""
+    return bool(_REPLACED.match(name))
 
 
 def log_start_time(path: Path) -> Optional[datetime]:
@@ -104,11 +122,42 @@ class RunFolder:
         host and start time while another process holds it."""
         return RunLock(self.path)
 
-    def write_config(self, cfg) -> Path:
-        """Write the merged config of a training run as ``config.yaml`` atomically."""
-        with atomic_write(str(self.config_path), "w") as f:
+    def settings_path(self, evaluation: bool = False) -> Path:
+        """Where a run records the merged config it runs with: ``config.yaml`` (a training run, or an
+        evaluation of the whole model, zero-shot CLIP: a run that tools/predict.py reads), or
+        ``eval_config.yaml`` for an ``evaluation`` of a --model-dir."""
+        return self.path / (EVAL_CONFIG_FILENAME if evaluation else CONFIG_FILENAME)
+
+    def write_config(self, cfg, evaluation: bool = False) -> Path:
+        """Write the merged config of a run atomically, to :meth:`settings_path` (``evaluation``: an
+        evaluation of a --model-dir)."""
+        path = self.settings_path(evaluation)
+        with atomic_write(str(path), "w") as f:
             f.write(cfg.dump())
-        return self.config_path
+        return path
+
+    def move_aside(self) -> Optional[Path]:
+        """Move what the folder holds into a new ``replaced-YYYY-MM-DD-HH-MM-SS`` folder inside it, so
+        that a run starts afresh there (train.py --restart); the caller holds the folder's lock.
+
+        Left in place: the lock, ``console.txt`` (the protocol runner appends every attempt to it) and
+        the folders of earlier replacements. Returns the new folder, or None when nothing was moved.
+        """
+        if not self.path.is_dir():
+            return None
+        keep = {LOCK_FILENAME, CONSOLE_FILENAME}
+        entries = sorted(p for p in self.path.iterdir() if p.name not in keep and not is_replaced_folder(p.name))
+        if not entries:
+            return None
+        stamp = datetime.now().strftime(_TIMESTAMP_FORMAT)
+        aside, number = self.path / f"{REPLACED_PREFIX}{stamp}", 1
+        while aside.exists():
+            number += 1
+            aside = self.path / f"{REPLACED_PREFIX}{stamp}-{number}"
+        aside.mkdir()
+        for entry in entries:
+            entry.rename(aside / entry.name)
+        return aside
 
     def write_results(self, record: Mapping) -> Path:
         """Write an evaluation's record as ``results.json`` atomically (4-space indent)."""
@@ -153,21 +202,44 @@ class RunFolder:
         record = self.read_results()
         return record if record is not None and record.get("eval_only") is False else None
 
+    def holds_checkpoints(self) -> bool:
+        """True when a model folder ``<name>/`` holds an epoch or mid-epoch checkpoint (a resume point)."""
+        if not self.path.is_dir():
+            return False
+        return any(child.is_dir() and any(p.name.startswith(CHECKPOINT_PREFIX) for p in child.iterdir())
+                   for child in self.path.iterdir() if not is_replaced_folder(child.name))
+
+    def holds_test_time_records(self) -> bool:
+        """True when ``test_time/`` holds a test-time method's per-image records."""
+        return self.test_time_dir.is_dir() and any(self.test_time_dir.iterdir())
+
+    def read_settings(self, evaluation: bool = False) -> Optional[dict]:
+        """The merged config recorded at :meth:`settings_path` as plain data, None without one.
+
+        Raises:
+            ConfigError: the file exists but is not a YAML mapping.
+        """
+        return self._read_yaml(self.settings_path(evaluation))
+
     def read_config_data(self) -> Optional[dict]:
         """``config.yaml`` as plain data, None without one.
 
         Raises:
             ConfigError: the file exists but is not a YAML mapping.
         """
-        if not self.config_path.is_file():
+        return self._read_yaml(self.config_path)
+
+    @staticmethod
+    def _read_yaml(path: Path) -> Optional[dict]:
+        if not path.is_file():
             return None
         try:
-            data = yaml.safe_load(self.config_path.read_text(encoding="utf-8"))
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
         except (OSError, yaml.YAMLError) as error:
-            raise ConfigError(f'Cannot read "{self.config_path}" ({type(error).__name__}: '
+            raise ConfigError(f'Cannot read "{path}" ({type(error).__name__}: '
                               f'{" ".join(str(error).split())}); fix or delete the file.') from None
         if not isinstance(data, dict):
-            raise ConfigError(f'"{self.config_path}" is not a config (a YAML mapping); fix or delete the file.')
+            raise ConfigError(f'"{path}" is not a config (a YAML mapping); fix or delete the file.')
         return data
 
     def read_config(self):
