@@ -19,14 +19,12 @@ command leaves it at its default.
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional
 
-import yaml
-
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default
 
 from .run_folder import REPLACED_PREFIX, RunFolder
 
 __all__ = [
-    "NEUTRAL_KEYS", "Difference", "SettingsChangedError", "config_data", "settings_differences",
+    "NEUTRAL_KEYS", "Difference", "SettingsChangedError", "config_data", "default_data", "settings_differences",
     "format_differences", "recorded_differences", "check_rerun",
 ]
 
@@ -92,11 +90,17 @@ def _neutral(key: str) -> bool:
 
 
 def config_data(cfg) -> dict:
-    """``cfg`` as the plain data its ``config.yaml`` holds (tuples read back as lists)."""
-    return yaml.safe_load(cfg.dump())
+    """``cfg`` (a CfgNode) as the plain data its ``config.yaml`` reads back as: nested dicts, tuples
+    as lists (what ``yaml.safe_load(cfg.dump())`` gives, without the YAML round trip)."""
+    if isinstance(cfg, Mapping):
+        return {name: config_data(value) for name, value in cfg.items()}
+    if isinstance(cfg, (list, tuple)):
+        return [config_data(value) for value in cfg]
+    return cfg
 
 
-def _default_data() -> dict:
+def default_data() -> dict:
+    """The default config, every registered trainer node included, as plain data."""
     cfg = get_cfg_default()
     extend_cfg(cfg)
     return config_data(cfg)
@@ -112,7 +116,7 @@ def settings_differences(recorded: Mapping, requested: Mapping,
             a key missing from ``recorded`` is unchanged while ``requested`` holds its default.
     """
     old, new = _flatten(recorded), _flatten(requested)
-    flat_defaults = _flatten(_default_data() if defaults is None else defaults)
+    flat_defaults = _flatten(default_data() if defaults is None else defaults)
     differences = []
     for key in sorted(set(old) | set(new)):
         if _neutral(key):
@@ -132,15 +136,17 @@ def format_differences(differences: List[Difference], limit: int = 12) -> str:
     return shown + (f"; and {rest} more" if rest > 0 else "")
 
 
-def recorded_differences(folder: RunFolder, cfg, evaluation: bool) -> Optional[List[Difference]]:
+def recorded_differences(folder: RunFolder, cfg, evaluation: bool,
+                         defaults: Optional[Mapping] = None) -> Optional[List[Difference]]:
     """How ``cfg`` differs from the settings ``folder`` records (its :meth:`RunFolder.settings_path`
-    for ``evaluation``, an evaluation of a --model-dir); None when it records none.
+    for ``evaluation``, an evaluation of a --model-dir); None when it records none. ``defaults``: as
+    for :func:`settings_differences` (pass :func:`default_data` once when comparing many runs).
 
     Raises:
         ConfigError: the record exists but is not a YAML mapping.
     """
     recorded = folder.read_settings(evaluation)
-    return None if recorded is None else settings_differences(recorded, config_data(cfg))
+    return None if recorded is None else settings_differences(recorded, config_data(cfg), defaults)
 
 
 def _reused_state(folder: RunFolder, training: bool) -> Optional[str]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from vlprompt.config import ConfigError
-from vlprompt.engine.rerun import Difference, format_differences, recorded_differences
+from vlprompt.engine.rerun import Difference, default_data, format_differences, recorded_differences
 from vlprompt.engine.run_folder import REPLACED_PREFIX, RunFolder
 
 from .grid import Chain, Run
@@ -38,8 +38,8 @@ class ChangedRun:
 
 
 def _requested(run: Run):
-    """(merged config, whether it evaluates a --model-dir, whether it trains) of ``run``'s train.py
-    arguments, merged as train.py merges them."""
+    """(merged config, whether it evaluates a --model-dir) of ``run``'s train.py arguments, merged
+    as train.py merges them."""
     from vlprompt_app.commands import train
 
     args = train.build_parser().parse_args(list(run.argv))
@@ -47,7 +47,7 @@ def _requested(run: Run):
         cfg, _ = train.setup_cfg(args)
     except ConfigError as error:
         raise ConfigError(f"{run.label}: {error}") from None
-    return cfg, train.evaluates_model_dir(args), not (args.eval_only or args.no_train)
+    return cfg, train.evaluates_model_dir(args)
 
 
 def _holds_a_run(folder: RunFolder) -> bool:
@@ -56,14 +56,14 @@ def _holds_a_run(folder: RunFolder) -> bool:
     return folder.completed or folder.holds_checkpoints() or folder.holds_test_time_records()
 
 
-def _differences(run: Run) -> Tuple[Difference, ...]:
+def _differences(run: Run, defaults) -> Tuple[Difference, ...]:
     """The settings ``run``'s folder records that differ from the ones it is given; none when it
     records none (a folder of an earlier version: nothing to compare with)."""
     folder = RunFolder(run.output_dir)
     if not (folder.settings_path(False).is_file() or folder.settings_path(True).is_file()):
         return ()
-    cfg, evaluation, _ = _requested(run)
-    return tuple(recorded_differences(folder, cfg, evaluation) or ())
+    cfg, evaluation = _requested(run)
+    return tuple(recorded_differences(folder, cfg, evaluation, defaults) or ())
 
 
 def changed_runs(chains: Sequence[Chain]) -> List[ChangedRun]:
@@ -75,6 +75,7 @@ def changed_runs(chains: Sequence[Chain]) -> List[ChangedRun]:
         ConfigError: a run's arguments do not merge (the message names the run).
     """
     changed: List[ChangedRun] = []
+    defaults = None
     for chain in chains:
         replaced: Dict[str, str] = {}  # output folder of a changed run -> itself
         for run in chain.runs:
@@ -83,7 +84,8 @@ def changed_runs(chains: Sequence[Chain]) -> List[ChangedRun]:
                 replaced[run.output_dir] = loads
             if not _holds_a_run(RunFolder(run.output_dir)):
                 continue
-            differences = _differences(run)
+            defaults = default_data() if defaults is None else defaults
+            differences = _differences(run, defaults)
             if differences:
                 changed.append(ChangedRun(run, differences))
                 replaced[run.output_dir] = run.output_dir
