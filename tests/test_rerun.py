@@ -9,10 +9,12 @@ trained once for two epochs and copied for each test.
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
+from vlprompt.config import ConfigError
 from vlprompt.engine.rerun import NEUTRAL_KEYS, settings_differences
 from vlprompt.engine.run_folder import RunFolder
 from vlprompt.engine.run_lock import LOCK_FILENAME
@@ -82,6 +84,7 @@ def test_a_rerun_with_other_settings_is_refused_before_anything_is_written(train
     assert "RESUMING" not in out and "Loading CLIP" not in out
 
 
+@pytest.mark.e2e
 def test_a_moved_folder_and_changes_that_cannot_change_the_result_go_on(trained, run_copy, tiny_clip_files, capsys):
     """The copy is another OUTPUT_DIR; workers, print frequency and evaluation batch size are neutral."""
     status, out, err = run_train(argv(trained[0], tiny_clip_files, run_copy, opts=(
@@ -94,6 +97,7 @@ def test_a_moved_folder_and_changes_that_cannot_change_the_result_go_on(trained,
     assert json.loads((run_copy / "results.json").read_text())["metrics"] == original
 
 
+@pytest.mark.e2e
 def test_restart_moves_the_earlier_run_aside_and_trains_afresh(trained, run_copy, tiny_clip_files, capsys):
     (run_copy / "console.txt").write_text("the protocol runner's attempts\n")
     status, out, err = run_train(argv(trained[0], tiny_clip_files, run_copy, "--restart", opts=("OPTIM.LR", "0.5")),
@@ -110,16 +114,18 @@ def test_restart_moves_the_earlier_run_aside_and_trains_afresh(trained, run_copy
     assert [run.path for run in find_runs(run_copy)] == [run_copy]  # the aside folder is not a run of its own
 
 
-def test_restart_refuses_a_command_it_contradicts(trained, run_copy, tiny_clip_files, capsys):
-    status, _, err = run_train(argv(trained[0], tiny_clip_files, run_copy, "--restart", "--resume", str(trained[1])),
-                               capsys)
-    assert status == 2 and "--restart starts" in err and f"RESUME ({trained[1]}) asks to resume" in err
-    status, _, err = run_train(argv(trained[0], tiny_clip_files, run_copy, "--restart", "--eval-only", "--model-dir",
-                                    str(run_copy), "--load-epoch", "2"), capsys)
-    assert status == 2 and "--restart would move the model this run evaluates" in err
-    assert not any(p.name.startswith("replaced-") for p in run_copy.iterdir())
+def test_restart_refuses_a_command_it_contradicts(tmp_path):
+    cfg = SimpleNamespace(RESUME=str(tmp_path / "other"), OUTPUT_DIR=str(tmp_path / "run"))
+    with pytest.raises(ConfigError, match=r"--restart starts .*run afresh, but RESUME \(.*other\) asks to resume"):
+        train.check_restart(SimpleNamespace(eval_only=False, model_dir=""), cfg)
+    cfg.RESUME = ""
+    evaluation = SimpleNamespace(eval_only=True, model_dir=str(tmp_path / "run" / "."))
+    with pytest.raises(ConfigError, match="--restart would move the model this run evaluates"):
+        train.check_restart(evaluation, cfg)
+    train.check_restart(SimpleNamespace(eval_only=True, model_dir=str(tmp_path / "model")), cfg)
 
 
+@pytest.mark.e2e
 def test_an_evaluation_of_a_model_dir_records_its_settings_apart(trained, tiny_clip_files, tmp_path, capsys):
     evaluation = tmp_path / "eval"
     status, _, err = run_train(argv(trained[0], tiny_clip_files, evaluation, "--eval-only", "--model-dir",

@@ -37,14 +37,14 @@ class ChangedRun:
     loads: Optional[str] = None
 
 
-def _requested(run: Run):
+def _requested(run: Run, file_cache: dict):
     """(merged config, whether it evaluates a --model-dir) of ``run``'s train.py arguments, merged
-    as train.py merges them."""
+    as train.py merges them (``file_cache``: the merged config files, shared by the grid's runs)."""
     from vlprompt_app.commands import train
 
     args = train.build_parser().parse_args(list(run.argv))
     try:
-        cfg, _ = train.setup_cfg(args)
+        cfg, _ = train.setup_cfg(args, file_cache)
     except ConfigError as error:
         raise ConfigError(f"{run.label}: {error}") from None
     return cfg, train.evaluates_model_dir(args)
@@ -56,13 +56,13 @@ def _holds_a_run(folder: RunFolder) -> bool:
     return folder.completed or folder.holds_checkpoints() or folder.holds_test_time_records()
 
 
-def _differences(run: Run, defaults) -> Tuple[Difference, ...]:
+def _differences(run: Run, defaults, file_cache: dict) -> Tuple[Difference, ...]:
     """The settings ``run``'s folder records that differ from the ones it is given; none when it
     records none (a folder of an earlier version: nothing to compare with)."""
     folder = RunFolder(run.output_dir)
     if not (folder.settings_path(False).is_file() or folder.settings_path(True).is_file()):
         return ()
-    cfg, evaluation = _requested(run)
+    cfg, evaluation = _requested(run, file_cache)
     return tuple(recorded_differences(folder, cfg, evaluation, defaults) or ())
 
 
@@ -75,7 +75,7 @@ def changed_runs(chains: Sequence[Chain]) -> List[ChangedRun]:
         ConfigError: a run's arguments do not merge (the message names the run).
     """
     changed: List[ChangedRun] = []
-    defaults = None
+    defaults, file_cache = None, {}
     for chain in chains:
         replaced: Dict[str, str] = {}  # output folder of a changed run -> itself
         for run in chain.runs:
@@ -85,7 +85,7 @@ def changed_runs(chains: Sequence[Chain]) -> List[ChangedRun]:
             if not _holds_a_run(RunFolder(run.output_dir)):
                 continue
             defaults = default_data() if defaults is None else defaults
-            differences = _differences(run, defaults)
+            differences = _differences(run, defaults, file_cache)
             if differences:
                 changed.append(ChangedRun(run, differences))
                 replaced[run.output_dir] = run.output_dir
