@@ -53,10 +53,6 @@ TEST_TIME_DIRNAME = "test_time"
 CHECKPOINT_PREFIX = "model.pth.tar-"
 BEST_CHECKPOINT = "model-best.pth.tar"
 
-YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-"""The safe YAML loader configs are read with: libyaml's parser where PyYAML has it (a grid compares
-hundreds of recorded configs), else PyYAML's own."""
-
 _TIMESTAMP_FORMAT = "%Y-%m-%d-%H-%M-%S"
 _TIMESTAMPED_LOG = re.compile(r"^log\.txt-(\d{4}-\d{2}-\d{2}-\d{2}-\d{2}-\d{2})$")
 _REPLACED = re.compile(r"^replaced-\d{4}-\d{2}-\d{2}-\d{2}-\d{2}-\d{2}(-\d+)?$")
@@ -238,7 +234,9 @@ class RunFolder:
         if not path.is_file():
             return None
         try:
-            data = yaml.load(path.read_text(encoding="utf-8"), Loader=YAML_LOADER)
+            # a safe loader, libyaml's where PyYAML has it (a grid compares hundreds of configs)
+            data = yaml.load(path.read_text(encoding="utf-8"),
+                             Loader=yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader)
         except (OSError, yaml.YAMLError) as error:
             raise ConfigError(f'Cannot read "{path}" ({type(error).__name__}: '
                               f'{" ".join(str(error).split())}); fix or delete the file.') from None
