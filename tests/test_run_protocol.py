@@ -548,7 +548,8 @@ LOUD_TRAIN = (
 
 
 @pytest.mark.e2e
-def test_a_subprocess_failure_quotes_its_error_paragraph_not_buffered_output(tmp_path):
+def test_a_subprocess_failure_quotes_its_error_paragraph_not_buffered_output(tmp_path, monkeypatch):
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # the runner's own setting counts
     script = tmp_path / "loud_train.py"
     script.write_text(LOUD_TRAIN)
     run = Run(str(tmp_path / "run"), (), None, "run")
