@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from vlprompt.config import ConfigError
-from vlprompt.engine.rerun import NEUTRAL_KEYS, settings_differences
+from vlprompt.config import ConfigError, extend_cfg, get_cfg_default
+from vlprompt.engine.rerun import NEUTRAL_KEYS, SettingsChangedError, check_rerun, settings_differences
 from vlprompt.engine.run_folder import RunFolder
 from vlprompt.engine.run_lock import LOCK_FILENAME
 from vlprompt.testing import write_oxford_pets_tree
@@ -163,3 +163,26 @@ def test_move_aside_leaves_the_lock_the_console_and_earlier_replacements(tmp_pat
     assert sorted(p.relative_to(aside).as_posix() for p in aside.rglob("*") if p.is_file()) == [
         "config.yaml", "m/model.pth.tar-1"]
     assert not folder.holds_checkpoints()
+
+
+def test_what_a_run_would_reuse_decides_what_is_compared(tmp_path):
+    """An evaluation resumes only a test-time method's per-image records (checked against
+    eval_config.yaml); a folder of an earlier version, without a record, resumes with a note."""
+    cfg = get_cfg_default()
+    extend_cfg(cfg)
+    cfg.OUTPUT_DIR = str(tmp_path)
+    other = cfg.clone()
+    other.TEST.SPLIT, other.DATALOADER.NUM_WORKERS = "val", 0
+    RunFolder(tmp_path).write_config(cfg, evaluation=True)
+    assert check_rerun(other, training=False, evaluation=True) == []  # nothing to reuse yet
+    (tmp_path / "test_time").mkdir()
+    (tmp_path / "test_time" / "test.json").write_text("{}")
+    with pytest.raises(SettingsChangedError, match=r"holds the per-image records of a test-time evaluation of a "
+                                                   r"run with other settings .*eval_config.yaml\): TEST.SPLIT 'test' -> 'val'\."):
+        check_rerun(other, training=False, evaluation=True)
+    assert check_rerun(cfg, training=False, evaluation=True) == []
+    (tmp_path / "eval_config.yaml").unlink()
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "model.pth.tar-1").write_text("")
+    assert check_rerun(other, training=True, evaluation=False)[0].startswith(
+        f'Note: "{tmp_path}" holds checkpoints but no config.yaml')

@@ -36,9 +36,9 @@ NEUTRAL_KEYS: Dict[str, str] = {
     "FEATURE_CACHE.DIR": "where encoded features are kept: an entry is found by what it holds, never by its folder",
     "DATALOADER.NUM_WORKERS": "processes that load images: an epoch's order and augmentations depend only on "
                               "torch's global generator, not on the workers (vlprompt/data/data_manager.py)",
-    "DATALOADER.TEST.BATCH_SIZE": "images per evaluation batch: the trained weights never see it, and a "
-                                  "test-time method adapts to one image at a time; the final evaluation is "
-                                  "computed again by every rerun, with the batch size given then",
+    "DATALOADER.TEST.BATCH_SIZE": "images per evaluation batch: the trained weights never see it, a test-time "
+                                  "method adapts to one image at a time, and batching changes a logit at most in "
+                                  "its last bits",
     "TRAIN.PRINT_FREQ": "how often a training line is logged",
     "VERBOSE": "how much is logged",
     "TRAIN.CHECKPOINT_ITERS": "how often mid-epoch checkpoints are written: a run resumed from one ends exactly "
@@ -185,11 +185,14 @@ def check_rerun(cfg, training: bool, evaluation: bool) -> List[str]:
         return [f'Note: "{folder.path}" holds {state} but no {record.name} (a folder of an earlier version or of '
                 "Dassl): the settings they were made with cannot be compared with this command's; reusing them."]
     if differences:
+        if training and cfg.RESUME:
+            ways = "Resume from another folder (RESUME), or give the settings it records"
+        else:
+            ways = (f'Give this run another --output-dir, or add --restart to start "{cfg.OUTPUT_DIR}" afresh (its '
+                    f"files are moved into {REPLACED_PREFIX}<date-time>/ inside it)")
         raise SettingsChangedError(
             f'"{folder.path}" holds {state} of a run with other settings than this command asks for '
             f"({record}): {format_differences(differences)}. Going on would reuse them, so the result would not "
-            f"be that of the settings given. Give this run another --output-dir, or add --restart to start "
-            f'"{cfg.OUTPUT_DIR}" afresh (its files are moved into {REPLACED_PREFIX}<date-time>/ inside it). Keys '
-            "that cannot change the result (paths, loader workers, evaluation batch size, logging) are not "
-            "compared: NEUTRAL_KEYS in vlprompt/engine/rerun.py.")
+            f"be that of the settings given. {ways}. Keys that cannot change the result (paths, loader workers, "
+            "evaluation batch size, logging) are not compared: NEUTRAL_KEYS in vlprompt/engine/rerun.py.")
     return []
