@@ -34,9 +34,9 @@ from typing import List, Optional, Sequence
 
 from vlprompt.paths import repository_root
 from vlprompt.config import ConfigError
+from vlprompt.engine.run_lock import RunFolderBusyError
 from vlprompt_app.protocols import PROTOCOLS, BenchmarkError, GridSpec, build_grid, load_benchmark
 from vlprompt_app.protocols.benchmark import ProtocolDatasets
-from vlprompt.engine.run_lock import RunFolderBusyError
 from vlprompt_app.protocols.execute import (
     GridLock, Launcher, Progress, SlurmOptions, pending_runs, run_queue, run_sequential, submit_slurm,
     summarize, wait_for_jobs,

@@ -294,8 +294,8 @@ def execute_chain(chain: Chain, launcher: Callable, env: Optional[Dict[str, str]
             held = _held(run.requires)
             why = f"is {held}" if held else "did not complete"
             outcome = Outcome(run, BLOCKED, detail=f"not run: {run.requires} {why}", where=where)
-        elif _held(run.output_dir):
-            outcome = Outcome(run, HELD, detail=f"{_held(run.output_dir)}; not run here", where=where)
+        elif (held := _held(run.output_dir)) is not None:
+            outcome = Outcome(run, HELD, detail=f"{held}; not run here", where=where)
         else:
             outcome = _attempt(run, launcher, env or {}, where)
         outcomes.append(outcome)
