@@ -19,7 +19,9 @@ a lock refuses with :class:`RunFolderBusyError`, naming the holder, unless the l
 
 A stale lock is taken over with a line saying whose it was and why it is stale (a run killed
 with SIGKILL leaves one). The holder removes the lock when it ends, also on an exception.
-Standard library only.
+:meth:`RunLock.live_holder` tells, without taking it, whether a live process holds a lock. The
+same lock under another file name holds other folders (the protocol runner's ``grid.lock`` on its
+output root), with its own :meth:`RunLock.busy_message`. Standard library only.
 """
 import json
 import os
