@@ -121,7 +121,8 @@ def test_a_dassl_checkpoint_resumes_the_scheduler_without_unpickling_it(tmp_path
 
 _UNSAFE_LOADERS_ALLOWED = {
     # The documented exception: OpenAI's TorchScript archives named by MODEL.BACKBONE.WEIGHTS
-    # (or found in ~/.cache/clip), read with torch.jit.load.
+    # (or found in ~/.cache/clip), read with torch.jit.load when their SHA-256 is a published one
+    # or the user trusts the file (VLPROMPT_TRUST_TORCHSCRIPT).
     ("vlprompt/clip/loading.py", "torch.jit.load"),
 }
 
