@@ -165,7 +165,7 @@ def test_pipeline_samples_then_caches_as_json(tmp_path, capsys):
     with open(cache) as f:
         stored = json.load(f)
     assert list(stored) == ["train", "val"]
-    assert stored["train"][0] == [os.path.join(images, "c2", "img1.jpg"), 2, 0, "c2"]
+    assert stored["train"][0] == ["images/c2/img1.jpg", 2, 0, "c2"]  # relative to the dataset folder
 
     random.seed(123)  # a cache hit must not depend on the random state
     again_train, again_val, _ = prepare_coop_splits(_cfg(tmp_path, 4, 1), dataset_dir, lambda: (train, val, val))

@@ -5,6 +5,7 @@ base/new subsampling; the example tree of tools/make_image_folder.py; and train.
 tools/run_protocol.py on such a tree."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -160,6 +161,122 @@ def test_the_tree_can_sit_beside_other_datasets(tmp_path):
     tree(tmp_path / "data" / "my_images")
     dataset = build_dataset(cfg(tmp_path / "data", DIR="my_images"))
     assert len(dataset.classnames) == 3 and (tmp_path / "data" / "my_images" / SPLIT).is_file()
+
+
+# ------------------------------------------------------------------------------ trees that move or cannot be written
+
+def selection(dataset, root):
+    """(path relative to ``root``, label) of the few-shot train and val items."""
+    return [(os.path.relpath(d.impath, root), d.label) for d in dataset.train_x + dataset.val]
+
+
+def test_a_copied_or_moved_tree_keeps_its_split_and_fewshot_cache(tmp_path, capsys):
+    root = tree(tmp_path / "tree")
+    first = build_dataset(cfg(root, **{"DATASET.NUM_SHOTS": 2}))
+    cache = root / "split_fewshot" / "shot_2-seed_1.json"
+    assert json.loads(cache.read_text())["train"][0][0] in {"bird/" + name for name in os.listdir(root / "bird")}
+    capsys.readouterr()
+
+    copy = tmp_path / "copy_of_tree"
+    shutil.copytree(root, copy)  # the original stays: its paths exist but are not the copy's split
+    copied = build_dataset(cfg(copy, **{"DATASET.NUM_SHOTS": 2}))
+    assert f"Loading preprocessed few-shot data from {copy / 'split_fewshot' / 'shot_2-seed_1.json'}" in \
+        capsys.readouterr().out
+    assert selection(copied, copy) == selection(first, root)
+    assert all(d.impath.startswith(str(copy)) for d in copied.train_x + copied.val + copied.test)
+
+    moved = tmp_path / "moved"
+    root.rename(moved)
+    assert selection(build_dataset(cfg(moved, **{"DATASET.NUM_SHOTS": 2})), moved) == selection(first, root)
+
+
+def test_a_cache_with_absolute_paths_from_before_the_move_still_matches(tmp_path):
+    """A few-shot cache written with absolute paths (an earlier version, Dassl) matches the split by
+    its paths' tails wherever the tree is now."""
+    root = tree(tmp_path / "tree")
+    first = build_dataset(cfg(root, **{"DATASET.NUM_SHOTS": 2}))
+    cache = root / "split_fewshot" / "shot_2-seed_1.json"
+    stored = json.loads(cache.read_text())
+    cache.write_text(json.dumps({name: [[f"/elsewhere/old_name/{path}", *rest] for path, *rest in items]
+                                 for name, items in stored.items()}))
+    moved = tmp_path / "renamed"
+    root.rename(moved)
+    assert selection(build_dataset(cfg(moved, **{"DATASET.NUM_SHOTS": 2})), moved) == selection(first, root)
+
+
+@pytest.fixture
+def read_only(monkeypatch):
+    """``read_only(folder)``: nothing can be created below ``folder`` from now on (as on a read-only mount,
+    which permissions cannot give when the tests run as root)."""
+    import errno
+    import tempfile
+
+    folders = []
+
+    def below(path):
+        path = os.path.abspath(path)
+        return any(path == folder or path.startswith(folder + os.sep) for folder in folders)
+
+    def refuse(path):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    real_mkstemp, real_makedirs, real_mkdir, real_open = tempfile.mkstemp, os.makedirs, os.mkdir, open
+
+    def mkstemp(*args, dir=None, **kwargs):
+        if dir is not None and below(dir):
+            refuse(dir)
+        return real_mkstemp(*args, dir=dir, **kwargs)
+
+    def makedirs(name, *args, **kwargs):
+        if below(name) and not os.path.isdir(name):
+            refuse(name)
+        return real_makedirs(name, *args, **kwargs)
+
+    def mkdir(name, *args, **kwargs):
+        if below(name):
+            refuse(name)
+        return real_mkdir(name, *args, **kwargs)
+
+    def guarded_open(file, mode="r", *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and any(c in mode for c in "wax+") and below(file):
+            refuse(file)
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(os, "makedirs", makedirs)
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    monkeypatch.setattr("builtins.open", guarded_open)
+    return lambda folder: folders.append(os.path.abspath(folder))
+
+
+def test_a_read_only_tree_keeps_its_generated_files_in_a_cache_folder(tmp_path, monkeypatch, read_only, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root = tree(tmp_path / "tree")
+    read_only(root)
+    dataset = build_dataset(cfg(root, **{"DATASET.NUM_SHOTS": 2}))
+    assert written(root) == []
+    (store,) = (tmp_path / "cache" / "vlprompt" / "datasets").iterdir()
+    assert store.name.startswith("tree-") and len(store.name) == len("tree-") + 12
+    assert sorted(os.listdir(store)) == ["split_fewshot", SPLIT, SOURCE]
+    assert os.listdir(store / "split_fewshot") == ["shot_2-seed_1.json"]
+    out = capsys.readouterr().out
+    assert f"{root} cannot be written (a read-only folder): its generated split and few-shot files are kept in " \
+           f"{store} (set DATASET.CACHE_DIR to choose another place)" in out
+
+    again = build_dataset(cfg(root, **{"DATASET.NUM_SHOTS": 2}))
+    out = capsys.readouterr().out
+    assert f"Reading split from {store / SPLIT}" in out
+    assert f"Loading preprocessed few-shot data from {store / 'split_fewshot' / 'shot_2-seed_1.json'}" in out
+    assert selection(again, root) == selection(dataset, root)
+
+
+def test_dataset_cache_dir_names_where_generated_files_go(tmp_path, capsys):
+    root = tree(tmp_path / "tree")
+    build_dataset(cfg(root, **{"DATASET.CACHE_DIR": str(tmp_path / "mine"), "DATASET.NUM_SHOTS": 1}))
+    assert written(root) == []
+    (store,) = (tmp_path / "mine").iterdir()
+    assert sorted(os.listdir(store)) == ["split_fewshot", SPLIT, SOURCE]
+    assert f"are kept in {store} (DATASET.CACHE_DIR)" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------------------ refused input

@@ -22,6 +22,7 @@ from vlprompt.data.datum_files import UnsafePickleError, missing_images_message,
 from vlprompt.data.fewshot_cache import (
     FEWSHOT_DIRNAME, fewshot_cache_stem, fewshot_with_cache, load_datum_cache, load_fewshot_cache, save_fewshot_cache,
 )
+from vlprompt.data.generated_files import generated_file, generated_files_dir
 from vlprompt.utils import listdir_nohidden, mkdir_if_missing, read_json, write_json
 
 __all__ = [
@@ -256,14 +257,18 @@ def subsample_classes(*datasets, subsample="all"):
 
 
 
-def prepare_coop_splits(cfg, dataset_dir, build_split, split_path=None, path_prefix=None):
+def prepare_coop_splits(cfg, dataset_dir, build_split, split_path=None, path_prefix=None, store=None):
     """The CoOp-family dataset pipeline (its four steps below).
 
-    1. Create `<dataset_dir>/split_fewshot/` (at every construction, as CoOp does).
-    2. If `split_path` is a file: `read_split(split_path, path_prefix)`; otherwise
-       `build_split()` and, if `split_path` is given, `save_split` to it.
+    Generated files go to `store`: the dataset folder unless it cannot be written or
+    DATASET.CACHE_DIR says otherwise (:mod:`vlprompt.data.generated_files`; found here when None).
+
+    1. Create `<store>/split_fewshot/` (at every construction, as CoOp does).
+    2. If `split_path` (or its copy in `store`) is a file: `read_split(..., path_prefix)`;
+       otherwise `build_split()` and, if `split_path` is given, `save_split` to it (in `store`).
     3. If DATASET.NUM_SHOTS K >= 1: train (K per class) and val (min(K, 4)) from
-       the cache `<dataset_dir>/split_fewshot/shot_K-seed_SEED.*`, or sampled and cached.
+       the cache `split_fewshot/shot_K-seed_SEED.*` (of the dataset folder, else of `store`), or
+       sampled and cached in `store`. K of 0 or -1 (Dassl's default) uses all training images.
     4. `subsample_classes(train, val, test, subsample=DATASET.SUBSAMPLE_CLASSES)`.
     (Step 5, `DatasetBase.__init__(train_x=train, val=val, test=test)`, is the caller's.)
 
@@ -277,11 +282,14 @@ def prepare_coop_splits(cfg, dataset_dir, build_split, split_path=None, path_pre
         build_split (callable): () -> (train, val | None, test), lists of Datum.
         split_path (str | None): the split JSON; None for datasets without one.
         path_prefix (str | None): folder the JSON's relative paths refer to.
+        store (str | None): the folder of generated files (None: `generated_files_dir`).
 
     Returns:
         (list[Datum], list[Datum] | None, list[Datum]): train, val, test.
     """
-    mkdir_if_missing(os.path.join(dataset_dir, FEWSHOT_DIRNAME))
+    store = store or generated_files_dir(cfg, dataset_dir)
+    mkdir_if_missing(os.path.join(store, FEWSHOT_DIRNAME))
+    split_path = None if split_path is None else generated_file(split_path, dataset_dir, store)
     if split_path is not None and os.path.isfile(split_path):
         train, val, test = read_split(split_path, path_prefix)
     else:
@@ -291,7 +299,9 @@ def prepare_coop_splits(cfg, dataset_dir, build_split, split_path=None, path_pre
 
     num_shots = cfg.DATASET.NUM_SHOTS
     if num_shots >= 1:
-        train, val = fewshot_with_cache(dataset_dir, num_shots, cfg.SEED, train, val)
+        train, val = fewshot_with_cache(dataset_dir, num_shots, cfg.SEED, train, val, store)
+    else:
+        print(f"DATASET.NUM_SHOTS is {num_shots}: all {len(train)} training images are used (no few-shot sampling)")
 
     subsample = cfg.DATASET.SUBSAMPLE_CLASSES
     if val is None:
