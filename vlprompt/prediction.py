@@ -2,7 +2,11 @@
 from dataclasses import dataclass, field
 from typing import List
 
-__all__ = ["Prediction", "top_classes"]
+__all__ = ["DEFAULT_TOPK", "Prediction", "top_classes"]
+
+# Classes per image when none is asked for: the one best class, in the Python API
+# (``predict(images)``) as on the command line (tools/predict.py without --topk).
+DEFAULT_TOPK = 1
 
 
 @dataclass

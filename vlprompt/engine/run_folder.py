@@ -7,6 +7,9 @@ Layout (Dassl's names where Dassl has them)::
                                     log.txt-YYYY-MM-DD-HH-MM-SS siblings
         config.yaml                 the merged config of a training run (detectron2's name),
                                     written when it starts
+        classes.json                the classes the model scores, by label ({"classnames",
+                                    "template", "dataset"}), written when its dataset is built:
+                                    predicting from the folder needs no dataset
         results.json                the record of the final evaluation (metrics at full
                                     precision, evaluation scope, "completed": true), written last
         <model name>/model.pth.tar-N    checkpoints by completed epoch (learned tensors only),
@@ -37,6 +40,7 @@ from vlprompt.fileio import atomic_write
 CONFIG_FILENAME = "config.yaml"
 RESULTS_FILENAME = "results.json"
 LOG_FILENAME = "log.txt"
+CLASSES_FILENAME = "classes.json"
 TEST_TIME_DIRNAME = "test_time"
 CHECKPOINT_PREFIX = "model.pth.tar-"
 BEST_CHECKPOINT = "model-best.pth.tar"
@@ -79,6 +83,10 @@ class RunFolder:
         return self.path / RESULTS_FILENAME
 
     @property
+    def classes_path(self) -> Path:
+        return self.path / CLASSES_FILENAME
+
+    @property
     def test_time_dir(self) -> Path:
         return self.path / TEST_TIME_DIRNAME
 
@@ -109,6 +117,14 @@ class RunFolder:
         with atomic_write(str(self.config_path), "w") as f:
             f.write(cfg.dump())
         return self.config_path
+
+    def write_classes(self, classnames, template: str, dataset: str) -> Path:
+        """Write ``classes.json`` atomically: the class names by label, the class sentence and the dataset."""
+        record = {"classnames": list(classnames), "template": template, "dataset": dataset}
+        with atomic_write(str(self.classes_path), "w") as f:
+            json.dump(record, f, indent=1)
+            f.write("\n")
+        return self.classes_path
 
     def write_results(self, record: Mapping) -> Path:
         """Write an evaluation's record as ``results.json`` atomically (4-space indent)."""
@@ -152,6 +168,28 @@ class RunFolder:
         """``results.json`` when it comes from a training run (``"eval_only": false``), else None."""
         record = self.read_results()
         return record if record is not None and record.get("eval_only") is False else None
+
+    def read_classes(self) -> Optional[dict]:
+        """``classes.json`` ({"classnames": [str], "template": str, "dataset": str}), or None without one
+        (a folder of an earlier version, or a run on a dataset scored through another's classes).
+
+        Raises:
+            RunFolderError: the file exists but is not such a record.
+        """
+        if not self.classes_path.is_file():
+            return None
+        try:
+            record = json.loads(self.classes_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            raise RunFolderError(f'"{self.classes_path}" is not readable JSON ({error}); delete it to read the '
+                                 "classes from the run's dataset.") from None
+        valid = (isinstance(record, dict) and isinstance(record.get("classnames"), list)
+                 and all(isinstance(name, str) for name in record["classnames"])
+                 and isinstance(record.get("template"), str) and isinstance(record.get("dataset"), str))
+        if not valid:
+            raise RunFolderError(f'"{self.classes_path}" is not a record {{"classnames": [...], "template": ..., '
+                                 "\"dataset\": ...}; delete it to read the classes from the run's dataset.")
+        return record
 
     def read_config_data(self) -> Optional[dict]:
         """``config.yaml`` as plain data, None without one.
