@@ -57,7 +57,7 @@ from vlprompt.data.generated_files import generated_file, generated_files_dir
 from vlprompt.data.image_tree import (
     SPLIT_NAMES, ImageTreeError, read_class_folders, read_list_file, read_names_file,
 )
-from vlprompt.data.splits import FEWSHOT_DIRNAME, prepare_coop_splits, read_split, save_split
+from vlprompt.data.splits import FEWSHOT_DIRNAME, prepare_coop_splits, read_split, save_split, valid_split_entry
 from vlprompt.utils import read_json, write_json
 
 DEFAULT_LIST_FILES = ("labels.csv", "labels.json")
@@ -165,13 +165,14 @@ def _split_entries(path):
     split = read_json(path)
     valid = isinstance(split, dict) and all(
         isinstance(split.get(name), list)
-        and all(isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str) for entry in split[name])
+        and all(isinstance(entry, list) and len(entry) == 3 and valid_split_entry(entry) for entry in split[name])
         for name in SPLIT_NAMES
     )
     if not valid:
         raise ImageTreeError(
             f'the split file {path} is not a CoOp split: expected a JSON object with the keys "train", "val" '
-            'and "test", each a list of [path relative to the tree, label, class name]'
+            'and "test", each a list of [path relative to the tree (a string), label (an integer >= 0), class '
+            "name (a string)]"
         )
     return split
 

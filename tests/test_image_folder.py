@@ -331,10 +331,33 @@ def test_two_folders_with_one_class_name(tmp_path):
 
 def test_a_class_with_fewer_images_than_num_shots(tmp_path):
     root = tree(tmp_path / "tree")
-    refused(cfg(root, **{"DATASET.NUM_SHOTS": 8}), "DATASET.NUM_SHOTS is 8", '"bird": 5', '"cat": 5')
+    message = refused(cfg(root, **{"DATASET.NUM_SHOTS": 8}), "DATASET.NUM_SHOTS is 8", '"bird": 5', '"cat": 5',
+                      "in the split made from", "(train share 0.5 of each class", "no split file was written",
+                      "Lower NUM_SHOTS, add images to these classes, or give the train share more in SPLIT_RATIO")
+    assert "delete" not in message  # no file to delete: the split was never written
     assert written(root) == []
     build_dataset(cfg(root, **{"DATASET.NUM_SHOTS": 4}))
-    refused(cfg(root, **{"DATASET.NUM_SHOTS": 16}), "DATASET.NUM_SHOTS is 16")  # also on a split read back
+    refused(cfg(root, **{"DATASET.NUM_SHOTS": 16}), "DATASET.NUM_SHOTS is 16", f"in the split {root / SPLIT}",
+            "delete the split file and its .source.json")  # also on a split read back, which can be deleted
+
+
+def test_a_single_class_is_refused(tmp_path):
+    """A classifier of one class is right on every image: refused, for folders and list files."""
+    root = tree(tmp_path / "tree", classes=("cat",))
+    refused(cfg(root), f'{root} holds a single class, "cat": a classifier needs at least two', "Add a folder")
+    assert written(root) == []
+    listed = tmp_path / "listed"
+    for n in range(4):
+        image(listed / f"{n}.png")
+    (listed / "labels.csv").write_text("".join(f"{n}.png,cat\n" for n in range(4)))
+    refused(cfg(listed), "holds a single class", "Add a folder or list label per further class")
+    assert written(listed) == []
+
+
+def test_a_split_file_with_entries_of_the_wrong_types(tmp_path):
+    root = tree(tmp_path / "tree")
+    (root / SPLIT).write_text(json.dumps({"train": [["cat/00.png", "notint", "cat"]], "val": [], "test": []}))
+    refused(cfg(root), f"the split file {root / SPLIT} is not a CoOp split", "label (an integer >= 0)")
 
 
 def test_a_class_too_small_for_the_ratio(tmp_path):
@@ -350,6 +373,37 @@ def test_a_list_label_that_is_not_in_the_names_file(tmp_path):
     (root / "labels.csv").write_text("0.png,cat\n1.png,cat\n2.png,dog\n3.png,dgo\n")
     (root / "classnames.txt").write_text("cat a cat\ndog a dog\n")
     refused(cfg(root), "1 label(s) of the list file", "are not in the names file", "dgo", str(root / "labels.csv"))
+    assert written(root) == []
+
+
+@pytest.mark.parametrize("header", ["file,class", "Filename,Category,Subset", "class,image"])
+def test_a_csv_header_with_the_usual_column_names(tmp_path, header):
+    root = tmp_path / "tree"
+    columns = [name.lower() for name in header.split(",")]
+    rows = [header]
+    for label in ("cat", "dog"):
+        for n, part in enumerate(("train", "train", "val", "test")):
+            image(root / f"{label}{n}.png")
+            values = {"file": f"{label}{n}.png", "filename": f"{label}{n}.png", "image": f"{label}{n}.png",
+                      "class": label, "category": label, "subset": part}
+            rows.append(",".join(values[column] for column in columns))
+    (root / "labels.csv").write_text("\n".join(rows) + "\n")
+    dataset = build_dataset(cfg(root))
+    assert dataset.classnames == ["cat", "dog"]
+    assert sorted(os.path.basename(d.impath) for d in dataset.train_x + dataset.val + dataset.test) == \
+        sorted(f"{label}{n}.png" for label in ("cat", "dog") for n in range(4))
+    if "subset" in columns:  # the split column, by its other name
+        assert sorted(os.path.basename(d.impath) for d in dataset.val) == ["cat2.png", "dog2.png"]
+
+
+def test_a_csv_header_with_unknown_column_names(tmp_path):
+    root = tmp_path / "tree"
+    image(root / "0.png")
+    image(root / "1.png")
+    (root / "labels.csv").write_text("picture,kind\n0.png,cat\n1.png,dog\n")
+    message = refused(cfg(root), "line 1 of the list file", "(picture,kind) looks like a header, but its column names "
+                      "are not recognised; name the columns path (or file, filename,", "label (or class,")
+    assert "is not an image" not in message and "not images" not in message
     assert written(root) == []
 
 

@@ -13,10 +13,12 @@ datasets, tools and train.py import from here (`FEWSHOT_DIRNAME`, `UnsafePickleE
 `load_fewshot_cache`, `save_fewshot_cache`) are re-exported, so this module is the one
 import path of the dataset pipeline.
 """
+import json
 import math
 import os
 import random
 
+from vlprompt.data.checks import DatasetContentError
 from vlprompt.data.datasets.base_dataset import DatasetBase, Datum, MissingImagesError
 from vlprompt.data.datum_files import UnsafePickleError, missing_images_message, read_datum_pickle, write_datum_json
 from vlprompt.data.fewshot_cache import (
@@ -29,6 +31,7 @@ __all__ = [
     "FEWSHOT_DIRNAME",
     "SUBSAMPLE_CHOICES",
     "CoopSplitDataset",
+    "SplitFileError",
     "UnsafePickleError",
     "build_datums",
     "fewshot_cache_stem",
@@ -43,10 +46,22 @@ __all__ = [
     "split_official_lists",
     "split_trainval",
     "subsample_classes",
+    "valid_split_entry",
     "write_datum_json",
 ]
 
 SUBSAMPLE_CHOICES = ("all", "base", "new")
+
+
+class SplitFileError(DatasetContentError, ValueError):
+    """A split JSON that is not ``{"train"|"val"|"test": [[relative_path, label, classname], ...]}``."""
+
+
+def valid_split_entry(entry):
+    """Whether a split entry is [non-empty str, int >= 0 (not a bool), str]."""
+    path, label, classname = entry
+    return (isinstance(path, str) and bool(path) and isinstance(label, int) and not isinstance(label, bool)
+            and label >= 0 and isinstance(classname, str))
 
 
 def build_datums(records, source):
@@ -80,7 +95,7 @@ def read_split(filepath, path_prefix):
         (list[Datum], list[Datum], list[Datum]): train, val, test in file order.
 
     Raises:
-        ValueError: the file does not have the expected structure.
+        SplitFileError: the file does not have the expected structure or types.
         MissingImagesError: listed images do not exist.
     """
     print(f"Reading split from {filepath}")
@@ -91,11 +106,19 @@ def read_split(filepath, path_prefix):
         if not isinstance(entries, list) or any(
             not isinstance(entry, list) or len(entry) != 3 for entry in entries
         ):
-            raise ValueError(
+            raise SplitFileError(
                 f'Split file {filepath} has no valid "{name}" list: expected a JSON object with keys '
                 '"train", "val" and "test", each a list of [relative_path, label, classname].'
             )
-        records = [(os.path.join(path_prefix, rel), int(label), cname) for rel, label, cname in entries]
+        wrong = [(index, entry) for index, entry in enumerate(entries) if not valid_split_entry(entry)]
+        if wrong:
+            shown = "; ".join(f"{name}[{index}] = {json.dumps(entry)}" for index, entry in wrong[:3])
+            raise SplitFileError(
+                f'Split file {filepath}: {len(wrong)} entr{"y" if len(wrong) == 1 else "ies"} of its "{name}" list '
+                f"have the wrong types ({shown}); each entry is [relative_path (a string), label (an integer >= 0), "
+                "classname (a string)]. Fix the file, or delete it to have the split made again."
+            )
+        records = [(os.path.join(path_prefix, rel), label, cname) for rel, label, cname in entries]
         outputs.append(build_datums(records, f'the "{name}" list of {filepath}'))
     return tuple(outputs)
 
