@@ -269,6 +269,11 @@ def test_a_read_only_tree_keeps_its_generated_files_in_a_cache_folder(tmp_path, 
     assert f"Loading preprocessed few-shot data from {store / 'split_fewshot' / 'shot_2-seed_1.json'}" in out
     assert selection(again, root) == selection(dataset, root)
 
+    from vlprompt.data.feature_cache import FeatureCache  # the default feature cache goes there too
+
+    cache = FeatureCache(cfg(root), encode=None, encoder_id="x", device="cpu", autocast=None, precision="fp32")
+    assert cache.directory == str(store / "feature_cache" / "ImageFolder")
+
 
 def test_dataset_cache_dir_names_where_generated_files_go(tmp_path, capsys):
     root = tree(tmp_path / "tree")
