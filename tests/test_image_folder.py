@@ -491,6 +491,19 @@ def test_make_image_folder_writes_a_tree_the_dataset_reads(tmp_path, capsys):
     assert sorted(os.listdir(tmp_path)) == ["images"]
 
 
+def test_make_image_folder_refuses_a_path_below_a_file_or_unwritable(tmp_path, capsys, read_only):
+    (tmp_path / "a_file").write_text("")
+    assert make_image_folder.main([str(tmp_path / "a_file" / "tree")]) == 2
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'a_file'} is a file, so {tmp_path / 'a_file' / 'tree'} "
+                                       "cannot be made below it; give a path of folders\n")
+    read_only(tmp_path / "ro")
+    assert make_image_folder.main([str(tmp_path / "ro" / "tree"), "--classes", "2", "--images-per-class", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: could not write {tmp_path / 'ro' / 'tree'} (Read-only file system: ") and \
+        err.endswith("nothing was left behind\n")
+    assert sorted(os.listdir(tmp_path)) == ["a_file"]
+
+
 def test_run_protocol_runs_over_the_tree(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     argv = ["--benchmark", "synthetic", "--protocol", "base2new", "fewshot", "--datasets", "image_folder",
