@@ -39,11 +39,12 @@ DATASET.CACHE_DIR; :mod:`vlprompt.data.generated_files`), named in the log.
 
 Bad input stops before anything is written, with one ImageTreeError (a DatasetLayoutError:
 train.py prints it and exits with status 2) naming the files: no class folder, a single class
-(a classifier needs two), an empty class folder, files that are not images (refused, or left out with DATASET.SKIP_BAD_IMAGES), image
-files that do not decode (DATASET.CHECK_IMAGES, before a split is written; BadImagesError),
-two folders whose names normalise to one class name, a list label that is not in the names file,
-a class with fewer training images than DATASET.NUM_SHOTS, a split file naming images that do
-not exist, and a tree (or list, or split setting) that changed since the split was made.
+(a classifier needs two), an empty class folder, files that are not images (refused, or left
+out with DATASET.SKIP_BAD_IMAGES), image files that do not decode (DATASET.CHECK_IMAGES, before
+a split is written; BadImagesError), two folders whose names normalise to one class name, a list
+label that is not in the names file, a class with fewer training images than DATASET.NUM_SHOTS,
+a split file naming images that do not exist or holding entries of the wrong types, and a tree
+(or list, or split setting) that changed since the split was made.
 """
 import os
 import random
@@ -337,12 +338,13 @@ class ImageFolder(DatasetBase):
             if names:
                 changes.append(f"class(es) {what}: {', '.join(sorted(names)[:_SHOWN])}")
         if changes:
+            caches = " and ".join(dict.fromkeys(os.path.join(folder, FEWSHOT_DIRNAME)
+                                                for folder in (self.dataset_dir, self.store)))
             raise ImageTreeError(
                 f"{tree.source} is not what the split {self.split_path} was made from: " + "; ".join(changes)
                 + f". The split is kept, so that runs stay comparable. To make a new split from the images as they "
                 f"are now, delete {self.split_path}, {source_path(self.split_path)} and the few-shot caches in "
-                f"{' and '.join(dict.fromkeys(os.path.join(folder, FEWSHOT_DIRNAME) for folder in (self.dataset_dir, self.store)))}"
-                " (sampled from the old split), then run again"
+                f"{caches} (sampled from the old split), then run again"
             )
 
     def check_shots(self, cfg, train, made_now):

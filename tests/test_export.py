@@ -31,7 +31,7 @@ def runs(tmp_path_factory):
     return str(base / "data"), base / "coop", base / "adapter"
 
 
-def test_a_text_feature_export_loads_with_the_library_and_predicts_as_the_run(runs, tmp_path, monkeypatch):
+def test_a_text_feature_export_loads_with_the_library_and_predicts_as_the_run(runs, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     data, coop, _ = runs
     record = export_run(coop, tmp_path / "coop.pt")
@@ -41,7 +41,9 @@ def test_a_text_feature_export_loads_with_the_library_and_predicts_as_the_run(ru
     assert stored["head"]["text_features"].shape == (len(stored["classnames"]), 128)
     predictor = load_run(coop)
     paths = [item.impath for item in run_test_split(coop, data)]
+    capsys.readouterr()
     classifier = vlprompt.load_classifier(str(tmp_path / "coop.pt"))
+    assert capsys.readouterr().out == ""  # the build log goes to the logger vlprompt.build
     for mine, theirs in zip(classifier.predict(paths, topk=3), predictor.predict(paths, topk=3)):
         assert mine.labels == theirs.labels
         assert mine.probabilities == pytest.approx(theirs.probabilities, abs=1e-5)  # float32 rounding by batch size

@@ -179,7 +179,7 @@ def test_other_class_names_are_scored_in_the_new_scope(coop_run, monkeypatch):
 def test_load_run_reads_no_dataset_and_logs_instead_of_printing(coop_run, data_root, tmp_path, monkeypatch, capsys,
                                                                  caplog):
     """The run's recorded classes suffice: a run whose data moved away predicts as the run with its data;
-    what building prints goes to the logger vlprompt_app.build (quiet unless logging is configured)."""
+    what building prints goes to the logger vlprompt.build (quiet unless logging is configured)."""
     import logging
     import shutil
 
@@ -191,10 +191,10 @@ def test_load_run_reads_no_dataset_and_logs_instead_of_printing(coop_run, data_r
     images = os.path.join(data_root, "oxford_pets", "images")
     paths = sorted(os.path.join(images, name) for name in os.listdir(images))
     capsys.readouterr()
-    with caplog.at_level(logging.INFO, logger="vlprompt_app.build"):
+    with caplog.at_level(logging.INFO, logger="vlprompt.build"):
         predictor = load_run(moved)
     assert capsys.readouterr().out == ""
-    logged = [record.getMessage() for record in caplog.records if record.name == "vlprompt_app.build"]
+    logged = [record.getMessage() for record in caplog.records if record.name == "vlprompt.build"]
     assert any(line.startswith("Loading CLIP (backbone") for line in logged)
     assert "Building transform_test" in logged and not any("Loading dataset" in line for line in logged)
     reference = load_run(coop_run)

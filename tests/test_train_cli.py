@@ -180,10 +180,10 @@ def test_a_full_disk_while_writing_a_checkpoint_keeps_the_last_one(setup, tmp_pa
         close_logger()
     folder = output / "prompt_learner"
     err = capsys.readouterr().err
-    assert err == (f"\nError: Could not write {folder / 'model.pth.tar-2'}: the disk is full (No space left on device). "
-                   "Nothing was damaged: the file is written to a temporary file that replaces it only when complete, "
-                   f"so {folder / 'model.pth.tar-2'} was not created. Free space (or raise the limit), then run the same "
-                   f"command again. The last complete checkpoint, {folder / 'model.pth.tar-1'}, is intact: the same "
+    assert err == (f"\nError: Could not write {folder / 'model.pth.tar-2'}: the disk is full (No space left on "
+                   "device). Nothing was damaged: the file is written to a temporary file that replaces it only when "
+                   f"complete, so {folder / 'model.pth.tar-2'} was not created. Free space (or raise the limit), then "
+                   f"run the same command again. The last complete checkpoint, {folder / 'model.pth.tar-1'}, is intact: the same "
                    "command resumes from it.\n")
     assert sorted(os.listdir(folder)) == ["checkpoint", "model.pth.tar-1"]
     assert load_checkpoint(str(folder / "model.pth.tar-1"))["epoch"] == 1

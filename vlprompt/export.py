@@ -37,7 +37,7 @@ import torch
 
 from vlprompt.config import ConfigError
 from vlprompt.fileio import atomic_write
-from vlprompt.prediction import DEFAULT_TOPK, Prediction, top_classes
+from vlprompt.prediction import DEFAULT_TOPK, Prediction, logs_build, top_classes
 
 __all__ = [
     "EXPORT_FORMAT", "EXPORT_VERSION", "ExportedClassifier", "check_weights", "file_sha256", "load_classifier",
@@ -202,6 +202,7 @@ def _source(item, position):
     return str(item) if isinstance(item, (str, os.PathLike)) else f"<image {position}>"
 
 
+@logs_build
 def load_classifier(path, weights=None, device="cpu", batch_size=64):
     """The ExportedClassifier of a cosine-head export file.
 

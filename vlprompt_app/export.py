@@ -23,7 +23,7 @@ import os.path as osp
 import tempfile
 
 from vlprompt.config import ConfigError
-from vlprompt_app.predict import logs_build
+from vlprompt.prediction import logs_build
 
 __all__ = ["check_exportable", "export_run", "load_exported"]
 

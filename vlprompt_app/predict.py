@@ -32,86 +32,24 @@ source run's and loads the source run's checkpoint as ``--model-dir`` does.
 An image that cannot be read gives a :class:`Prediction` with ``error`` set, not an exception.
 
 What building a model prints (the dataset, the transforms, the weights, as train.py's log) is sent,
-line by line, to the logger :data:`BUILD_LOGGER` at level INFO instead of stdout: quiet unless the
-application configures logging (``logging.basicConfig(level=logging.INFO)`` shows it); the
-command lines show it on stderr (:func:`build_log_to`).
+line by line, to the logger ``vlprompt.build`` at level INFO instead of stdout
+(:func:`vlprompt.prediction.logs_build`): quiet unless the application configures logging
+(``logging.basicConfig(level=logging.INFO)`` shows it); the command lines show it on stderr
+(:func:`vlprompt.prediction.build_log_to`).
 """
-import contextlib
-import functools
-import io
-import logging
 import os
 import os.path as osp
 from typing import List, Optional, Sequence
 
 from vlprompt.config import ConfigError
-from vlprompt.prediction import DEFAULT_TOPK, Prediction, top_classes
+from vlprompt.prediction import DEFAULT_TOPK, Prediction, logs_build, top_classes
 
-__all__ = ["BUILD_LOGGER", "Prediction", "RunPredictor", "load_run", "build_log_to", "check_run_folder", "build_predictor",
-           "build_run_predictor", "IMAGE_EXTENSIONS", "expand_images", "logs_build", "recorded_classes"]
-
-# The logger that receives, at level INFO, what building a model prints (module docstring).
-BUILD_LOGGER = "vlprompt_app.build"
+__all__ = [
+    "IMAGE_EXTENSIONS", "Prediction", "RunPredictor", "build_predictor", "build_run_predictor", "check_run_folder",
+    "expand_images", "load_run", "recorded_classes",
+]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
-
-
-class _LinesToLog(io.TextIOBase):
-    """A text stream that sends each complete line written to it to ``logger`` at INFO."""
-
-    def __init__(self, logger):
-        super().__init__()
-        self.logger = logger
-        self.pending = ""
-
-    def writable(self):
-        return True
-
-    def write(self, text):
-        lines = (self.pending + text).split("\n")
-        self.pending = lines.pop()
-        for line in lines:
-            if line.strip():
-                self.logger.info(line)
-        return len(text)
-
-    def flush(self):
-        if self.pending.strip():
-            self.logger.info(self.pending)
-        self.pending = ""
-
-
-def logs_build(function):
-    """Decorator: what ``function`` prints on stdout goes to :data:`BUILD_LOGGER` (module docstring)."""
-
-    @functools.wraps(function)
-    def logged(*args, **kwargs):
-        stream = _LinesToLog(logging.getLogger(BUILD_LOGGER))
-        try:
-            with contextlib.redirect_stdout(stream):
-                return function(*args, **kwargs)
-        finally:
-            stream.flush()
-
-    return logged
-
-
-@contextlib.contextmanager
-def build_log_to(stream):
-    """Within the block, :data:`BUILD_LOGGER`'s lines are written to ``stream`` (a command line's stderr)."""
-    logger = logging.getLogger(BUILD_LOGGER)
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    level, propagate = logger.level, logger.propagate
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-        logger.propagate = propagate
 
 
 def expand_images(paths: Sequence[str]) -> List[str]:
@@ -244,9 +182,10 @@ class RunPredictor:
         self.batch_size = batch_size or self.cfg.DATALOADER.TEST.BATCH_SIZE
         if self.batch_size < 1:
             raise ConfigError(f"The batch size must be >= 1, got {self.batch_size}.")
-        self.test_transform = None if self.test_time else self._build_transform()
+        self.test_transform = self._build_transform()
 
     def _build_transform(self):
+        """The test transform of the run's config, after the dataset's border crop (as a test split's)."""
         import torchvision.transforms as T
 
         from vlprompt.data.data_manager import CropBorder
@@ -257,10 +196,7 @@ class RunPredictor:
         return T.Compose([CropBorder(border), tfm]) if border else tfm
 
     def transform(self):
-        """The test transform of the run's config, after the dataset's border crop (as a test split's);
-        built once, with the model."""
-        if self.test_transform is None:
-            self.test_transform = self._build_transform()
+        """The test transform (built once, with the model, so that predicting prints nothing)."""
         return self.test_transform
 
     def predict(self, images, topk=DEFAULT_TOPK, progress=False) -> List[Prediction]:

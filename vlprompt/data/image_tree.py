@@ -299,7 +299,8 @@ def _list_rows(path):
     rows = []
     for number, row in lines:
         if len(row) not in ((2, 3) if order is None else (len(order),)):
-            expected = "path,label or path,label,split" if order is None else f"{','.join(order)} (the header's columns)"
+            expected = ("path,label or path,label,split" if order is None
+                        else f"{','.join(order)} (the header's columns)")
             raise ImageTreeError(
                 f"line {number} of {what} has {len(row)} field(s) ({','.join(row)}); expected {expected}"
             )

@@ -27,7 +27,7 @@ def main(argv=None):
     """Command-line entry point; returns the exit status (2 for bad input)."""
     from vlprompt_app.commands.train import run_reporting_bad_input
     from vlprompt_app.export import export_run
-    from vlprompt_app.predict import build_log_to
+    from vlprompt.prediction import build_log_to
 
     args = build_parser().parse_args(argv)
 

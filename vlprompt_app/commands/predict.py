@@ -98,7 +98,8 @@ def predict(args):
     """Predict and write the rows; returns the exit status."""
     from vlprompt.fileio import atomic_write
     from vlprompt_app.export import load_exported
-    from vlprompt_app.predict import build_log_to, check_run_folder, expand_images, load_run
+    from vlprompt.prediction import build_log_to
+    from vlprompt_app.predict import check_run_folder, expand_images, load_run
 
     fmt = output_format(args.output)
     if args.topk < 1:
