@@ -197,10 +197,12 @@ def test_load_run_reads_no_dataset_and_logs_instead_of_printing(coop_run, data_r
     logged = [record.getMessage() for record in caplog.records if record.name == "vlprompt.build"]
     assert any(line.startswith("Loading CLIP (backbone") for line in logged)
     assert "Building transform_test" in logged and not any("Loading dataset" in line for line in logged)
-    reference = load_run(coop_run)
-    assert predictor.classnames == reference.classnames == load_run(coop_run, root=data_root).classnames
-    mine, theirs = predictor.predict(paths, topk=2), reference.predict(paths, topk=2)
+    from_dataset = load_run(coop_run, root=data_root)  # the run's dataset read, as eval-only reads it
+    assert predictor.classnames == from_dataset.classnames
+    mine, theirs = predictor.predict(paths, topk=2), from_dataset.predict(paths, topk=2)
     assert [p.labels for p in mine] == [p.labels for p in theirs]
+    for a, b in zip(mine, theirs):
+        assert a.probabilities == pytest.approx(b.probabilities, abs=1e-6)
 
 
 def test_one_default_top_k_in_python_and_on_the_command_line(coop_run, data_root, monkeypatch, capsys):
