@@ -44,8 +44,8 @@ def generated_files_dir(cfg, dataset_dir):
         folder = _keyed_folder(os.path.expanduser(cfg.DATASET.CACHE_DIR), dataset_dir)
         print(f"Generated split and few-shot files of {dataset_dir} are kept in {folder} (DATASET.CACHE_DIR)")
         return folder
-    if folder_is_writable(dataset_dir):
-        return dataset_dir
+    if not os.path.isdir(dataset_dir) or folder_is_writable(dataset_dir):
+        return dataset_dir  # a folder not made yet is made where it is, as before
     cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     folder = _keyed_folder(os.path.join(cache_home, DEFAULT_CACHE_BASE), dataset_dir)
     print(f"{dataset_dir} cannot be written (a read-only folder): its generated split and few-shot files are "
