@@ -29,18 +29,22 @@ The node DATASET.IMAGE_FOLDER (file names relative to the tree unless absolute):
 * TEMPLATE: the class sentence (default ``"a photo of a {}."``), read by every trainer
   through ``ClipTrainer.dataset_template``.
 
-Few-shot sampling (cached in ``<tree>/split_fewshot/``), base/new subsampling and everything
-after them are the CoOp pipeline of :func:`vlprompt.data.splits.prepare_coop_splits`, as for
-the benchmark datasets. ``split_fewshot`` and ``feature_cache`` (the default feature cache) are
-therefore never class folders.
+Few-shot sampling (cached in ``<tree>/split_fewshot/``, image paths relative to the tree),
+base/new subsampling and everything after them are the CoOp pipeline of
+:func:`vlprompt.data.splits.prepare_coop_splits`, as for the benchmark datasets. ``split_fewshot``
+and ``feature_cache`` (the default feature cache) are therefore never class folders. A tree that
+cannot be written (a read-only mount) keeps its generated split, ``.source.json`` and few-shot
+caches in a folder keyed by the tree (``~/.cache/vlprompt/datasets/<tree>-<hash>``, or below
+DATASET.CACHE_DIR; :mod:`vlprompt.data.generated_files`), named in the log.
 
 Bad input stops before anything is written, with one ImageTreeError (a DatasetLayoutError:
-train.py prints it and exits with status 2) naming the files: no class folder, an empty class
-folder, files that are not images (refused, or left out with DATASET.SKIP_BAD_IMAGES), image
-files that do not decode (DATASET.CHECK_IMAGES, before a split is written; BadImagesError),
-two folders whose names normalise to one class name, a list label that is not in the names file,
-a class with fewer training images than DATASET.NUM_SHOTS, a split file naming images that do
-not exist, and a tree (or list, or split setting) that changed since the split was made.
+train.py prints it and exits with status 2) naming the files: no class folder, a single class
+(a classifier needs two), an empty class folder, files that are not images (refused, or left
+out with DATASET.SKIP_BAD_IMAGES), image files that do not decode (DATASET.CHECK_IMAGES, before
+a split is written; BadImagesError), two folders whose names normalise to one class name, a list
+label that is not in the names file, a class with fewer training images than DATASET.NUM_SHOTS,
+a split file naming images that do not exist or holding entries of the wrong types, and a tree
+(or list, or split setting) that changed since the split was made.
 """
 import os
 import random
@@ -50,10 +54,11 @@ from vlprompt.clip.templates import DEFAULT_TEMPLATE
 from vlprompt.data.checks import check_images
 from vlprompt.data.datasets import DATASET_REGISTRY, DatasetBase, Datum
 from vlprompt.data.datasets.base_dataset import dataset_root
+from vlprompt.data.generated_files import generated_file, generated_files_dir
 from vlprompt.data.image_tree import (
     SPLIT_NAMES, ImageTreeError, read_class_folders, read_list_file, read_names_file,
 )
-from vlprompt.data.splits import FEWSHOT_DIRNAME, prepare_coop_splits, read_split, save_split
+from vlprompt.data.splits import FEWSHOT_DIRNAME, prepare_coop_splits, read_split, save_split, valid_split_entry
 from vlprompt.utils import read_json, write_json
 
 DEFAULT_LIST_FILES = ("labels.csv", "labels.json")
@@ -161,13 +166,14 @@ def _split_entries(path):
     split = read_json(path)
     valid = isinstance(split, dict) and all(
         isinstance(split.get(name), list)
-        and all(isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str) for entry in split[name])
+        and all(isinstance(entry, list) and len(entry) == 3 and valid_split_entry(entry) for entry in split[name])
         for name in SPLIT_NAMES
     )
     if not valid:
         raise ImageTreeError(
             f'the split file {path} is not a CoOp split: expected a JSON object with the keys "train", "val" '
-            'and "test", each a list of [path relative to the tree, label, class name]'
+            'and "test", each a list of [path relative to the tree (a string), label (an integer >= 0), class '
+            "name (a string)]"
         )
     return split
 
@@ -177,7 +183,8 @@ class ImageFolder(DatasetBase):
     """The user's own images under DATASET.ROOT (module docstring); class names from the folders,
     a list file or a names file; the split from a split file, a list file or SPLIT_RATIO.
 
-    Instance attributes: dataset_dir and image_dir (the tree, absolute), split_path,
+    Instance attributes: dataset_dir and image_dir (the tree, absolute), store (the folder of its
+    generated files: the tree unless it cannot be written), split_path (read there or in store),
     template (DATASET.IMAGE_FOLDER.TEMPLATE), layout_kind ("folders" or "list").
     """
 
@@ -197,13 +204,14 @@ class ImageFolder(DatasetBase):
                              "folder of your images")
         self.dataset_dir = self.image_dir = root
         self.template = node.TEMPLATE
-        self.split_path = _under(root, node.SPLIT_FILE)
         try:
             tree = self.read_tree(cfg)
+            self.store = generated_files_dir(cfg, root)
+            self.split_path = generated_file(_under(root, node.SPLIT_FILE), root, self.store)
             parts = self.read_or_make_split(cfg, tree)
         except ImageTreeError as error:
             raise self.error(str(error)) from None
-        train, val, test = prepare_coop_splits(cfg, root, lambda: parts)
+        train, val, test = prepare_coop_splits(cfg, root, lambda: parts, store=self.store)
         super().__init__(train_x=train, val=val, test=test)
 
     def error(self, problem):
@@ -244,6 +252,13 @@ class ImageFolder(DatasetBase):
             tree = read_list_file(self.dataset_dir, list_path, names, names_path, skip_others=skip)
         named = f", names from {names_path}" if names is not None else ""
         print(f"ImageFolder: {len(tree.images)} images of {len(tree.classnames)} classes from {tree.source}{named}")
+        if len(tree.classnames) < 2:
+            keys = f' ({tree.keys[0]})' if tree.keys and tree.keys[0] != tree.classnames[0] else ""
+            raise ImageTreeError(
+                f'{tree.source} holds a single class, "{tree.classnames[0]}"{keys}: a classifier needs at least two '
+                f"(with one, every prediction is right). Add a folder{' or list label' if list_path else ''} per "
+                "further class"
+            )
         return tree
 
     def source_record(self, cfg, tree):
@@ -269,7 +284,7 @@ class ImageFolder(DatasetBase):
             else:
                 self.check_split_images()
             train, val, test = read_split(self.split_path, self.dataset_dir)
-            self.check_shots(cfg, train)
+            self.check_shots(cfg, train, made_now=False)
             return train, val, test
         parts = split_from_list(tree) if record["split_from"] == "list" else split_by_ratio(
             tree, cfg.DATASET.IMAGE_FOLDER.SPLIT_RATIO, cfg.DATASET.IMAGE_FOLDER.SPLIT_SEED)
@@ -278,7 +293,7 @@ class ImageFolder(DatasetBase):
                                    tree.classnames[image.label]) for image in images]
             for name, images in parts.items()
         }
-        self.check_shots(cfg, datums["train"])
+        self.check_shots(cfg, datums["train"], made_now=True)
         if not cfg.DATASET.SKIP_BAD_IMAGES:
             check_images(datums, cfg.DATASET.CHECK_IMAGES)
         write_json(record, source_path(self.split_path))
@@ -323,24 +338,39 @@ class ImageFolder(DatasetBase):
             if names:
                 changes.append(f"class(es) {what}: {', '.join(sorted(names)[:_SHOWN])}")
         if changes:
+            caches = " and ".join(dict.fromkeys(os.path.join(folder, FEWSHOT_DIRNAME)
+                                                for folder in (self.dataset_dir, self.store)))
             raise ImageTreeError(
                 f"{tree.source} is not what the split {self.split_path} was made from: " + "; ".join(changes)
                 + f". The split is kept, so that runs stay comparable. To make a new split from the images as they "
                 f"are now, delete {self.split_path}, {source_path(self.split_path)} and the few-shot caches in "
-                f"{os.path.join(self.dataset_dir, FEWSHOT_DIRNAME)} (sampled from the old split), then run again"
+                f"{caches} (sampled from the old split), then run again"
             )
 
-    def check_shots(self, cfg, train):
-        """ImageTreeError if a class has fewer training images than DATASET.NUM_SHOTS (when >= 1)."""
+    def check_shots(self, cfg, train, made_now):
+        """ImageTreeError if a class has fewer training images than DATASET.NUM_SHOTS (when >= 1).
+
+        ``made_now``: the split was just made from the tree (and is not written: the advice is then
+        about the tree and SPLIT_RATIO), else it was read from ``split_path``.
+        """
         shots = cfg.DATASET.NUM_SHOTS
         if shots < 1:
             return
         counts = Counter(item.label for item in train)
         names = {item.label: item.classname for item in train}
         short = [f'"{names[label]}": {count}' for label, count in sorted(counts.items()) if count < shots]
-        if short:
-            raise ImageTreeError(
-                f"DATASET.NUM_SHOTS is {shots}, but {len(short)} class(es) have fewer training images in the split "
-                f"{self.split_path}:\n{_listing(short)}\nLower NUM_SHOTS, or add images and make a new split "
-                "(delete the split file and its .source.json; a larger train share in SPLIT_RATIO also helps)"
-            )
+        if not short:
+            return
+        if made_now:
+            ratio = tuple(cfg.DATASET.IMAGE_FOLDER.SPLIT_RATIO)
+            where = (f"the split made from {self.dataset_dir} (train share {ratio[0]:g} of each class, "
+                     "DATASET.IMAGE_FOLDER.SPLIT_RATIO; no split file was written)")
+            advice = "Lower NUM_SHOTS, add images to these classes, or give the train share more in SPLIT_RATIO"
+        else:
+            where = f"the split {self.split_path}"
+            advice = ("Lower NUM_SHOTS, or add images and make a new split (delete the split file and its "
+                      ".source.json; a larger train share in SPLIT_RATIO also helps)")
+        raise ImageTreeError(
+            f"DATASET.NUM_SHOTS is {shots}, but {len(short)} class(es) have fewer training images in {where}:\n"
+            f"{_listing(short)}\n{advice}"
+        )

@@ -113,7 +113,7 @@ def test_offline_loads_a_cached_hub_file_without_download(no_network, monkeypatc
     assert loading._cached_pretrained_file(open_clip.get_pretrained_cfg("ViT-B-16", "openai")) == cached
 
     loaded = []
-    monkeypatch.setattr(loading, "_load_weights_file", lambda model, path: loaded.append(path))
+    monkeypatch.setattr(loading, "_load_weights_file", lambda model, path, trust_torchscript=False: loaded.append(path))
     model, info = load_clip("ViT-B/16")
     assert loaded == [cached] and no_network["downloads"] == [] and no_network["connections"] == []
     assert info["quick_gelu"] and not model.training

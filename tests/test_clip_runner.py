@@ -185,9 +185,10 @@ def test_vision_embed_edit_appends_before_ln_pre(tiny):
     torch.testing.assert_close(out.tokens, expected, **TOL)
 
 
-def test_torchscript_file_loads_with_quick_gelu(tmp_path, tiny):
-    """OpenAI-style TorchScript archives load through the same path."""
-    model, reference, tokenizer = tiny
+@pytest.fixture
+def traced(tmp_path, tiny):
+    """(a TorchScript archive of the tiny CLIP, its model config with quick_gelu off, inputs)."""
+    _, reference, tokenizer = tiny
     images, ids = _inputs(tokenizer)
     path = str(tmp_path / "traced.pt")
     with warnings.catch_warnings():
@@ -195,10 +196,55 @@ def test_torchscript_file_loads_with_quick_gelu(tmp_path, tiny):
         torch.jit.trace(reference, (images, ids), check_trace=False, strict=False).save(path)
     from vlprompt.testing import TINY_CLIP_CONFIG, write_tiny_clip
     config_path = write_tiny_clip(str(tmp_path), name="tiny-ts", config={**TINY_CLIP_CONFIG, "quick_gelu": False})[0]
-    loaded, info = load_clip(config_path, path)
+    return path, config_path, images
+
+
+def test_torchscript_file_loads_with_quick_gelu_when_trusted(traced, tiny):
+    """A TorchScript archive the user trusts (trust_torchscript=True) loads through the same path."""
+    path, config_path, images = traced
+    loaded, info = load_clip(config_path, path, trust_torchscript=True)
     assert info["quick_gelu"] is True
     with torch.no_grad():
-        torch.testing.assert_close(loaded.encode_image(images), reference.encode_image(images), **TOL)
+        torch.testing.assert_close(loaded.encode_image(images), tiny[1].encode_image(images), **TOL)
+
+
+def test_an_unknown_torchscript_archive_is_refused_before_its_code_runs(traced, monkeypatch):
+    """Only OpenAI's published archives (by SHA-256) or an explicit trust run torch.jit.load."""
+    from vlprompt.clip import loading
+    from vlprompt.export import file_sha256
+
+    path, config_path, _ = traced
+    jit_loads = []
+    real_jit_load = torch.jit.load
+    monkeypatch.setattr(torch.jit, "load", lambda *a, **k: jit_loads.append(a[0]) or real_jit_load(*a, **k))
+    monkeypatch.delenv(loading.TRUST_TORCHSCRIPT_ENV, raising=False)
+    sha256 = file_sha256(path)
+    with pytest.raises(CLIPLoadError, match=rf'"{path}" is a TorchScript archive, and loading one runs the code it '
+                                            rf"holds; its SHA-256 {sha256} is not one of OpenAI's published CLIP "
+                                            r"archives \(RN50.pt, .*VLPROMPT_TRUST_TORCHSCRIPT=1"):
+        load_clip(config_path, path)
+    assert jit_loads == []
+
+    monkeypatch.setenv(loading.TRUST_TORCHSCRIPT_ENV, "1")  # the explicit option of the command lines
+    assert load_clip(config_path, path)[1]["quick_gelu"] is True
+    monkeypatch.delenv(loading.TRUST_TORCHSCRIPT_ENV)
+    # An archive whose hash is a published one loads without any option.
+    monkeypatch.setitem(loading.OPENAI_ARCHIVE_SHA256, "tiny-ts.pt", sha256)
+    assert load_clip(config_path, path)[1]["quick_gelu"] is True
+    assert jit_loads == [path, path]
+
+
+def test_the_published_archive_hashes_are_those_of_the_download_urls():
+    """OPENAI_ARCHIVE_SHA256 holds the hash of every OpenAI URL open_clip knows, by file name."""
+    from vlprompt.clip.loading import OPENAI_ARCHIVE_SHA256, OPENAI_MODELS
+
+    published = {}
+    for model, tag in open_clip.list_pretrained():
+        url = open_clip.get_pretrained_cfg(model, tag).get("url", "")
+        if "openaipublic" in url:
+            published[url.rsplit("/", 1)[1]] = url.split("/")[-2]
+    assert published == OPENAI_ARCHIVE_SHA256
+    assert sorted(file for _, file in OPENAI_MODELS.values()) == sorted(OPENAI_ARCHIVE_SHA256)
 
 
 def test_loader_errors_are_clear(tmp_path, tiny_clip_files):

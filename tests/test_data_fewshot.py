@@ -165,7 +165,7 @@ def test_pipeline_samples_then_caches_as_json(tmp_path, capsys):
     with open(cache) as f:
         stored = json.load(f)
     assert list(stored) == ["train", "val"]
-    assert stored["train"][0] == [os.path.join(images, "c2", "img1.jpg"), 2, 0, "c2"]
+    assert stored["train"][0] == ["images/c2/img1.jpg", 2, 0, "c2"]  # relative to the dataset folder
 
     random.seed(123)  # a cache hit must not depend on the random state
     again_train, again_val, _ = prepare_coop_splits(_cfg(tmp_path, 4, 1), dataset_dir, lambda: (train, val, val))
@@ -198,6 +198,16 @@ def test_pipeline_train_only_sampling_for_datasets_without_val(tmp_path):
     assert _names(out_train, os.path.join(dataset_dir, "images")) == EXPECTED_TRAIN
     with open(fewshot_cache_stem(dataset_dir, 4, 7) + ".json") as f:
         assert list(json.load(f)) == ["train"]
+
+
+@pytest.mark.parametrize("shots", [0, -1])
+def test_zero_or_minus_one_shots_use_every_training_image_and_say_so(tmp_path, capsys, shots):
+    dataset_dir, train, val = _dataset_dir_with_lists(tmp_path)
+    out_train, out_val, _ = prepare_coop_splits(_cfg(tmp_path, shots, 1), dataset_dir, lambda: (train, val, val))
+    assert out_train is train and out_val is val
+    assert f"DATASET.NUM_SHOTS is {shots}: all {len(train)} training images are used (no few-shot sampling)\n" in \
+        capsys.readouterr().out
+    assert os.listdir(os.path.join(dataset_dir, "split_fewshot")) == []
 
 
 def test_unseeded_run_warns_that_cache_is_shared(tmp_path):

@@ -120,6 +120,24 @@ def test_read_split_rejects_malformed_file(tmp_path):
         read_split(split_path, str(tmp_path))
 
 
+def test_read_split_names_entries_of_the_wrong_types(tmp_path):
+    """Entries of the right length but the wrong types: one message naming them (a DatasetLayoutError, so
+    train.py prints it with exit status 2), not a ValueError from int()."""
+    from vlprompt.data.datasets import DatasetLayoutError
+    from vlprompt.data.splits import SplitFileError
+
+    split_path = str(tmp_path / "split.json")
+    with open(split_path, "w") as f:
+        json.dump({"train": [["x.png", "notint", "cls"], ["y.png", 1, "cls"], [3, 0, "cls"]], "val": [], "test": []}, f)
+    with pytest.raises(SplitFileError) as info:
+        read_split(split_path, str(tmp_path))
+    assert isinstance(info.value, DatasetLayoutError) and isinstance(info.value, ValueError)
+    assert str(info.value) == (
+        f'Split file {split_path}: 2 entries of its "train" list have the wrong types (train[0] = ["x.png", '
+        '"notint", "cls"]; train[2] = [3, 0, "cls"]); each entry is [relative_path (a string), label (an integer '
+        ">= 0), classname (a string)]. Fix the file, or delete it to have the split made again.")
+
+
 # ---------------------------------------------------------------- split_trainval
 
 def test_split_trainval_rounds_per_class_and_shuffles(tmp_path, capsys):

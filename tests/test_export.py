@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 import torch
-from test_predict import ROOT, run_train
+from test_predict import ROOT, run_test_split, run_train
 
 import vlprompt
 from vlprompt.config import ConfigError
@@ -31,17 +31,19 @@ def runs(tmp_path_factory):
     return str(base / "data"), base / "coop", base / "adapter"
 
 
-def test_a_text_feature_export_loads_with_the_library_and_predicts_as_the_run(runs, tmp_path, monkeypatch):
+def test_a_text_feature_export_loads_with_the_library_and_predicts_as_the_run(runs, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
-    _, coop, _ = runs
+    data, coop, _ = runs
     record = export_run(coop, tmp_path / "coop.pt")
     stored = read_export(tmp_path / "coop.pt")
     assert stored["head"]["kind"] == "cosine" and set(stored["head"]) == {"kind", "text_features"}
     assert stored["backbone"]["sha256"] == file_sha256(record["backbone"]["weights"])
     assert stored["head"]["text_features"].shape == (len(stored["classnames"]), 128)
     predictor = load_run(coop)
-    paths = [item.impath for item in predictor.trainer.dm.dataset.test]
+    paths = [item.impath for item in run_test_split(coop, data)]
+    capsys.readouterr()
     classifier = vlprompt.load_classifier(str(tmp_path / "coop.pt"))
+    assert capsys.readouterr().out == ""  # the build log goes to the logger vlprompt.build
     for mine, theirs in zip(classifier.predict(paths, topk=3), predictor.predict(paths, topk=3)):
         assert mine.labels == theirs.labels
         assert mine.probabilities == pytest.approx(theirs.probabilities, abs=1e-5)  # float32 rounding by batch size
@@ -73,3 +75,20 @@ def test_a_method_head_is_named_by_the_library_and_loads_through_the_app(runs, t
     (mine,) = exported.predict(image, topk=2)
     (theirs,) = load_run(adapter).predict(image, topk=2)
     assert mine.labels == theirs.labels and mine.probabilities == pytest.approx(theirs.probabilities, abs=1e-6)
+
+
+def test_a_truncated_export_file_is_named_damaged(tmp_path):
+    """A file cut short (an interrupted copy) is refused with what it is, not a raw loader error."""
+    from vlprompt.export import save_export
+
+    path = tmp_path / "model.pt"
+    save_export(path, {"trainer": "CoOp", "classnames": ["a", "b"], "head": {"kind": "cosine",
+                                                                          "text_features": torch.randn(2, 8)}})
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ConfigError, match=rf'^"{path}" cannot be read as an exported classifier: the file is damaged '
+                                          rf"\(for example cut short by an interrupted copy or download; it has "
+                                          rf"{len(data) // 2} bytes\) or was not written by tools/export.py. Copy or "
+                                          r"export it again \(\w+Error: "):
+        read_export(path)
+

@@ -5,6 +5,7 @@ base/new subsampling; the example tree of tools/make_image_folder.py; and train.
 tools/run_protocol.py on such a tree."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -162,6 +163,127 @@ def test_the_tree_can_sit_beside_other_datasets(tmp_path):
     assert len(dataset.classnames) == 3 and (tmp_path / "data" / "my_images" / SPLIT).is_file()
 
 
+# ------------------------------------------------------------------------------ trees that move or cannot be written
+
+def selection(dataset, root):
+    """(path relative to ``root``, label) of the few-shot train and val items."""
+    return [(os.path.relpath(d.impath, root), d.label) for d in dataset.train_x + dataset.val]
+
+
+def test_a_copied_or_moved_tree_keeps_its_split_and_fewshot_cache(tmp_path, capsys):
+    root = tree(tmp_path / "tree")
+    first = build_dataset(cfg(root, **{"DATASET.NUM_SHOTS": 2}))
+    cache = root / "split_fewshot" / "shot_2-seed_1.json"
+    assert json.loads(cache.read_text())["train"][0][0] in {"bird/" + name for name in os.listdir(root / "bird")}
+    capsys.readouterr()
+
+    copy = tmp_path / "copy_of_tree"
+    shutil.copytree(root, copy)  # the original stays: its paths exist but are not the copy's split
+    copied = build_dataset(cfg(copy, **{"DATASET.NUM_SHOTS": 2}))
+    assert f"Loading preprocessed few-shot data from {copy / 'split_fewshot' / 'shot_2-seed_1.json'}" in \
+        capsys.readouterr().out
+    assert selection(copied, copy) == selection(first, root)
+    assert all(d.impath.startswith(str(copy)) for d in copied.train_x + copied.val + copied.test)
+
+    moved = tmp_path / "moved"
+    root.rename(moved)
+    assert selection(build_dataset(cfg(moved, **{"DATASET.NUM_SHOTS": 2})), moved) == selection(first, root)
+
+
+def test_a_cache_with_absolute_paths_from_before_the_move_still_matches(tmp_path):
+    """A few-shot cache written with absolute paths (an earlier version, Dassl) matches the split by
+    its paths' tails wherever the tree is now."""
+    root = tree(tmp_path / "tree")
+    first = build_dataset(cfg(root, **{"DATASET.NUM_SHOTS": 2}))
+    cache = root / "split_fewshot" / "shot_2-seed_1.json"
+    stored = json.loads(cache.read_text())
+    cache.write_text(json.dumps({name: [[f"/elsewhere/old_name/{path}", *rest] for path, *rest in items]
+                                 for name, items in stored.items()}))
+    moved = tmp_path / "renamed"
+    root.rename(moved)
+    assert selection(build_dataset(cfg(moved, **{"DATASET.NUM_SHOTS": 2})), moved) == selection(first, root)
+
+
+@pytest.fixture
+def read_only(monkeypatch):
+    """``read_only(folder)``: nothing can be created below ``folder`` from now on (as on a read-only mount,
+    which permissions cannot give when the tests run as root)."""
+    import errno
+    import tempfile
+
+    folders = []
+
+    def below(path):
+        path = os.path.abspath(path)
+        return any(path == folder or path.startswith(folder + os.sep) for folder in folders)
+
+    def refuse(path):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    real_mkstemp, real_makedirs, real_mkdir, real_open = tempfile.mkstemp, os.makedirs, os.mkdir, open
+
+    def mkstemp(*args, dir=None, **kwargs):
+        if dir is not None and below(dir):
+            refuse(dir)
+        return real_mkstemp(*args, dir=dir, **kwargs)
+
+    def makedirs(name, *args, **kwargs):
+        if below(name) and not os.path.isdir(name):
+            refuse(name)
+        return real_makedirs(name, *args, **kwargs)
+
+    def mkdir(name, *args, **kwargs):
+        if below(name):
+            refuse(name)
+        return real_mkdir(name, *args, **kwargs)
+
+    def guarded_open(file, mode="r", *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and any(c in mode for c in "wax+") and below(file):
+            refuse(file)
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(os, "makedirs", makedirs)
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    monkeypatch.setattr("builtins.open", guarded_open)
+    return lambda folder: folders.append(os.path.abspath(folder))
+
+
+def test_a_read_only_tree_keeps_its_generated_files_in_a_cache_folder(tmp_path, monkeypatch, read_only, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root = tree(tmp_path / "tree")
+    read_only(root)
+    dataset = build_dataset(cfg(root, **{"DATASET.NUM_SHOTS": 2}))
+    assert written(root) == []
+    (store,) = (tmp_path / "cache" / "vlprompt" / "datasets").iterdir()
+    assert store.name.startswith("tree-") and len(store.name) == len("tree-") + 12
+    assert sorted(os.listdir(store)) == ["split_fewshot", SPLIT, SOURCE]
+    assert os.listdir(store / "split_fewshot") == ["shot_2-seed_1.json"]
+    out = capsys.readouterr().out
+    assert f"{root} cannot be written (a read-only folder): its generated split and few-shot files are kept in " \
+           f"{store} (set DATASET.CACHE_DIR to choose another place)" in out
+
+    again = build_dataset(cfg(root, **{"DATASET.NUM_SHOTS": 2}))
+    out = capsys.readouterr().out
+    assert f"Reading split from {store / SPLIT}" in out
+    assert f"Loading preprocessed few-shot data from {store / 'split_fewshot' / 'shot_2-seed_1.json'}" in out
+    assert selection(again, root) == selection(dataset, root)
+
+    from vlprompt.data.feature_cache import FeatureCache  # the default feature cache goes there too
+
+    cache = FeatureCache(cfg(root), encode=None, encoder_id="x", device="cpu", autocast=None, precision="fp32")
+    assert cache.directory == str(store / "feature_cache" / "ImageFolder")
+
+
+def test_dataset_cache_dir_names_where_generated_files_go(tmp_path, capsys):
+    root = tree(tmp_path / "tree")
+    build_dataset(cfg(root, **{"DATASET.CACHE_DIR": str(tmp_path / "mine"), "DATASET.NUM_SHOTS": 1}))
+    assert written(root) == []
+    (store,) = (tmp_path / "mine").iterdir()
+    assert sorted(os.listdir(store)) == ["split_fewshot", SPLIT, SOURCE]
+    assert f"are kept in {store} (DATASET.CACHE_DIR)" in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------------------ refused input
 
 def refused(config, *patterns, error=ImageTreeError):
@@ -214,10 +336,33 @@ def test_two_folders_with_one_class_name(tmp_path):
 
 def test_a_class_with_fewer_images_than_num_shots(tmp_path):
     root = tree(tmp_path / "tree")
-    refused(cfg(root, **{"DATASET.NUM_SHOTS": 8}), "DATASET.NUM_SHOTS is 8", '"bird": 5', '"cat": 5')
+    message = refused(cfg(root, **{"DATASET.NUM_SHOTS": 8}), "DATASET.NUM_SHOTS is 8", '"bird": 5', '"cat": 5',
+                      "in the split made from", "(train share 0.5 of each class", "no split file was written",
+                      "Lower NUM_SHOTS, add images to these classes, or give the train share more in SPLIT_RATIO")
+    assert "delete" not in message  # no file to delete: the split was never written
     assert written(root) == []
     build_dataset(cfg(root, **{"DATASET.NUM_SHOTS": 4}))
-    refused(cfg(root, **{"DATASET.NUM_SHOTS": 16}), "DATASET.NUM_SHOTS is 16")  # also on a split read back
+    refused(cfg(root, **{"DATASET.NUM_SHOTS": 16}), "DATASET.NUM_SHOTS is 16", f"in the split {root / SPLIT}",
+            "delete the split file and its .source.json")  # also on a split read back, which can be deleted
+
+
+def test_a_single_class_is_refused(tmp_path):
+    """A classifier of one class is right on every image: refused, for folders and list files."""
+    root = tree(tmp_path / "tree", classes=("cat",))
+    refused(cfg(root), f'{root} holds a single class, "cat": a classifier needs at least two', "Add a folder")
+    assert written(root) == []
+    listed = tmp_path / "listed"
+    for n in range(4):
+        image(listed / f"{n}.png")
+    (listed / "labels.csv").write_text("".join(f"{n}.png,cat\n" for n in range(4)))
+    refused(cfg(listed), "holds a single class", "Add a folder or list label per further class")
+    assert written(listed) == []
+
+
+def test_a_split_file_with_entries_of_the_wrong_types(tmp_path):
+    root = tree(tmp_path / "tree")
+    (root / SPLIT).write_text(json.dumps({"train": [["cat/00.png", "notint", "cat"]], "val": [], "test": []}))
+    refused(cfg(root), f"the split file {root / SPLIT} is not a CoOp split", "label (an integer >= 0)")
 
 
 def test_a_class_too_small_for_the_ratio(tmp_path):
@@ -233,6 +378,37 @@ def test_a_list_label_that_is_not_in_the_names_file(tmp_path):
     (root / "labels.csv").write_text("0.png,cat\n1.png,cat\n2.png,dog\n3.png,dgo\n")
     (root / "classnames.txt").write_text("cat a cat\ndog a dog\n")
     refused(cfg(root), "1 label(s) of the list file", "are not in the names file", "dgo", str(root / "labels.csv"))
+    assert written(root) == []
+
+
+@pytest.mark.parametrize("header", ["file,class", "Filename,Category,Subset", "class,image"])
+def test_a_csv_header_with_the_usual_column_names(tmp_path, header):
+    root = tmp_path / "tree"
+    columns = [name.lower() for name in header.split(",")]
+    rows = [header]
+    for label in ("cat", "dog"):
+        for n, part in enumerate(("train", "train", "val", "test")):
+            image(root / f"{label}{n}.png")
+            values = {"file": f"{label}{n}.png", "filename": f"{label}{n}.png", "image": f"{label}{n}.png",
+                      "class": label, "category": label, "subset": part}
+            rows.append(",".join(values[column] for column in columns))
+    (root / "labels.csv").write_text("\n".join(rows) + "\n")
+    dataset = build_dataset(cfg(root))
+    assert dataset.classnames == ["cat", "dog"]
+    assert sorted(os.path.basename(d.impath) for d in dataset.train_x + dataset.val + dataset.test) == \
+        sorted(f"{label}{n}.png" for label in ("cat", "dog") for n in range(4))
+    if "subset" in columns:  # the split column, by its other name
+        assert sorted(os.path.basename(d.impath) for d in dataset.val) == ["cat2.png", "dog2.png"]
+
+
+def test_a_csv_header_with_unknown_column_names(tmp_path):
+    root = tmp_path / "tree"
+    image(root / "0.png")
+    image(root / "1.png")
+    (root / "labels.csv").write_text("picture,kind\n0.png,cat\n1.png,dog\n")
+    message = refused(cfg(root), "line 1 of the list file", "(picture,kind) looks like a header, but its column names "
+                      "are not recognised; name the columns path (or file, filename,", "label (or class,")
+    assert "is not an image" not in message and "not images" not in message
     assert written(root) == []
 
 
@@ -313,6 +489,19 @@ def test_make_image_folder_writes_a_tree_the_dataset_reads(tmp_path, capsys):
     assert make_image_folder.main([str(out)]) == 2
     assert "exists" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["images"]
+
+
+def test_make_image_folder_refuses_a_path_below_a_file_or_unwritable(tmp_path, capsys, read_only):
+    (tmp_path / "a_file").write_text("")
+    assert make_image_folder.main([str(tmp_path / "a_file" / "tree")]) == 2
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'a_file'} is a file, so {tmp_path / 'a_file' / 'tree'} "
+                                       "cannot be made below it; give a path of folders\n")
+    read_only(tmp_path / "ro")
+    assert make_image_folder.main([str(tmp_path / "ro" / "tree"), "--classes", "2", "--images-per-class", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: could not write {tmp_path / 'ro' / 'tree'} (Read-only file system: ") and \
+        err.endswith("nothing was left behind\n")
+    assert sorted(os.listdir(tmp_path)) == ["a_file"]
 
 
 def test_run_protocol_runs_over_the_tree(tmp_path, capsys, monkeypatch):

@@ -171,6 +171,20 @@ def test_results_json_not_completed_falls_back_to_log(tmp_path):
     assert result.value == 76.3 and result.source.name == "log.txt"
 
 
+def test_a_truncated_results_json_is_named_beside_the_table(tmp_path, capsys):
+    """The log's value is used, and a warning says that results.json could not be read and why."""
+    run_dir = tmp_path / "seed1"
+    write(run_dir / "log.txt", train_log(76.3))
+    write(run_dir / "results.json", json.dumps({"completed": True, "metrics": {"accuracy": 76.26}})[:25])
+    result = pr.read_run(pr.find_runs(tmp_path)[0])
+    assert result.value == 76.3 and result.source.name == "log.txt"
+    assert parse_results.main([str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert f"warning: {run_dir / 'results.json'}: results.json is not readable JSON (" in err
+    assert "the value is read from log.txt instead (as the log prints it, 1 decimal)" in err
+    assert "76.30" in out
+
+
 def test_results_json_only_run_without_completion_is_incomplete(tmp_path):
     write(tmp_path / "seed1" / "results.json", "{not json")
     result = pr.read_run(pr.find_runs(tmp_path)[0])

@@ -56,6 +56,16 @@ def eval_only_outputs(predictor):
     return torch.cat([label for label, _ in seen]), torch.cat([output for _, output in seen])
 
 
+def run_test_split(run, data_root):
+    """The test split of the run's dataset (built from its config.yaml, reading ``data_root``)."""
+    from vlprompt.data.datasets import build_dataset
+    from vlprompt.engine.run_folder import RunFolder
+
+    cfg = RunFolder(run).read_config()
+    cfg.DATASET.ROOT = data_root
+    return build_dataset(cfg).test
+
+
 def predicted_labels(predictor, paths):
     index = {name: label for label, name in enumerate(predictor.classnames)}
     return torch.tensor([index[p.labels[0]] for p in predictor.predict(paths, topk=1)])
@@ -78,13 +88,16 @@ def test_predict_and_export_equal_eval_only_image_by_image(data_root, tmp_path, 
     run_train(data_root, trainer, config, run, *opts)
     evaluated = run_train(data_root, trainer, config, tmp_path / "eval", "--eval-only", "--model-dir", str(run),
                           "--load-epoch", "1", *opts)
-    predictor = load_run(run)
-    paths = [item.impath for item in predictor.trainer.dm.dataset.test]
-    labels = torch.tensor([item.label for item in predictor.trainer.dm.dataset.test])
+    predictor = load_run(run)  # the classes recorded by the run: no dataset is read
+    from_dataset = load_run(run, root=data_root)  # the run's dataset, as eval-only builds it
+    assert predictor.trainer.dm.dataset.test == [] and predictor.classnames == from_dataset.classnames
+    test = from_dataset.trainer.dm.dataset.test
+    paths, labels = [item.impath for item in test], torch.tensor([item.label for item in test])
     predicted = predicted_labels(predictor, paths)
+    assert torch.equal(predicted_labels(from_dataset, paths), predicted)
     accuracy = 100.0 * int((predicted == labels).sum()) / len(labels)
     assert accuracy == pytest.approx(evaluated["metrics"]["accuracy"], abs=1e-9)
-    test_labels, test_logits = eval_only_outputs(predictor)
+    test_labels, test_logits = eval_only_outputs(from_dataset)
     assert torch.equal(test_labels, labels) and torch.equal(test_logits.argmax(dim=1), predicted)
 
     export_run(run, tmp_path / "model.pt")
@@ -103,7 +116,7 @@ def test_tpt_predictions_adapt_per_image_as_eval_only(data_root, tmp_path, monke
     predictor = load_run(source, test_time="TPT", test_time_config="configs/trainers/TPT/synthetic.yaml",
                          opts=TPT_VIEWS)
     assert isinstance(predictor.trainer, test_time.TestTimeTrainer) and predictor.cfg.TRAINER.NAME == "TPT"
-    test = predictor.trainer.dm.dataset.test
+    test = run_test_split(source, data_root)
     labels = torch.tensor([item.label for item in test])
     predicted = predicted_labels(predictor, [item.impath for item in test])
     accuracy = 100.0 * int((predicted == labels).sum()) / len(labels)
@@ -150,7 +163,7 @@ def test_stdout_holds_the_csv_rows_alone(coop_run, data_root, monkeypatch, capsy
     lines = out.splitlines()
     assert lines[0] == "path,label_1,probability_1,label_2,probability_2,error"
     assert len(lines) == 1 + len(os.listdir(images)) and all(line.startswith(images) for line in lines[1:])
-    assert "Loading trainer: CoOp" in err and "Building transform_test" in err
+    assert "Loading CLIP (backbone" in err and "Building transform_test" in err
 
 
 def test_other_class_names_are_scored_in_the_new_scope(coop_run, monkeypatch):
@@ -161,6 +174,67 @@ def test_other_class_names_are_scored_in_the_new_scope(coop_run, monkeypatch):
     (prediction,) = predictor.predict(image, topk=3)
     assert sorted(prediction.labels) == sorted(predictor.classnames)
     assert sum(prediction.probabilities) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_load_run_reads_no_dataset_and_logs_instead_of_printing(coop_run, data_root, tmp_path, monkeypatch, capsys,
+                                                                 caplog):
+    """The run's recorded classes suffice: a run whose data moved away predicts as the run with its data;
+    what building prints goes to the logger vlprompt.build (quiet unless logging is configured)."""
+    import logging
+    import shutil
+
+    monkeypatch.chdir(ROOT)
+    moved = tmp_path / "run"
+    shutil.copytree(coop_run, moved)
+    config = moved / "config.yaml"
+    config.write_text(config.read_text().replace(data_root, str(tmp_path / "gone")))
+    images = os.path.join(data_root, "oxford_pets", "images")
+    paths = sorted(os.path.join(images, name) for name in os.listdir(images))
+    capsys.readouterr()
+    with caplog.at_level(logging.INFO, logger="vlprompt.build"):
+        predictor = load_run(moved)
+    assert capsys.readouterr().out == ""
+    logged = [record.getMessage() for record in caplog.records if record.name == "vlprompt.build"]
+    assert any(line.startswith("Loading CLIP (backbone") for line in logged)
+    assert "Building transform_test" in logged and not any("Loading dataset" in line for line in logged)
+    from_dataset = load_run(coop_run, root=data_root)  # the run's dataset read, as eval-only reads it
+    assert predictor.classnames == from_dataset.classnames
+    mine, theirs = predictor.predict(paths, topk=2), from_dataset.predict(paths, topk=2)
+    assert [p.labels for p in mine] == [p.labels for p in theirs]
+    for a, b in zip(mine, theirs):
+        assert a.probabilities == pytest.approx(b.probabilities, abs=1e-6)
+
+
+def test_one_default_top_k_in_python_and_on_the_command_line(coop_run, data_root, monkeypatch, capsys):
+    import inspect
+
+    from vlprompt.export import ExportedClassifier
+    from vlprompt.prediction import DEFAULT_TOPK
+    from vlprompt_app.predict import RunPredictor
+
+    monkeypatch.chdir(ROOT)
+    assert DEFAULT_TOPK == 1
+    for predict in (RunPredictor.predict, ExportedClassifier.predict):
+        assert inspect.signature(predict).parameters["topk"].default == DEFAULT_TOPK
+    image = os.path.join(data_root, "oxford_pets", "images", sorted(os.listdir(
+        os.path.join(data_root, "oxford_pets", "images")))[0])
+    (prediction,) = load_run(coop_run).predict(image)
+    assert len(prediction.labels) == 1
+    assert predict_command.main([str(coop_run), image]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0] == "path,label_1,probability_1,error" and rows[1].split(",")[1] == prediction.labels[0]
+
+
+def test_a_missing_image_is_reported_before_the_model_is_built(coop_run, tmp_path, monkeypatch, capsys):
+    from vlprompt_app import predict as predict_module
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was built before the images were checked")
+
+    monkeypatch.setattr(predict_module, "load_run", never)
+    assert predict_command.main([str(coop_run), str(tmp_path / "missing.png")]) == 2
+    assert capsys.readouterr().err == f'Error: "{tmp_path / "missing.png"}" is neither an image file nor a folder of ' \
+                                      "images.\n"
 
 
 @pytest.mark.parametrize("argv, message", [

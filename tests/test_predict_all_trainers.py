@@ -13,7 +13,7 @@ import os
 import re
 
 import pytest
-from test_predict import ROOT, TPT_VIEWS, run_train
+from test_predict import ROOT, TPT_VIEWS, run_test_split, run_train
 
 from vlprompt.config import ConfigError
 from vlprompt.engine import TRAINER_REGISTRY, test_time
@@ -103,6 +103,12 @@ def predictor_of(name, runs, **kwargs):
     return load_run(runs(name), **kwargs)
 
 
+def toy_test_paths(name, runs, data_root):
+    """The test images of the toy OxfordPets, from the dataset of trainer ``name``'s run (or source run)."""
+    source = TEST_TIME_SOURCES[name][0] if is_test_time(name) else name
+    return [item.impath for item in run_test_split(runs(source), data_root)]
+
+
 def test_every_test_time_method_has_a_source():
     assert sorted(TEST_TIME_SOURCES) == sorted(name for name in NAMES if is_test_time(name))
 
@@ -122,7 +128,8 @@ def test_load_run_predicts_and_other_classes_are_scored_or_refused(name, runs, d
     monkeypatch.chdir(ROOT)
     predictor = predictor_of(name, runs)
     assert predictor.cfg.TRAINER.NAME == name and predictor.classnames == predictor.trainer.dm.dataset.classnames
-    paths = [item.impath for item in predictor.trainer.dm.dataset.test]
+    paths = toy_test_paths(name, runs, data_root)
+    assert paths
     predictions = predictor.predict(paths, topk=2)
     assert [p.source for p in predictions] == paths
     for p in predictions:
@@ -152,7 +159,7 @@ def export_of(name, runs, output):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("name", NAMES)
-def test_export_loads_and_predicts_as_the_run_or_is_refused(name, runs, tmp_path, monkeypatch, capsys):
+def test_export_loads_and_predicts_as_the_run_or_is_refused(name, runs, data_root, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     reason = getattr(TRAINER_REGISTRY.get(name), "export_refusal", "")
     if reason:
@@ -168,7 +175,7 @@ def test_export_loads_and_predicts_as_the_run_or_is_refused(name, runs, tmp_path
         assert not (tmp_path / "model.pt").exists()
         return
     predictor = predictor_of(name, runs)
-    paths = [item.impath for item in predictor.trainer.dm.dataset.test]
+    paths = toy_test_paths(name, runs, data_root)
     record = export_of(name, runs, tmp_path / "model.pt")
     assert record["trainer"] == name
     kind = "cosine" if getattr(TRAINER_REGISTRY.get(name), "exports_class_text_features", False) else "trainer"

@@ -14,11 +14,16 @@ def runner_and_tokenizer(tiny_clip_files):
     return CLIPRunner(model), Tokenizer(config)
 
 
-def test_word_initialised_context_reproduces_the_sentence(runner_and_tokenizer):
-    """'a photo of a' context at step 0 == frozen CLIP on the sentence."""
+def test_word_initialised_context_reproduces_the_sentence(runner_and_tokenizer, capsys):
+    """'a photo of a' context at step 0 == frozen CLIP on the sentence; its 4 words, not N_CTX, are the
+    number of context vectors (upstream CoOp's rule), and a line says so."""
     runner, tokenizer = runner_and_tokenizer
     context = TextContext(runner.text, tokenizer, CLASSNAMES, n_ctx=16, ctx_init="a photo of a")
     assert context.n_ctx == 4 and context.ctx.shape == (4, 32)
+    assert capsys.readouterr().out == ('N_CTX 16 is not used: CTX_INIT "a photo of a" gives 4 context vector(s), one '
+                                       "per word (CoOp's rule)\n")
+    TextContext(runner.text, tokenizer, CLASSNAMES, n_ctx=4, ctx_init="a photo of a")
+    assert capsys.readouterr().out == ""  # N_CTX agrees with the phrase: nothing to say
     prompted = runner.text(embeddings=context(), eot=context.eot).features
     sentences = tokenizer([f"a photo of a {c.replace('_', ' ')}." for c in CLASSNAMES])
     assert torch.equal(context.eot, sentences.argmax(-1))

@@ -164,7 +164,8 @@ def test_a_training_run_writes_only_files_the_layout_names(pets_root, tiny_clip_
               "TEST.COMPUTE_CMAT", "True")
     assert RunFolder(output).unknown_files() == []
     assert present(output) == {
-        "the log", "the merged config of a training run", "the record of the final evaluation", "the confusion matrix",
+        "the log", "the merged config of a training run", "the classes the model scores, by label",
+        "the record of the final evaluation", "the confusion matrix",
         "the unreadable image files", "a checkpoint after an epoch", "the checkpoint of the best val result",
         "the pointer to the checkpoint written last",
     }

@@ -138,13 +138,61 @@ def test_resume_from_epoch_one_equals_uninterrupted_run(setup, trained):
         (["--dataset-config-file", "configs/datasets/missing.yaml"], "configs/datasets/missing.yaml"),
         (["DATASET.NAME", "OxfordPet"], "Unknown dataset 'OxfordPet'"),
         (["--root", "/nonexistent/data"], "oxford_pets"),
+        (["--root", "{file}"], 'DATASET.ROOT (--root) "{file}" is a file; expected the folder that holds the datasets'),
+        (["DATASET.NUM_SHOTS", "-3"], "DATASET.NUM_SHOTS must be at least -1, got -3. K >= 1 trains on K images per "
+                                      "class; 0 or -1 (Dassl's default) on all training images."),
     ],
 )
 def test_bad_input_gives_one_clear_error(setup, tmp_path, capsys, extra, expected):
+    """One paragraph, exit status 2, and nothing left in the output folder (it did not exist before)."""
     from vlprompt_app.commands import train
 
+    (tmp_path / "a_file").write_text("")
+    extra = [item.format(file=tmp_path / "a_file") for item in extra]
     assert train.run(train_argv(setup, tmp_path / "bad", *extra)) == 2
-    assert expected in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert expected.format(file=tmp_path / "a_file") in err and "Traceback" not in err
+    assert not (tmp_path / "bad").exists()
+
+
+def test_a_full_disk_while_writing_a_checkpoint_keeps_the_last_one(setup, tmp_path, monkeypatch, capsys):
+    """The write of epoch 2's checkpoint fails as on a full disk: one paragraph naming the file, the reason and
+    the intact checkpoint of epoch 1, exit status 2; the same command then resumes from epoch 1."""
+    import errno
+
+    from vlprompt.utils import close_logger, load_checkpoint
+    from vlprompt_app.commands import train
+
+    fdopen = os.fdopen
+
+    def full_disk_for_epoch_2(fd, *args, **kwargs):
+        if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(".model.pth.tar-2."):
+            os.close(fd)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return fdopen(fd, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fdopen", full_disk_for_epoch_2)
+    output = tmp_path / "run"
+    argv = train_argv(setup, output, "OPTIM.MAX_EPOCH", "2")
+    try:
+        assert train.run(argv) == 2
+    finally:
+        close_logger()
+    folder = output / "prompt_learner"
+    err = capsys.readouterr().err
+    assert err == (f"\nError: Could not write {folder / 'model.pth.tar-2'}: the disk is full (No space left on "
+                   "device). Nothing was damaged: the file is written to a temporary file that replaces it only when "
+                   f"complete, so {folder / 'model.pth.tar-2'} was not created. Free space (or raise the limit), then "
+                   f"run the same command again. The last complete checkpoint, {folder / 'model.pth.tar-1'}, is intact: the same "
+                   "command resumes from it.\n")
+    assert sorted(os.listdir(folder)) == ["checkpoint", "model.pth.tar-1"]
+    assert load_checkpoint(str(folder / "model.pth.tar-1"))["epoch"] == 1
+    monkeypatch.undo()
+    try:
+        assert train.run(argv) == 0
+    finally:
+        close_logger()
+    assert "model.pth.tar-2" in os.listdir(folder) and (output / "results.json").is_file()
 
 
 def test_bad_input_exits_2_without_traceback_from_the_shell(setup, tmp_path):

@@ -7,6 +7,8 @@ The file (``torch.save`` of plain data, read back with ``weights_only=True``) ho
     backbone                 {"name": MODEL.BACKBONE.NAME, "weights": the weights file's path as
                               recorded, "sha256": its hash}
     classnames               the K class names, by label
+    template                 the class sentence of the run's dataset (a trainer head builds its
+                             class prompts from it; files without it use DATASET.NAME's)
     preprocess               the INPUT settings of the test transform and the dataset's image border
     precision                the autocast precision the run evaluated with ("fp32", "fp16", "bf16")
     head                     how logits [B, K] are computed (below)
@@ -35,7 +37,7 @@ import torch
 
 from vlprompt.config import ConfigError
 from vlprompt.fileio import atomic_write
-from vlprompt.prediction import Prediction, top_classes
+from vlprompt.prediction import DEFAULT_TOPK, Prediction, logs_build, top_classes
 
 __all__ = [
     "EXPORT_FORMAT", "EXPORT_VERSION", "ExportedClassifier", "check_weights", "file_sha256", "load_classifier",
@@ -74,7 +76,12 @@ def read_export(path):
     try:
         record = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001  (any unpickling failure means: not such a file)
-        raise ConfigError(f'"{path}" is not a readable exported classifier ({type(error).__name__}: {error}).') from None
+        detail = " ".join(str(error).split(". ")[0].split())
+        raise ConfigError(
+            f'"{path}" cannot be read as an exported classifier: the file is damaged (for example cut short by '
+            f"an interrupted copy or download; it has {osp.getsize(path)} bytes) or was not written by "
+            f"tools/export.py. Copy or export it again ({type(error).__name__}: {detail})."
+        ) from None
     if not isinstance(record, dict) or record.get("format") != EXPORT_FORMAT:
         raise ConfigError(f'"{path}" is not an exported classifier (no format "{EXPORT_FORMAT}").')
     if record.get("version") != EXPORT_VERSION:
@@ -157,9 +164,10 @@ class ExportedClassifier:
             features = torch.nn.functional.normalize(self.clip.encode_image(images.to(self.device)), dim=-1)
             return self.clip.logit_scale.exp() * features @ self.text_features.t()
 
-    def predict(self, images, topk=5, progress=False):
-        """One Prediction per image (paths, PIL images or transformed tensors [3, H, W]); an unreadable
-        path gives a Prediction with ``error`` set. ``progress``: a tqdm bar over the images."""
+    def predict(self, images, topk=DEFAULT_TOPK, progress=False):
+        """One Prediction per image (paths, PIL images or transformed tensors [3, H, W]) with its ``topk``
+        best classes (default DEFAULT_TOPK, as tools/predict.py); an unreadable path gives a Prediction
+        with ``error`` set. ``progress``: a tqdm bar over the images."""
         from tqdm import tqdm
 
         from vlprompt.utils import read_image
@@ -194,6 +202,7 @@ def _source(item, position):
     return str(item) if isinstance(item, (str, os.PathLike)) else f"<image {position}>"
 
 
+@logs_build
 def load_classifier(path, weights=None, device="cpu", batch_size=64):
     """The ExportedClassifier of a cosine-head export file.
 

@@ -2,16 +2,54 @@
 
 A file is written to a temporary file in the same folder, flushed, fsynced and moved onto
 its final name with ``os.replace``, so an interrupted writer (a kill, a full disk, an
-exception) leaves the previous file or no file, never a torn one. Standard library only,
-so light command-line tools can use it without importing torch; ``vlprompt.utils``
-re-exports every name (Dassl's ``mkdir_if_missing`` included).
+exception) leaves the previous file or no file, never a torn one. A write that fails because
+the disk is full, a quota is exceeded or the file-size limit (``ulimit -f``) is reached raises
+:class:`WriteFailedError` (bad input for the command lines: one paragraph, exit status 2),
+naming the file and the reason. Standard library only, so light command-line tools can use it
+without importing torch; ``vlprompt.utils`` re-exports every name (Dassl's ``mkdir_if_missing``
+included).
 """
 import contextlib
+import errno
 import os
 import os.path as osp
 import tempfile
 
-__all__ = ["atomic_write", "mkdir_if_missing", "write_text", "save_figure"]
+__all__ = ["WriteFailedError", "atomic_write", "mkdir_if_missing", "write_text", "save_figure"]
+
+# errno -> why a write failed, for the errors that mean "no room" rather than a bug.
+_NO_ROOM = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is exceeded",
+    errno.EFBIG: "the file would exceed the file-size limit (ulimit -f) or the largest file the file system holds",
+}
+
+
+class WriteFailedError(OSError):
+    """A file could not be written for lack of room (disk full, quota, file-size limit); the file
+    keeps its previous content (or stays absent). The message names the file and the reason."""
+
+
+def no_room_error(error):
+    """The OSError in ``error``'s chain (itself, its cause or context) whose errno means "no room", or None
+    (torch.save, for one, reports a full disk as a RuntimeError raised while handling the OSError)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in _NO_ROOM:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def _write_failed(path, error):
+    reason = _NO_ROOM[error.errno]
+    state = "keeps its previous content" if osp.exists(path) else "was not created"
+    return WriteFailedError(
+        f"Could not write {path}: {reason} ({error.strerror or os.strerror(error.errno)}). Nothing was damaged: "
+        f"the file is written to a temporary file that replaces it only when complete, so {path} {state}. Free "
+        "space (or raise the limit), then run the same command again."
+    )
 
 
 def _current_umask():
@@ -58,9 +96,10 @@ def atomic_write(path, mode="wb", encoding="utf-8", newline=None):
     if mode not in ("w", "wb"):
         raise ValueError(f'atomic_write() supports mode "w" or "wb", but got "{mode}"')
     dirname = osp.dirname(osp.abspath(path))
-    mkdir_if_missing(dirname)
-    fd, tmp_path = tempfile.mkstemp(dir=dirname, prefix=f".{osp.basename(path)}.", suffix=".tmp")
+    tmp_path = None
     try:
+        mkdir_if_missing(dirname)
+        fd, tmp_path = tempfile.mkstemp(dir=dirname, prefix=f".{osp.basename(path)}.", suffix=".tmp")
         os.chmod(tmp_path, 0o666 & ~_UMASK)
         file_kwargs = {"encoding": encoding, "newline": newline} if mode == "w" else {}
         with os.fdopen(fd, mode, **file_kwargs) as f:
@@ -68,9 +107,12 @@ def atomic_write(path, mode="wb", encoding="utf-8", newline=None):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp_path, path)
-    except BaseException:
-        if osp.exists(tmp_path):
+    except BaseException as error:
+        if tmp_path is not None and osp.exists(tmp_path):
             os.remove(tmp_path)
+        no_room = no_room_error(error)
+        if no_room is not None and not isinstance(error, WriteFailedError):
+            raise _write_failed(path, no_room) from error
         raise
     _fsync_directory(dirname)
 

@@ -15,6 +15,7 @@ may leave in its folder (Dassl's names where Dassl has them)::
         config.yaml                 the merged config of a training run (detectron2's name)
         eval_config.yaml            the merged config of an evaluation of a --model-dir (its folder
                                     is not a model, so not config.yaml)
+        classes.json                the classes the model scores, by label (predicting needs no dataset)
         results.json                the record of the final evaluation, written last
         run.lock                    present while a process runs into the folder
         console.txt                 the console output of each attempt of the protocol runner
@@ -37,7 +38,8 @@ from datetime import datetime
 from typing import Optional, Tuple
 
 __all__ = [
-    "CONFIG_FILENAME", "EVAL_CONFIG_FILENAME", "RESULTS_FILENAME", "LOG_FILENAME", "LOCK_FILENAME", "CONSOLE_FILENAME", "CMAT_FILENAME",
+    "CONFIG_FILENAME", "EVAL_CONFIG_FILENAME", "CLASSES_FILENAME", "RESULTS_FILENAME", "LOG_FILENAME",
+    "LOCK_FILENAME", "CONSOLE_FILENAME", "CMAT_FILENAME",
     "BAD_IMAGES_FILENAME", "WISEFT_SWEEP_FILENAME", "TENSORBOARD_DIRNAME", "TEST_TIME_DIRNAME",
     "BEST_CHECKPOINT", "POINTER_FILENAME", "LAYOUT", "log_name", "timestamped_log_name", "log_start_time",
     "epoch_checkpoint_name", "mid_epoch_checkpoint_name", "checkpoint_position", "episode_record_names",
@@ -46,6 +48,7 @@ __all__ = [
 
 CONFIG_FILENAME = "config.yaml"
 EVAL_CONFIG_FILENAME = "eval_config.yaml"
+CLASSES_FILENAME = "classes.json"
 REPLACED_PREFIX = "replaced-"
 RESULTS_FILENAME = "results.json"
 LOG_FILENAME = "log.txt"
@@ -76,6 +79,7 @@ LAYOUT = (
     (_TIMESTAMPED_LOG, "the log of a restarted run"),
     (re.compile(r"^config\.yaml$"), "the merged config of a training run"),
     (re.compile(r"^eval_config\.yaml$"), "the merged config of an evaluation of a --model-dir"),
+    (re.compile(r"^classes\.json$"), "the classes the model scores, by label"),
     (re.compile(r"^replaced-\d{4}-\d{2}-\d{2}-\d{2}-\d{2}-\d{2}(-\d+)?/.+$"), "an earlier run's file, moved aside"),
     (re.compile(r"^results\.json$"), "the record of the final evaluation"),
     (re.compile(r"^run\.lock$"), "the lock of the process running into the folder"),

@@ -22,12 +22,14 @@ import os.path as osp
 import tempfile
 
 from vlprompt.config import ConfigError
+from vlprompt.prediction import logs_build
 
 __all__ = ["check_exportable", "export_run", "load_exported"]
 
 CHECKPOINT_KEYS = ("state_dict", "epoch", "trainer_state")
 
 
+@logs_build
 def export_run(run_dir, output, epoch=None, device=None, root=None, test_time="", test_time_config="", opts=()):
     """Write the exported classifier of a run to ``output``; returns the record written.
 
@@ -38,16 +40,17 @@ def export_run(run_dir, output, epoch=None, device=None, root=None, test_time=""
         ConfigError: as load_run, a method that declares why it cannot be exported (``export_refusal``
             on its trainer class), or a backbone weights file that does not exist (nothing to hash).
     """
+    from vlprompt.clip.templates import dataset_template
     from vlprompt.engine.amp import resolve_precision
     from vlprompt.engine.run_folder import RunFolder
     from vlprompt.export import file_sha256, preprocess_settings, save_export
     from vlprompt.utils import load_checkpoint
-    from vlprompt_app.predict import build_predictor, run_config
+    from vlprompt_app.predict import build_run_predictor, run_config
 
     cfg, last_epoch = run_config(run_dir, test_time, test_time_config, opts)
     check_exportable(cfg.TRAINER.NAME)
     epoch = last_epoch if epoch is None else epoch
-    predictor = build_predictor(cfg, model_dir=str(run_dir), epoch=epoch, device=device, root=root)
+    predictor = build_run_predictor(run_dir, cfg, epoch, device=device, root=root, opts=opts)
     trainer = predictor.trainer
     weights = cfg.MODEL.BACKBONE.WEIGHTS
     if not osp.isfile(weights):
@@ -57,6 +60,7 @@ def export_run(run_dir, output, epoch=None, device=None, root=None, test_time=""
         "trainer": cfg.TRAINER.NAME,
         "backbone": {"name": cfg.MODEL.BACKBONE.NAME, "weights": weights, "sha256": file_sha256(weights)},
         "classnames": list(trainer.dm.dataset.classnames),
+        "template": dataset_template(trainer.dm.dataset),
         "preprocess": preprocess_settings(cfg, type(trainer.dm.dataset).image_border),
         "precision": resolve_precision(cfg),
         "eval_scope": cfg.TEST.ROLE,
@@ -103,6 +107,7 @@ def _cosine_head(trainer):
     return {"kind": "cosine", "text_features": text.detach().cpu()}
 
 
+@logs_build
 def load_exported(path, weights=None, device=None, batch_size=None):
     """A predictor of an exported file: ``vlprompt.export.ExportedClassifier`` for a cosine head (the
     library alone), else a :class:`~vlprompt_app.predict.RunPredictor` of the method's trainer.
@@ -135,4 +140,5 @@ def load_exported(path, weights=None, device=None, batch_size=None):
             target.parent.mkdir(parents=True, exist_ok=True)
             torch.save(checkpoint, target)
         return build_predictor(cfg, model_dir=folder, epoch=head["epoch"], classes=record["classnames"],
-                               device=device, batch_size=batch_size, scope=record["eval_scope"])
+                               device=device, batch_size=batch_size, scope=record["eval_scope"],
+                               template=record.get("template"))

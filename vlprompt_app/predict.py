@@ -12,8 +12,13 @@ evaluation. So a prediction over a test split is the one ``--eval-only`` makes, 
 
 Classes:
 
-* by default the run's own classes (the run's dataset is built from its config, as eval-only
-  builds it: DATASET.ROOT must hold it, ``root=`` overrides the folder);
+* by default the run's own classes, as the run recorded them (``classes.json``: class names by
+  label and the class sentence), so that nothing of the dataset is read: a run predicts after its
+  images moved or are gone. The run's dataset is built from its config, as eval-only builds it
+  (DATASET.ROOT must hold it), when the folder records no classes (a folder of an earlier
+  version, a dataset scored through another's classes), when ``root=`` names a datasets folder
+  or ``opts`` change DATASET keys, and for a method whose predictions read more than its config
+  and checkpoints (``export_refusal`` on its trainer class, e.g. PromptAlign's source statistics);
 * ``classes=[...]``: any class names, scored in the ``new`` evaluation scope with
   DATASET.SUBSAMPLE_CLASSES ``new`` (as base-to-novel's test_new run scores the classes the model
   was not trained on). The dataset is not read; the class sentence
@@ -25,15 +30,24 @@ test_time_config="configs/trainers/TPT/synthetic.yaml")`` merges the method's co
 source run's and loads the source run's checkpoint as ``--model-dir`` does.
 
 An image that cannot be read gives a :class:`Prediction` with ``error`` set, not an exception.
+
+What building a model prints (the dataset, the transforms, the weights, as train.py's log) is sent,
+line by line, to the logger ``vlprompt.build`` at level INFO instead of stdout
+(:func:`vlprompt.prediction.logs_build`): quiet unless the application configures logging
+(``logging.basicConfig(level=logging.INFO)`` shows it); the command lines show it on stderr
+(:func:`vlprompt.prediction.build_log_to`).
 """
 import os
 import os.path as osp
 from typing import List, Optional, Sequence
 
 from vlprompt.config import ConfigError
-from vlprompt.prediction import Prediction, top_classes
+from vlprompt.prediction import DEFAULT_TOPK, Prediction, logs_build, top_classes
 
-__all__ = ["Prediction", "RunPredictor", "load_run", "build_predictor", "IMAGE_EXTENSIONS", "expand_images"]
+__all__ = [
+    "IMAGE_EXTENSIONS", "Prediction", "RunPredictor", "build_predictor", "build_run_predictor", "check_run_folder",
+    "expand_images", "load_run", "recorded_classes",
+]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
@@ -86,13 +100,14 @@ class ClassListData:
         self.lab2cname = dataset.lab2cname
 
 
-def class_list_data(cfg, classnames):
-    """ClassListData of ``classnames`` with the template and image border of DATASET.NAME's class."""
+def class_list_data(cfg, classnames, template=None):
+    """ClassListData of ``classnames`` with the image border of DATASET.NAME's class and its template
+    (or ``template``, the sentence a run recorded)."""
     from vlprompt.clip.templates import DEFAULT_TEMPLATE
     from vlprompt.data.datasets import DATASET_REGISTRY
 
     dataset_class = DATASET_REGISTRY.get(cfg.DATASET.NAME) if cfg.DATASET.NAME in DATASET_REGISTRY.registered_names() else None
-    attributes = {"template": getattr(dataset_class, "template", DEFAULT_TEMPLATE),
+    attributes = {"template": template or getattr(dataset_class, "template", DEFAULT_TEMPLATE),
                   "image_border": getattr(dataset_class, "image_border", 0)}
     return ClassListData(type("ClassList", (ClassList,), attributes)(classnames))
 
@@ -167,8 +182,9 @@ class RunPredictor:
         self.batch_size = batch_size or self.cfg.DATALOADER.TEST.BATCH_SIZE
         if self.batch_size < 1:
             raise ConfigError(f"The batch size must be >= 1, got {self.batch_size}.")
+        self.test_transform = self._build_transform()
 
-    def transform(self):
+    def _build_transform(self):
         """The test transform of the run's config, after the dataset's border crop (as a test split's)."""
         import torchvision.transforms as T
 
@@ -179,14 +195,18 @@ class RunPredictor:
         border = type(self.trainer.dm.dataset).image_border
         return T.Compose([CropBorder(border), tfm]) if border else tfm
 
-    def predict(self, images, topk=5, progress=False) -> List[Prediction]:
+    def transform(self):
+        """The test transform (built once, with the model, so that predicting prints nothing)."""
+        return self.test_transform
+
+    def predict(self, images, topk=DEFAULT_TOPK, progress=False) -> List[Prediction]:
         """Top-``topk`` classes of each image.
 
         Args:
             images: a path (str), a PIL image or a tensor [3, H, W] already transformed (INPUT.SIZE,
                 normalised as the run's test transform does), or a list of them; a tensor [N, 3, H, W]
                 counts as N images. A test-time method needs paths or PIL images (it augments them).
-            topk: classes per image (at most K).
+            topk: classes per image (at most K; default DEFAULT_TOPK, as tools/predict.py's --topk).
             progress: show a tqdm bar over the batches.
 
         Returns:
@@ -314,6 +334,18 @@ def _unreadable(path):
     return ""
 
 
+def check_run_folder(run_dir):
+    """ConfigError unless ``run_dir`` is a folder holding a config.yaml (a run folder of this project)."""
+    from vlprompt.engine.run_folder import CONFIG_FILENAME, RunFolder
+
+    folder = RunFolder(run_dir)
+    if not folder.path.is_dir():
+        raise ConfigError(f'"{run_dir}" is not a folder: expected the output folder of a training run '
+                          f"(train.py --output-dir), holding {CONFIG_FILENAME} and the checkpoints.")
+    if not folder.config_path.is_file():
+        folder.read_config()  # raises its ConfigError, which says what the folder lacks
+
+
 def run_config(run_dir, test_time="", test_time_config="", opts=()):
     """(config, last epoch): the config a prediction from ``run_dir`` builds on (not frozen), the
     run's merged config with a test-time method's config merged over it when ``test_time`` names
@@ -325,16 +357,13 @@ def run_config(run_dir, test_time="", test_time_config="", opts=()):
     """
     from vlprompt.config import merge_from_file, merge_from_list
     from vlprompt.engine import TRAINER_REGISTRY
-    from vlprompt.engine.run_folder import CONFIG_FILENAME, RunFolder
+    from vlprompt.engine.run_folder import RunFolder
     from vlprompt.engine.test_time import TestTimeTrainer
     from vlprompt_app.project import import_project
 
     import_project()
-    folder = RunFolder(run_dir)
-    if not folder.path.is_dir():
-        raise ConfigError(f'"{run_dir}" is not a folder: expected the output folder of a training run '
-                          f"(train.py --output-dir), holding {CONFIG_FILENAME} and the checkpoints.")
-    cfg = folder.read_config()
+    check_run_folder(run_dir)
+    cfg = RunFolder(run_dir).read_config()
     names = TRAINER_REGISTRY.registered_names()
     if cfg.TRAINER.NAME not in names:
         raise ConfigError(f'The run in "{run_dir}" was trained with {cfg.TRAINER.NAME!r}, which is not a '
@@ -351,8 +380,22 @@ def run_config(run_dir, test_time="", test_time_config="", opts=()):
     return cfg, last_epoch
 
 
+def recorded_classes(run_dir, cfg, root=None, opts=()):
+    """The classes the run recorded (``classes.json``: {"classnames", "template", "dataset"}) when a
+    prediction may use them instead of the run's dataset (module docstring), else None."""
+    from vlprompt.engine import TRAINER_REGISTRY
+    from vlprompt.engine.run_folder import RunFolder
+
+    if root or any(str(key).startswith("DATASET.") for key in list(opts)[::2]):
+        return None
+    if getattr(TRAINER_REGISTRY.get(cfg.TRAINER.NAME), "export_refusal", ""):
+        return None
+    record = RunFolder(run_dir).read_classes()
+    return record if record is not None and record["dataset"] == cfg.DATASET.NAME else None
+
+
 def build_predictor(cfg, model_dir="", epoch=None, classes=None, device=None, batch_size=None, root=None,
-                    scope=None):
+                    scope=None, template=None):
     """A RunPredictor of ``cfg`` (not frozen; changed here) with ``model_dir``'s checkpoint loaded.
 
     Args:
@@ -363,7 +406,9 @@ def build_predictor(cfg, model_dir="", epoch=None, classes=None, device=None, ba
         device: "cpu", "cuda" or None (the run's USE_CUDA where CUDA exists).
         batch_size: images per batch (None: DATALOADER.TEST.BATCH_SIZE).
         root: the datasets folder when the run's classes are read (None: the run's DATASET.ROOT).
-        scope: with ``classes``, the evaluation scope they have (an export's own classes); None: "new".
+        scope: with ``classes``, the evaluation scope they have (an export's or a run's own classes);
+            None: "new". "run": the scope an eval-only run from ``model_dir`` has (the run's own classes).
+        template: with ``classes``, the class sentence (None: DATASET.NAME's).
     """
     from vlprompt.engine.config_checks import validate_cfg
     from vlprompt.engine import build_trainer
@@ -380,12 +425,14 @@ def build_predictor(cfg, model_dir="", epoch=None, classes=None, device=None, ba
             # trained on (e.g. PromptKD's teacher is then not held to the training classes' count).
             cfg.DATASET.SUBSAMPLE_CLASSES = "new"
         classes = _checked_classes(classes)
-        cfg.TEST.ROLE = scope or "new"
-    else:
+    if classes is None or scope == "run":
         cfg.TEST.ROLE = resolve_eval_scope(cfg, eval_only=True, model_dir=model_dir).scope
+    else:
+        cfg.TEST.ROLE = scope or "new"
     validate_cfg(cfg)
     cfg.freeze()
-    trainer = build_trainer(cfg) if classes is None else build_trainer_on_classes(cfg, class_list_data(cfg, classes))
+    trainer = build_trainer(cfg) if classes is None else build_trainer_on_classes(
+        cfg, class_list_data(cfg, classes, template))
     trainer.run_info.update(eval_only=True, model_dir=model_dir, load_epoch=epoch)
     if model_dir:
         trainer.load_model(model_dir, epoch=epoch)
@@ -402,6 +449,7 @@ def _checked_classes(classes):
     return names
 
 
+@logs_build
 def load_run(run_dir, epoch: Optional[int] = None, classes: Optional[Sequence[str]] = None, device=None,
              batch_size=None, root=None, test_time="", test_time_config="", opts=()) -> RunPredictor:
     """The RunPredictor of a training run folder (see the module docstring).
@@ -422,5 +470,17 @@ def load_run(run_dir, epoch: Optional[int] = None, classes: Optional[Sequence[st
         FileNotFoundError: the checkpoint is missing (the message lists the ones there).
     """
     cfg, last_epoch = run_config(run_dir, test_time, test_time_config, opts)
-    return build_predictor(cfg, model_dir=str(run_dir), epoch=last_epoch if epoch is None else epoch, classes=classes, device=device,
+    return build_run_predictor(run_dir, cfg, last_epoch if epoch is None else epoch, classes, device, batch_size,
+                               root, opts)
+
+
+def build_run_predictor(run_dir, cfg, epoch, classes=None, device=None, batch_size=None, root=None, opts=()):
+    """build_predictor of the run folder ``run_dir`` with ``cfg`` (:func:`run_config`): ``classes``,
+    else the run's recorded classes in its own scope (:func:`recorded_classes`), else its dataset."""
+    if classes is None:
+        recorded = recorded_classes(run_dir, cfg, root, opts)
+        if recorded is not None:
+            return build_predictor(cfg, model_dir=str(run_dir), epoch=epoch, classes=recorded["classnames"],
+                                   device=device, batch_size=batch_size, scope="run", template=recorded["template"])
+    return build_predictor(cfg, model_dir=str(run_dir), epoch=epoch, classes=classes, device=device,
                            batch_size=batch_size, root=root)

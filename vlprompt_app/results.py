@@ -105,7 +105,8 @@ class RunResult:
         value: the accuracy (percent) or None when the run is incomplete.
         source: the file the value was read from (a log or results.json), or None.
         reason: why ``value`` is None (one sentence), else None.
-        notes: warnings for the user (several logs, stale results.json ignored).
+        notes: warnings for the user (several logs, stale results.json ignored, an unreadable or
+            incomplete results.json whose value was read from the log instead).
     """
 
     run: FoundRun
@@ -324,7 +325,8 @@ def read_run(run: FoundRun, keyword: str = "accuracy",
 
     A results.json with ``"completed": true`` and ``metrics[keyword]`` is used unless it is
     older than the newest timestamped log (then it belongs to an earlier run). Otherwise
-    the newest log is scanned with :func:`scan_log`.
+    the newest log is scanned with :func:`scan_log`; when a results.json was there but could
+    not be used (unreadable, e.g. cut short, or incomplete), a note says so.
     """
     notes: List[str] = []
     json_reason = None
@@ -344,6 +346,9 @@ def read_run(run: FoundRun, keyword: str = "accuracy",
                      f"({', '.join(p.name for p in run.logs)}); using the newest, {log.name}")
     value, signal_seen = scan_log(log, keyword, end_signals)
     if value is not None:
+        if json_reason is not None:
+            notes.append(f"{run.results_json}: {json_reason}; the value is read from {log.name} instead "
+                         f"(as the log prints it, {PRINTED_DECIMALS} decimal)")
         return RunResult(run, value, log, notes=notes)
     if not signal_seen:
         reason = (f"{log.name} has no end signal {_describe_signals(end_signals)} "

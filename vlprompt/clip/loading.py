@@ -12,6 +12,14 @@ an open_clip pretrained tag (``openai``, ``laion2b_s34b_b88k``, ...), ``random``
 weights, for tests), or a local file: OpenAI's TorchScript archives (``ViT-B-16.pt``),
 open_clip checkpoints (``.pt``/``.pth``/``.bin``) and ``.safetensors`` files.
 
+Loading a TorchScript archive runs the code it holds, and a weights path can come from a file
+received from someone else (a run's ``config.yaml``, an exported classifier). So an archive is
+loaded only when its SHA-256 is one of OpenAI's published CLIP archives
+(:data:`OPENAI_ARCHIVE_SHA256`, the hashes their download URLs carry), or when the user trusts
+it explicitly: ``load_clip(..., trust_torchscript=True)`` or the environment variable
+``VLPROMPT_TRUST_TORCHSCRIPT=1`` (:data:`TRUST_TORCHSCRIPT_ENV`). Any other archive is refused
+with that reason; every other file is read as a plain state dict (``weights_only``).
+
 A pretrained tag is downloaded by open_clip (Hugging Face hub or a URL) unless its file is
 already cached. Before a download, ``load_clip`` makes sure it can succeed quickly: with
 ``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` set, or when the download host (or the HTTPS
@@ -26,6 +34,7 @@ feature; here QuickGELU is forced whenever the weights are OpenAI's, and checked
 loading.
 """
 import contextlib
+import hashlib
 import logging
 import os
 import socket
@@ -39,7 +48,10 @@ import torch
 
 from .small_models import register_small_towers
 
-__all__ = ["CLIPLoadError", "OPENAI_MODELS", "load_clip", "resolve_model_name", "get_tokenizer_for"]
+__all__ = [
+    "CLIPLoadError", "OPENAI_ARCHIVE_SHA256", "OPENAI_MODELS", "TRUST_TORCHSCRIPT_ENV", "load_clip",
+    "resolve_model_name", "get_tokenizer_for",
+]
 
 # CoOp-family name -> (open_clip config name, file name in OpenAI's own download cache)
 OPENAI_MODELS = {
@@ -53,6 +65,23 @@ OPENAI_MODELS = {
     "ViT-L/14": ("ViT-L-14", "ViT-L-14.pt"),
     "ViT-L/14@336px": ("ViT-L-14-336", "ViT-L-14-336px.pt"),
 }
+# SHA-256 of OpenAI's published TorchScript archives, by file name: the hash each download URL
+# carries (https://openaipublic.azureedge.net/clip/models/<sha256>/<file>), which the original
+# `clip` package and open_clip check after a download.
+OPENAI_ARCHIVE_SHA256 = {
+    "RN50.pt": "afeb0e10f9e5a86da6080e35cf09123aca3b358a0c3e3b6c78a7b63bc04b6762",
+    "RN101.pt": "8fa8567bab74a42d41c5915025a8e4538c3bdbe8804a470a72f30b0d94fab599",
+    "RN50x4.pt": "7e526bd135e493cef0776de27d5f42653e6b4c8bf9e0f653bb11773263205fdd",
+    "RN50x16.pt": "52378b407f34354e150460fe41077663dd5b39c54cd0bfd2b27167a4a06ec9aa",
+    "RN50x64.pt": "be1cfb55d75a9666199fb2206c106743da0f6468c9d327f3e0d0a543a9919d9c",
+    "ViT-B-32.pt": "40d365715913c9da98579312b702a82c18be219cc2a73407c4526f58eba950af",
+    "ViT-B-16.pt": "5806e77cd80f8b59890b7e101eabd078d9fb84e6937f9e85e4ecb61988df416f",
+    "ViT-L-14.pt": "b8cca3fd41ae0c99ba7e8951adf17d267cdb84cd88be6f7c2e0eca1737a03836",
+    "ViT-L-14-336px.pt": "3035c92b350959924f9f00213499208652fc7ea050643e8b385c2dac08641f02",
+}
+# The environment variable whose true value ("1", "true", "yes", "on") trusts every TorchScript archive.
+TRUST_TORCHSCRIPT_ENV = "VLPROMPT_TRUST_TORCHSCRIPT"
+_TRUE_VALUES = {"1", "ON", "YES", "TRUE"}
 # Where the original `clip` package (and so every CoOp-family user) caches OpenAI files.
 OPENAI_CACHE_DIR = os.path.expanduser("~/.cache/clip")
 # State-dict entries of TorchScript archives that are not weights of the open_clip model
@@ -111,16 +140,50 @@ def _is_torchscript_archive(path):
         return any(n.endswith("constants.pkl") or "/code/" in n for n in archive.namelist())
 
 
-def _load_weights_file(model, path):
+def _file_sha256(path):
+    """Hex SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _trust_from_env():
+    """Whether TRUST_TORCHSCRIPT_ENV is set to a true value."""
+    return os.environ.get(TRUST_TORCHSCRIPT_ENV, "").strip().upper() in _TRUE_VALUES
+
+
+def _check_torchscript_allowed(path, trust_torchscript):
+    """CLIPLoadError unless the TorchScript archive ``path`` may be loaded (module docstring)."""
+    if trust_torchscript or _trust_from_env():
+        return
+    sha256 = _file_sha256(path)
+    if sha256 in OPENAI_ARCHIVE_SHA256.values():
+        return
+    raise CLIPLoadError(
+        f'"{path}" is a TorchScript archive, and loading one runs the code it holds; its SHA-256 {sha256} is not '
+        f"one of OpenAI's published CLIP archives ({', '.join(OPENAI_ARCHIVE_SHA256)}), so it is not loaded. If "
+        f"you trust the file, set {TRUST_TORCHSCRIPT_ENV}=1 (or pass trust_torchscript=True to load_clip); "
+        "otherwise use a plain state dict or .safetensors file of the same weights."
+    )
+
+
+def _load_weights_file(model, path, trust_torchscript=False):
     """Load a local weights file into ``model`` (strict).
 
-    OpenAI TorchScript archives are read with torch.jit and their non-weight entries
-    dropped; anything else goes through open_clip's checkpoint loader, which also
-    converts third-party layouts and resizes position embeddings.
+    TorchScript archives (OpenAI's, or trusted ones: :func:`_check_torchscript_allowed`) are read
+    with torch.jit and their non-weight entries dropped; anything else goes through open_clip's
+    checkpoint loader (weights only), which also converts third-party layouts and resizes
+    position embeddings.
+
+    Raises:
+        CLIPLoadError: a TorchScript archive that may not be loaded.
     """
     import open_clip
 
     if _is_torchscript_archive(path):
+        _check_torchscript_allowed(path, trust_torchscript)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated
             state_dict = torch.jit.load(path, map_location="cpu").state_dict()
@@ -259,13 +322,15 @@ def _cached_pretrained_file(pretrained_cfg):
     return None
 
 
-def load_clip(name, weights="", device="cpu"):
+def load_clip(name, weights="", device="cpu", trust_torchscript=False):
     """Build an open_clip CLIP model in fp32, frozen and in eval mode.
 
     Args:
         name: ``MODEL.BACKBONE.NAME`` (see module docstring).
         weights: ``MODEL.BACKBONE.WEIGHTS``: "" (default tag), a tag, "random" or a file.
         device: where to put the model.
+        trust_torchscript: load a TorchScript archive whatever its SHA-256 (it runs its code);
+            by default only OpenAI's published archives are (or with TRUST_TORCHSCRIPT_ENV set).
 
     Returns:
         (model, info): the open_clip model, and a dict with "model_name", "weights" (tag
@@ -296,7 +361,9 @@ def load_clip(name, weights="", device="cpu"):
         with _quiet_open_clip():
             model = open_clip.create_model(model_name, pretrained=None, force_quick_gelu=quick_gelu)
         try:
-            _load_weights_file(model, weights)
+            _load_weights_file(model, weights, trust_torchscript)
+        except CLIPLoadError:
+            raise
         except Exception as error:
             raise CLIPLoadError(
                 f'Cannot load CLIP weights from "{weights}" into backbone "{name}" '
@@ -329,7 +396,7 @@ def load_clip(name, weights="", device="cpu"):
             print(f"No hub access ({unavailable}): loading the cached weights {cached}")
             with _quiet_open_clip():
                 model = open_clip.create_model(model_name, pretrained=None, force_quick_gelu=quick_gelu)
-            _load_weights_file(model, cached)
+            _load_weights_file(model, cached, trust_torchscript)
         _check_activation(model, weights == "openai", f"tag '{weights}'")
 
     quick_gelu = any(isinstance(m, QuickGELU) for m in model.modules())

@@ -11,8 +11,8 @@ never saved in or loaded from a checkpoint.
 Two initialisation conventions exist, and each method keeps its own reference's:
 
 * ``coop`` (CoOp, CoCoOp, KgCoOp): with an init phrase, n := its number of words and the
-  context starts from the phrase's embeddings; otherwise n = N_CTX random N(0, 0.02)
-  vectors with an "X X ... X" placeholder.
+  context starts from the phrase's embeddings (a line says so when N_CTX differs); otherwise
+  n = N_CTX random N(0, 0.02) vectors with an "X X ... X" placeholder.
 * ``ivlp`` (IVLP, MaPLe, PromptSRC): n = N_CTX always; with an init phrase and n <= 4 the
   context starts from the phrase's first n token embeddings and the whole phrase stays in
   the template (``[SOT][ctx1][ctx2] of a <class> . [EOT]`` for n = 2); otherwise random.
@@ -63,7 +63,11 @@ class TextContext(nn.Module):
 
         ctx_init = ctx_init.replace("_", " ").strip() if ctx_init else ""
         if ctx_init and init_mode == "coop":
-            n_ctx = len(ctx_init.split(" "))
+            words = len(ctx_init.split(" "))
+            if words != n_ctx:
+                print(f'N_CTX {n_ctx} is not used: CTX_INIT "{ctx_init}" gives {words} context vector(s), one per '
+                      "word (CoOp's rule)")
+            n_ctx = words
         use_words = bool(ctx_init) and (init_mode == "coop" or n_ctx <= 4)
         if n_ctx < 1:
             raise ValueError(f"The number of context vectors must be at least 1, got {n_ctx}.")

@@ -50,7 +50,7 @@ _C.DATASET.NAME = ""
 _C.DATASET.SOURCE_DOMAINS = ()
 _C.DATASET.TARGET_DOMAINS = ()
 _C.DATASET.NUM_LABELED = -1
-_C.DATASET.NUM_SHOTS = -1  # < 1: all training data; >= 1: few-shot
+_C.DATASET.NUM_SHOTS = -1  # 0 or -1: all training data; >= 1: few-shot (K per class); < -1 refused
 _C.DATASET.VAL_PERCENT = 0.1
 _C.DATASET.STL10_FOLD = -1
 _C.DATASET.CIFAR_C_TYPE = ""
@@ -62,6 +62,10 @@ _C.DATASET.SUBSAMPLE_CLASSES = "all"  # CoOp-family key: "all", "base" or "new"
 _C.DATASET.CHECK_IMAGES = "verify"
 # Project key: leave unreadable images out (counted in results.json) instead of stopping
 _C.DATASET.SKIP_BAD_IMAGES = False
+# Project key: where a dataset's generated split and few-shot caches (and the default feature cache of
+# its root) go (vlprompt/data/generated_files.py): "": the dataset folder, or
+# ~/.cache/vlprompt/datasets/<folder>-<hash> when it cannot be written; a folder: always <CACHE_DIR>/<folder>-<hash>
+_C.DATASET.CACHE_DIR = ""
 # Project node: the ImageFolder dataset (datasets/image_folder.py), the user's own images in the
 # tree DATASET.ROOT (or DATASET.ROOT/DIR); relative file names below are relative to the tree
 _C.DATASET.IMAGE_FOLDER = CN()
@@ -164,7 +168,7 @@ _C.FEATURE_CACHE = CN()
 # Encode the images once and train/evaluate on features; only for trainers whose image
 # encoder is frozen (RAda EFT, CLIPAdapter, ZeroshotCLIP, ...)
 _C.FEATURE_CACHE.ENABLED = False
-_C.FEATURE_CACHE.DIR = ""  # "": <DATASET.ROOT>/feature_cache
+_C.FEATURE_CACHE.DIR = ""  # "": <DATASET.ROOT>/feature_cache, or in the DATASET.CACHE_DIR folder of a read-only ROOT
 _C.FEATURE_CACHE.BATCH_SIZE = 256  # images per encoder call while filling the cache
 
 ###########################

@@ -4,7 +4,9 @@
   with an unpickler that resolves only Datum and builtin containers (`UnsafePickleError`
   for anything else) and checks the content's types;
 * `read_datum_json` / `write_datum_json`: the same lists as JSON lists
-  [impath, label, domain, classname] (written atomically);
+  [impath, label, domain, classname] (written atomically); with ``relative_to`` a folder, the
+  paths below it are written relative to it (forward slashes), so that the file stays true
+  when the folder is copied or moved, and relative paths are read back joined to it;
 * `relocate_datums`: image paths that moved with the dataset folder (a cache written on
   another machine) rewritten to the folder on this machine; `MissingImagesError` names the
   paths found nowhere.
@@ -112,8 +114,12 @@ def read_datum_pickle(path):
     return data
 
 
-def read_datum_json(path):
-    """Load {split name: [[impath, label, domain, classname], ...]} as {split name: [Datum, ...]}."""
+def read_datum_json(path, relative_to=None):
+    """Load {split name: [[impath, label, domain, classname], ...]} as {split name: [Datum, ...]}.
+
+    A relative impath is joined to ``relative_to`` (the folder it was written relative to); an
+    absolute one is kept.
+    """
     raw = read_json(path)
     if not isinstance(raw, dict):
         raise ValueError(f"{path} should hold a JSON object of lists, got {type(raw).__name__}.")
@@ -123,18 +129,35 @@ def read_datum_json(path):
             not isinstance(entry, list) or len(entry) != 4 for entry in entries
         ):
             raise ValueError(f'{path}: "{name}" should be a list of [impath, label, domain, classname].')
-        data[name] = [Datum.unchecked(impath, label, domain, cname) for impath, label, domain, cname in entries]
+        data[name] = [Datum.unchecked(_joined(relative_to, impath), label, domain, cname)
+                      for impath, label, domain, cname in entries]
     _check_datum_lists(data, path)
     return data
 
 
-def write_datum_json(data, path, compact=False):
+def _joined(folder, impath):
+    """``impath`` joined to ``folder`` when it is a relative path (str) and ``folder`` is given."""
+    if folder is None or not isinstance(impath, str) or os.path.isabs(impath):
+        return impath
+    return os.path.join(folder, *impath.split("/"))
+
+
+def _relative(impath, folder):
+    """``impath`` relative to ``folder`` (forward slashes) when it lies below it, else unchanged."""
+    if folder is None:
+        return impath
+    relative = os.path.relpath(os.path.normpath(impath), os.path.normpath(folder))
+    return impath if relative == os.pardir or relative.startswith(os.pardir + os.sep) else relative.replace(os.sep, "/")
+
+
+def write_datum_json(data, path, compact=False, relative_to=None):
     """Atomically write {split name: [Datum, ...]} as JSON lists [impath, label, domain, classname].
 
-    `compact` drops the indentation (for large lists such as ImageNet's).
+    `compact` drops the indentation (for large lists such as ImageNet's). `relative_to`: a folder;
+    the paths below it are written relative to it (module docstring).
     """
     payload = {
-        name: [[item.impath, item.label, item.domain, item.classname] for item in items]
+        name: [[_relative(item.impath, relative_to), item.label, item.domain, item.classname] for item in items]
         for name, items in data.items()
     }
     if compact:

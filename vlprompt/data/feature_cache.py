@@ -26,7 +26,10 @@ weights (files by path, size and modification time), the encoding method, the au
 dtype, the transform, and for training also the loader settings, SEED, the epoch range
 and a digest of torch's CPU random state at the first cached epoch (which, with a fixed
 seed, is fixed by the seed and by what the run drew before training). Any change gives
-another file, so a changed transform or seed never reads stale features. Files are ``<DIR>/<dataset>/<split>-<key>.pt``, written atomically
+another file, so a changed transform or seed never reads stale features. Files are
+``<DIR>/<dataset>/<split>-<key>.pt`` (DIR: FEATURE_CACHE.DIR, by default
+``<DATASET.ROOT>/feature_cache``, or ``feature_cache`` in the generated-files folder of a root
+that cannot be written or of DATASET.CACHE_DIR: :mod:`vlprompt.data.generated_files`), written atomically
 with ``torch.save`` and read with ``torch.load(weights_only=True)`` (tensors and plain
 values only); the key fields stored inside are compared on reading. Unseeded runs (SEED < 0)
 keep their training features in memory only, since nobody could reuse them.
@@ -38,6 +41,7 @@ import os.path as osp
 
 import torch
 
+from vlprompt.data.generated_files import generated_files_dir
 from vlprompt.utils import atomic_write
 
 __all__ = ["FeatureCache", "CachedTrainEpochs", "CachedEvalLoader", "FORMAT_VERSION"]
@@ -194,8 +198,10 @@ class FeatureCache:
         self.cfg = cfg
         self.encoder = _ChunkedEncoder(encode, cfg.FEATURE_CACHE.BATCH_SIZE, device, autocast)
         self.device = device
+        # Default: DATASET.ROOT/feature_cache, or the generated-files folder of a root that cannot be written.
         self.directory = osp.join(
-            cfg.FEATURE_CACHE.DIR or osp.join(cfg.DATASET.ROOT, "feature_cache"), cfg.DATASET.NAME
+            cfg.FEATURE_CACHE.DIR or osp.join(generated_files_dir(cfg, cfg.DATASET.ROOT), "feature_cache"),
+            cfg.DATASET.NAME,
         )
         backbone = cfg.MODEL.BACKBONE
         self.common_key = {

@@ -10,9 +10,12 @@ gives or None).
   folders (a leading ".") ignored, symbolic links followed, nested folders belong to their
   top-level class folder, class folders in sorted order = label order. The folders the
   pipeline writes into the root (:data:`RESERVED_FOLDERS`) are not classes.
-* :func:`read_list_file`: a CSV (rows ``path,label[,split]``, an optional header row with
-  these names) or JSON (a list of ``[path, label(, split)]`` or of objects with the keys
-  ``path``, ``label`` and optionally ``split``) file; paths relative to the root.
+* :func:`read_list_file`: a CSV (rows ``path,label[,split]``, or any column order under a header
+  row naming the columns) or JSON (a list of ``[path, label(, split)]`` or of objects with the
+  keys ``path``, ``label`` and optionally ``split``) file; paths relative to the root. A header
+  or key may use the usual other names (:data:`COLUMN_NAMES`: ``file``, ``filename``, ``image``
+  for the path; ``class``, ``category`` for the label; ``subset`` for the split); a first CSV row
+  that looks like a header (no cell holds a "." or "/") but names other columns is refused.
 * :func:`read_names_file`: lines ``KEY class name`` (a folder name or a list label, then the
   class name, as CoOp's ImageNet ``classnames.txt``); blank lines and ``#`` comments skipped.
 
@@ -39,6 +42,7 @@ from .datasets import DatasetLayoutError
 from .fewshot_cache import FEWSHOT_DIRNAME
 
 __all__ = [
+    "COLUMN_NAMES",
     "IMAGE_EXTENSIONS",
     "RESERVED_FOLDERS",
     "SPLIT_NAMES",
@@ -57,6 +61,14 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 # Folders the pipeline writes into DATASET.ROOT (the few-shot cache, the default feature cache).
 RESERVED_FOLDERS = (FEWSHOT_DIRNAME, "feature_cache")
 SPLIT_NAMES = ("train", "val", "test")
+# The names a list file's header (or a JSON object's keys) may give each column, any case.
+COLUMN_NAMES = {
+    "path": ("path", "file", "filename", "file_name", "filepath", "file_path", "image", "image_path", "img",
+             "impath"),
+    "label": ("label", "class", "class_name", "classname", "category", "target"),
+    "split": ("split", "subset", "partition"),
+}
+_COLUMN_OF = {name: column for column, names in COLUMN_NAMES.items() for name in names}
 _SHOWN = 10
 
 
@@ -257,29 +269,62 @@ def _list_rows(path):
             raise ImageTreeError(f"{what} holds a JSON {type(data).__name__}; expected a list of rows")
         rows = []
         for number, item in enumerate(data, 1):
-            if isinstance(item, dict) and {"path", "label"} <= set(item) <= {"path", "label", "split"}:
-                rows.append((number, item["path"], item["label"], item.get("split")))
+            columns = _columns(list(item)) if isinstance(item, dict) else None
+            if columns is not None:
+                named = dict(zip(columns, item.values()))
+                rows.append((number, named["path"], named["label"], named.get("split")))
             elif isinstance(item, list) and len(item) in (2, 3):
                 rows.append((number, item[0], item[1], item[2] if len(item) == 3 else None))
             else:
                 raise ImageTreeError(
                     f"item {number} of {what} is {item!r}; expected [path, label], [path, label, split] or "
-                    '{"path": ..., "label": ..., "split": ...} (split optional)'
+                    '{"path": ..., "label": ..., "split": ...} (split optional; other key names: '
+                    f"{_names_listing()})"
                 )
         return rows, "item"
     with open(path, encoding="utf-8", newline="") as f:
         lines = [(number, row) for number, row in enumerate(csv.reader(f), 1) if any(cell.strip() for cell in row)]
-    if lines and [cell.strip().lower() for cell in lines[0][1]] in (["path", "label"], ["path", "label", "split"]):
-        lines = lines[1:]
+    order = None  # without a header: path,label[,split]
+    if lines:
+        number, first = lines[0]
+        columns = _columns(first)
+        if columns is not None:
+            order, lines = columns, lines[1:]
+        elif not any("." in cell or "/" in cell for cell in first):
+            raise ImageTreeError(
+                f"line {number} of {what} ({','.join(first)}) looks like a header, but its column names are not "
+                f"recognised; name the columns {_names_listing()} (any order, any case), or remove the line to "
+                "read the columns as path,label[,split]"
+            )
     rows = []
     for number, row in lines:
-        if len(row) not in (2, 3):
+        if len(row) not in ((2, 3) if order is None else (len(order),)):
+            expected = ("path,label or path,label,split" if order is None
+                        else f"{','.join(order)} (the header's columns)")
             raise ImageTreeError(
-                f"line {number} of {what} has {len(row)} field(s) ({','.join(row)}); expected path,label or "
-                "path,label,split"
+                f"line {number} of {what} has {len(row)} field(s) ({','.join(row)}); expected {expected}"
             )
-        rows.append((number, row[0].strip(), row[1].strip(), row[2].strip() if len(row) == 3 else None))
+        named = dict(zip(order or ("path", "label", "split"), (cell.strip() for cell in row)))
+        rows.append((number, named["path"], named["label"], named.get("split")))
     return rows, "line"
+
+
+def _columns(names):
+    """The columns ("path", "label", "split") that header cells or object keys ``names`` name, in
+    their order; None unless they name path and label, each column at most once, and nothing else."""
+    columns = [_COLUMN_OF.get(str(name).strip().lower()) for name in names]
+    if None in columns or len(set(columns)) != len(columns) or not {"path", "label"} <= set(columns):
+        return None
+    return columns
+
+
+def _names_listing():
+    """"path (or file, ...), label (or class, ...), split (optional; or subset, ...)" for messages."""
+    parts = []
+    for column, names in COLUMN_NAMES.items():
+        optional = "optional; " if column == "split" else ""
+        parts.append(f"{column} ({optional}or {', '.join(names[1:])})")
+    return ", ".join(parts)
 
 
 def read_list_file(root, path, names=None, names_path="", skip_others=False):

@@ -13,21 +13,25 @@ datasets, tools and train.py import from here (`FEWSHOT_DIRNAME`, `UnsafePickleE
 `load_fewshot_cache`, `save_fewshot_cache`) are re-exported, so this module is the one
 import path of the dataset pipeline.
 """
+import json
 import math
 import os
 import random
 
+from vlprompt.data.checks import DatasetContentError
 from vlprompt.data.datasets.base_dataset import DatasetBase, Datum, MissingImagesError
 from vlprompt.data.datum_files import UnsafePickleError, missing_images_message, read_datum_pickle, write_datum_json
 from vlprompt.data.fewshot_cache import (
     FEWSHOT_DIRNAME, fewshot_cache_stem, fewshot_with_cache, load_datum_cache, load_fewshot_cache, save_fewshot_cache,
 )
+from vlprompt.data.generated_files import generated_file, generated_files_dir
 from vlprompt.utils import listdir_nohidden, mkdir_if_missing, read_json, write_json
 
 __all__ = [
     "FEWSHOT_DIRNAME",
     "SUBSAMPLE_CHOICES",
     "CoopSplitDataset",
+    "SplitFileError",
     "UnsafePickleError",
     "build_datums",
     "fewshot_cache_stem",
@@ -42,10 +46,22 @@ __all__ = [
     "split_official_lists",
     "split_trainval",
     "subsample_classes",
+    "valid_split_entry",
     "write_datum_json",
 ]
 
 SUBSAMPLE_CHOICES = ("all", "base", "new")
+
+
+class SplitFileError(DatasetContentError, ValueError):
+    """A split JSON that is not ``{"train"|"val"|"test": [[relative_path, label, classname], ...]}``."""
+
+
+def valid_split_entry(entry):
+    """Whether a split entry is [non-empty str, int >= 0 (not a bool), str]."""
+    path, label, classname = entry
+    return (isinstance(path, str) and bool(path) and isinstance(label, int) and not isinstance(label, bool)
+            and label >= 0 and isinstance(classname, str))
 
 
 def build_datums(records, source):
@@ -79,7 +95,7 @@ def read_split(filepath, path_prefix):
         (list[Datum], list[Datum], list[Datum]): train, val, test in file order.
 
     Raises:
-        ValueError: the file does not have the expected structure.
+        SplitFileError: the file does not have the expected structure or types.
         MissingImagesError: listed images do not exist.
     """
     print(f"Reading split from {filepath}")
@@ -90,11 +106,19 @@ def read_split(filepath, path_prefix):
         if not isinstance(entries, list) or any(
             not isinstance(entry, list) or len(entry) != 3 for entry in entries
         ):
-            raise ValueError(
+            raise SplitFileError(
                 f'Split file {filepath} has no valid "{name}" list: expected a JSON object with keys '
                 '"train", "val" and "test", each a list of [relative_path, label, classname].'
             )
-        records = [(os.path.join(path_prefix, rel), int(label), cname) for rel, label, cname in entries]
+        wrong = [(index, entry) for index, entry in enumerate(entries) if not valid_split_entry(entry)]
+        if wrong:
+            shown = "; ".join(f"{name}[{index}] = {json.dumps(entry)}" for index, entry in wrong[:3])
+            raise SplitFileError(
+                f'Split file {filepath}: {len(wrong)} entr{"y" if len(wrong) == 1 else "ies"} of its "{name}" list '
+                f"have the wrong types ({shown}); each entry is [relative_path (a string), label (an integer >= 0), "
+                "classname (a string)]. Fix the file, or delete it to have the split made again."
+            )
+        records = [(os.path.join(path_prefix, rel), label, cname) for rel, label, cname in entries]
         outputs.append(build_datums(records, f'the "{name}" list of {filepath}'))
     return tuple(outputs)
 
@@ -256,14 +280,18 @@ def subsample_classes(*datasets, subsample="all"):
 
 
 
-def prepare_coop_splits(cfg, dataset_dir, build_split, split_path=None, path_prefix=None):
+def prepare_coop_splits(cfg, dataset_dir, build_split, split_path=None, path_prefix=None, store=None):
     """The CoOp-family dataset pipeline (its four steps below).
 
-    1. Create `<dataset_dir>/split_fewshot/` (at every construction, as CoOp does).
-    2. If `split_path` is a file: `read_split(split_path, path_prefix)`; otherwise
-       `build_split()` and, if `split_path` is given, `save_split` to it.
+    Generated files go to `store`: the dataset folder unless it cannot be written or
+    DATASET.CACHE_DIR says otherwise (:mod:`vlprompt.data.generated_files`; found here when None).
+
+    1. Create `<store>/split_fewshot/` (at every construction, as CoOp does).
+    2. If `split_path` (or its copy in `store`) is a file: `read_split(..., path_prefix)`;
+       otherwise `build_split()` and, if `split_path` is given, `save_split` to it (in `store`).
     3. If DATASET.NUM_SHOTS K >= 1: train (K per class) and val (min(K, 4)) from
-       the cache `<dataset_dir>/split_fewshot/shot_K-seed_SEED.*`, or sampled and cached.
+       the cache `split_fewshot/shot_K-seed_SEED.*` (of the dataset folder, else of `store`), or
+       sampled and cached in `store`. K of 0 or -1 (Dassl's default) uses all training images.
     4. `subsample_classes(train, val, test, subsample=DATASET.SUBSAMPLE_CLASSES)`.
     (Step 5, `DatasetBase.__init__(train_x=train, val=val, test=test)`, is the caller's.)
 
@@ -277,11 +305,14 @@ def prepare_coop_splits(cfg, dataset_dir, build_split, split_path=None, path_pre
         build_split (callable): () -> (train, val | None, test), lists of Datum.
         split_path (str | None): the split JSON; None for datasets without one.
         path_prefix (str | None): folder the JSON's relative paths refer to.
+        store (str | None): the folder of generated files (None: `generated_files_dir`).
 
     Returns:
         (list[Datum], list[Datum] | None, list[Datum]): train, val, test.
     """
-    mkdir_if_missing(os.path.join(dataset_dir, FEWSHOT_DIRNAME))
+    store = store or generated_files_dir(cfg, dataset_dir)
+    mkdir_if_missing(os.path.join(store, FEWSHOT_DIRNAME))
+    split_path = None if split_path is None else generated_file(split_path, dataset_dir, store)
     if split_path is not None and os.path.isfile(split_path):
         train, val, test = read_split(split_path, path_prefix)
     else:
@@ -291,7 +322,9 @@ def prepare_coop_splits(cfg, dataset_dir, build_split, split_path=None, path_pre
 
     num_shots = cfg.DATASET.NUM_SHOTS
     if num_shots >= 1:
-        train, val = fewshot_with_cache(dataset_dir, num_shots, cfg.SEED, train, val)
+        train, val = fewshot_with_cache(dataset_dir, num_shots, cfg.SEED, train, val, store)
+    else:
+        print(f"DATASET.NUM_SHOTS is {num_shots}: all {len(train)} training images are used (no few-shot sampling)")
 
     subsample = cfg.DATASET.SUBSAMPLE_CLASSES
     if val is None:

@@ -101,6 +101,12 @@ def _check_data(cfg):
         check_choice(f"DATALOADER.{key}.SAMPLER", node.SAMPLER, SAMPLERS)
     check_range("DATALOADER.NUM_WORKERS", loader.NUM_WORKERS, minimum=0)
     check_range("DATALOADER.K_TRANSFORMS", loader.K_TRANSFORMS, minimum=1)
+    check_range("DATASET.NUM_SHOTS", cfg.DATASET.NUM_SHOTS, minimum=-1,
+                why="K >= 1 trains on K images per class; 0 or -1 (Dassl's default) on all training images.")
+    root = osp.expanduser(cfg.DATASET.ROOT) if cfg.DATASET.ROOT else ""
+    if root and osp.exists(root) and not osp.isdir(root):
+        raise ConfigError(f'DATASET.ROOT (--root) "{cfg.DATASET.ROOT}" is a file; expected the folder that holds the '
+                          "datasets (or your own images), which is made when it does not exist yet.")
     check_choice("DATASET.SUBSAMPLE_CLASSES", cfg.DATASET.SUBSAMPLE_CLASSES, SUBSAMPLE_CHOICES)
     check_choice("DATASET.CHECK_IMAGES", cfg.DATASET.CHECK_IMAGES, IMAGE_CHECKS)
     _check_image_folder(cfg.DATASET.IMAGE_FOLDER)

@@ -7,6 +7,9 @@ from :class:`RunFolder` and nowhere else. In short::
         log.txt (log.txt-YYYY-MM-DD-HH-MM-SS, log-rankR.txt)   the logs
         config.yaml                 the merged config of a training run, written when it starts
         eval_config.yaml            the merged config of an evaluation of a --model-dir
+        classes.json                the classes the model scores, by label ({"classnames",
+                                    "template", "dataset"}), written when its dataset is built:
+                                    predicting from the folder needs no dataset
         results.json                the record of the final evaluation (metrics at full
                                     precision, evaluation scope, "completed": true), written last
         run.lock                    present while a process runs into the folder (its pid, host
@@ -41,7 +44,7 @@ from vlprompt.config import ConfigError
 from vlprompt.engine.run_lock import RunLock
 from vlprompt.fileio import atomic_write
 from vlprompt.run_layout import (
-    BAD_IMAGES_FILENAME, BEST_CHECKPOINT, CMAT_FILENAME, CONFIG_FILENAME, CONSOLE_FILENAME, EVAL_CONFIG_FILENAME,
+    BAD_IMAGES_FILENAME, BEST_CHECKPOINT, CLASSES_FILENAME, CMAT_FILENAME, CONFIG_FILENAME, CONSOLE_FILENAME, EVAL_CONFIG_FILENAME,
     LOCK_FILENAME, LOG_FILENAME, REPLACED_PREFIX, RESULTS_FILENAME, TENSORBOARD_DIRNAME, TEST_TIME_DIRNAME, WISEFT_SWEEP_FILENAME,
     checkpoint_position, describe, episode_record_names, epoch_checkpoint_name, is_replaced_folder, log_start_time,
     mid_epoch_checkpoint_name, replaced_folder_name,
@@ -104,6 +107,11 @@ class RunFolder:
     def tensorboard_dir(self) -> Path:
         """``tensorboard/``: the folder of the tensorboard writer."""
         return self.path / TENSORBOARD_DIRNAME
+
+    @property
+    def classes_path(self) -> Path:
+        """``classes.json``: the classes the model scores, by label."""
+        return self.path / CLASSES_FILENAME
 
     @property
     def test_time_dir(self) -> Path:
@@ -202,6 +210,14 @@ class RunFolder:
             entry.rename(aside / entry.name)
         return aside
 
+    def write_classes(self, classnames, template: str, dataset: str) -> Path:
+        """Write ``classes.json`` atomically: the class names by label, the class sentence and the dataset."""
+        record = {"classnames": list(classnames), "template": template, "dataset": dataset}
+        with atomic_write(str(self.classes_path), "w") as f:
+            json.dump(record, f, indent=1)
+            f.write("\n")
+        return self.classes_path
+
     def write_results(self, record: Mapping) -> Path:
         """Write an evaluation's record as ``results.json`` atomically (4-space indent)."""
         return _write_json(self.results_path, record)
@@ -265,6 +281,28 @@ class RunFolder:
             ConfigError: the file exists but is not a YAML mapping.
         """
         return self._read_yaml(self.settings_path(evaluation))
+
+    def read_classes(self) -> Optional[dict]:
+        """``classes.json`` ({"classnames": [str], "template": str, "dataset": str}), or None without one
+        (a folder of an earlier version, or a run on a dataset scored through another's classes).
+
+        Raises:
+            RunFolderError: the file exists but is not such a record.
+        """
+        if not self.classes_path.is_file():
+            return None
+        try:
+            record = json.loads(self.classes_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            raise RunFolderError(f'"{self.classes_path}" is not readable JSON ({error}); delete it to read the '
+                                 "classes from the run's dataset.") from None
+        valid = (isinstance(record, dict) and isinstance(record.get("classnames"), list)
+                 and all(isinstance(name, str) for name in record["classnames"])
+                 and isinstance(record.get("template"), str) and isinstance(record.get("dataset"), str))
+        if not valid:
+            raise RunFolderError(f'"{self.classes_path}" is not a record {{"classnames": [...], "template": ..., '
+                                 "\"dataset\": ...}; delete it to read the classes from the run's dataset.")
+        return record
 
     def read_config_data(self) -> Optional[dict]:
         """``config.yaml`` as plain data, None without one.

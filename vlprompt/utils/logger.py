@@ -10,6 +10,8 @@ from datetime import datetime
 
 from vlprompt.run_layout import log_name, timestamped_log_name
 
+from vlprompt.fileio import no_room_error
+
 from .tools import mkdir_if_missing
 
 __all__ = ["Logger", "setup_logger", "close_logger"]
@@ -42,19 +44,39 @@ class Logger:
     def write(self, msg):
         self.console.write(msg)
         if self.file is not None:
-            self.file.write(msg)
+            self._to_file(self.file.write, msg)
 
     def flush(self):
         self.console.flush()
         if self.file is not None:
-            self.file.flush()
-            os.fsync(self.file.fileno())
+            self._to_file(self.file.flush)
+        if self.file is not None:
+            self._to_file(os.fsync, self.file.fileno())
+
+    def _to_file(self, write, *args):
+        """``write(*args)`` on the log file; when the disk is full or the file-size limit is reached, the
+        log goes on on the console only, with a line on stderr saying so (the run itself stops at its
+        next file write, if that fails too)."""
+        try:
+            write(*args)
+        except OSError as error:
+            if no_room_error(error) is None:
+                raise
+            failed, self.file = self.file, None
+            try:
+                failed.close()
+            except OSError:
+                pass  # the unwritten end of the buffer: the console has it
+            print(f"Warning: {failed.name} cannot grow ({error.strerror}): the log goes on on the console only",
+                  file=sys.stderr)
 
     def close(self):
         """Flush, fsync and close the file; the console stream is left untouched."""
         if self.file is not None:
-            self.file.flush()
-            os.fsync(self.file.fileno())
+            self._to_file(self.file.flush)
+        if self.file is not None:
+            self._to_file(os.fsync, self.file.fileno())
+        if self.file is not None:
             self.file.close()
             self.file = None
 

@@ -14,10 +14,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vlprompt.fileio import atomic_write, mkdir_if_missing, save_figure, write_text
+from vlprompt.fileio import WriteFailedError, atomic_write, mkdir_if_missing, save_figure, write_text
 
 __all__ = [
     "CorruptFileError",
+    "WriteFailedError",
     "mkdir_if_missing",
     "check_isfile",
     "atomic_write",

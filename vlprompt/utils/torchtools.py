@@ -20,7 +20,7 @@ from torch import nn
 
 from vlprompt.run_layout import BEST_CHECKPOINT, POINTER_FILENAME, checkpoint_position, epoch_checkpoint_name
 
-from .tools import atomic_write, mkdir_if_missing
+from .tools import WriteFailedError, atomic_write, mkdir_if_missing
 
 __all__ = [
     "CheckpointError",
@@ -68,8 +68,11 @@ def save_checkpoint(state, save_dir, is_best=False, remove_module_from_keys=True
     if not model_name:
         model_name = epoch_checkpoint_name(state["epoch"])
     fpath = osp.join(save_dir, model_name)
-    with atomic_write(fpath, "wb") as f:
-        torch.save(state, f)
+    try:
+        with atomic_write(fpath, "wb") as f:
+            torch.save(state, f)
+    except WriteFailedError as error:
+        raise WriteFailedError(f"{error} {_last_checkpoint_note(save_dir)}") from error
     print(f"Checkpoint saved to {fpath}")
 
     with atomic_write(osp.join(save_dir, POINTER_FILENAME), "w") as f:
@@ -81,6 +84,19 @@ def save_checkpoint(state, save_dir, is_best=False, remove_module_from_keys=True
             shutil.copyfileobj(src, dst)
         print(f'Best checkpoint saved to "{best_fpath}"')
     return fpath
+
+
+def _last_checkpoint_note(save_dir):
+    """What a failed checkpoint write leaves to resume from: the last complete checkpoint of ``save_dir``."""
+    pointer = osp.join(save_dir, POINTER_FILENAME)
+    last = ""
+    if osp.isfile(pointer):
+        with open(pointer, encoding="utf-8") as f:
+            last = f.readline().strip()
+    if last and osp.isfile(osp.join(save_dir, last)):
+        return (f"The last complete checkpoint, {osp.join(save_dir, last)}, is intact: the same command resumes "
+                "from it.")
+    return "No earlier checkpoint of this model was written: the same command starts it again."
 
 
 def load_checkpoint(fpath):

@@ -29,12 +29,14 @@ def main(argv=None):
     """Command-line entry point; returns the exit status (2 for bad input)."""
     from vlprompt_app.commands.train import run_reporting_bad_input
     from vlprompt_app.export import export_run
+    from vlprompt.prediction import build_log_to
 
     args = build_parser().parse_args(argv)
 
     def export():
-        record = export_run(args.run_dir, args.output, epoch=args.epoch, device=args.device, root=args.root,
-                            test_time=args.test_time, test_time_config=args.test_time_config)
+        with build_log_to(sys.stdout):
+            record = export_run(args.run_dir, args.output, epoch=args.epoch, device=args.device, root=args.root,
+                                test_time=args.test_time, test_time_config=args.test_time_config)
         print(f"{record['trainer']} classifier ({len(record['classnames'])} classes, {record['head']['kind']} head) "
               f"written to {args.output}", file=sys.stderr)
         return 0

@@ -60,11 +60,22 @@ def main(argv=None):
     if os.path.exists(out_dir):
         print(f"error: {out_dir} exists; give a folder that does not exist yet", file=sys.stderr)
         return 2
+    existing = os.path.dirname(out_dir)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        print(f"error: {existing} is a file, so {out_dir} cannot be made below it; give a path of folders",
+              file=sys.stderr)
+        return 2
     classes = pick_classes(args.classes)
     staging = f"{out_dir}.tmp-{os.getpid()}"
     try:
         write_tree(staging, classes, args.images_per_class, args.seed)
         os.rename(staging, out_dir)
+    except OSError as error:
+        print(f"error: could not write {out_dir} ({error.strerror or error}: {error.filename or out_dir}); nothing "
+              "was left behind", file=sys.stderr)
+        return 2
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     print(f"Wrote {len(classes)} classes x {args.images_per_class} images to {out_dir}: "

@@ -23,6 +23,7 @@ import os
 import sys
 
 from vlprompt.config import ConfigError
+from vlprompt.prediction import DEFAULT_TOPK
 from vlprompt.run_layout import CONFIG_FILENAME
 
 CSV_SUFFIX, JSON_SUFFIX = ".csv", ".json"
@@ -33,7 +34,8 @@ def build_parser():
     parser.add_argument("run_dir", help=f"output folder of a training run ({CONFIG_FILENAME} and checkpoints), "
                                         "or a file of tools/export.py")
     parser.add_argument("images", nargs="+", help="image files and/or folders of images")
-    parser.add_argument("--topk", type=int, default=1, help="classes per image (default 1)")
+    parser.add_argument("--topk", type=int, default=DEFAULT_TOPK,
+                        help=f"classes per image (default {DEFAULT_TOPK}, as predict() in Python)")
     parser.add_argument("--epoch", type=int, help="checkpoint epoch to load (default: the run's last)")
     classes = parser.add_mutually_exclusive_group()
     classes.add_argument("--classes", nargs="+", help="class names to score instead of the run's own")
@@ -97,28 +99,32 @@ def predict(args):
     """Predict and write the rows; returns the exit status."""
     from vlprompt.fileio import atomic_write
     from vlprompt_app.export import load_exported
-    from vlprompt_app.predict import expand_images, load_run
+    from vlprompt.prediction import build_log_to
+    from vlprompt_app.predict import check_run_folder, expand_images, load_run
 
     fmt = output_format(args.output)
     if args.topk < 1:
         raise ConfigError(f"--topk must be >= 1, got {args.topk}.")
     classes = read_classes_file(args.classes_file) if args.classes_file else args.classes
+    if os.path.isfile(args.run_dir) and classes:
+        raise ConfigError(f'"{args.run_dir}" is an exported classifier: it scores the class names it was '
+                          "exported with; predict from the run folder to score other names with --classes.")
+    # The inputs are checked before the model is built (seconds to minutes).
+    if not os.path.isfile(args.run_dir):
+        check_run_folder(args.run_dir)
+    paths = expand_images(args.images)
+    if not paths:
+        raise ConfigError(f"No image files found in {', '.join(args.images)}.")
     # What building the model prints (dataset, transforms, weights) goes to stderr, so that stdout
     # holds the rows alone.
-    with contextlib.redirect_stdout(sys.stderr):
+    with contextlib.redirect_stdout(sys.stderr), build_log_to(sys.stderr):
         if os.path.isfile(args.run_dir):
-            if classes:
-                raise ConfigError(f'"{args.run_dir}" is an exported classifier: it scores the class names it was '
-                                  "exported with; predict from the run folder to score other names with --classes.")
             predictor = load_exported(args.run_dir, weights=args.weights, device=args.device,
                                       batch_size=args.batch_size)
         else:
             predictor = load_run(args.run_dir, epoch=args.epoch, classes=classes, device=args.device,
                                  batch_size=args.batch_size, root=args.root, test_time=args.test_time,
                                  test_time_config=args.test_time_config)
-        paths = expand_images(args.images)
-        if not paths:
-            raise ConfigError(f"No image files found in {', '.join(args.images)}.")
         topk = min(args.topk, len(predictor.classnames))
         predictions = predictor.predict(paths, topk=topk, progress=True)
     text = rows_csv(predictions, topk) if fmt == "csv" else rows_json(predictions)

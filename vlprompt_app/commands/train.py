@@ -19,8 +19,10 @@ vlprompt/engine/rerun.py): otherwise the run stops, listing the keys that differ
 config file or dataset folder, unusable CLIP weights, unreadable images, inconsistent labels,
 corrupt checkpoints or caches, a missing or wrong ``--model-dir``, missing or malformed class
 descriptions, unreadable run-folder files, an ``OUTPUT_DIR`` another live run holds or that holds a
-run with other settings) ends with one paragraph on stderr and exit status 2, before any data is
-loaded where possible (the trainer's ``preflight`` checks run before it is built). A non-finite loss
+run with other settings, a file that cannot be written for lack of room: a full disk or the
+file-size limit) ends with one paragraph on stderr and exit status 2, before any data is loaded
+where possible (the trainer's ``preflight`` checks run before it is built). A run that stops on bad
+input in an empty ``OUTPUT_DIR`` leaves nothing there (:data:`SETUP_FILES`). A non-finite loss
 stops training with exit status 3 (see TRAIN.NONFINITE_LOSS).
 """
 
@@ -34,6 +36,9 @@ import sys
 
 from vlprompt.config import ConfigError
 from vlprompt.config.merge import looks_like_option
+from vlprompt.run_layout import (
+    CLASSES_FILENAME, CONFIG_FILENAME, EVAL_CONFIG_FILENAME, LOG_FILENAME, TENSORBOARD_DIRNAME,
+)
 from vlprompt_app.project import import_project, registered_trainer_names
 
 
@@ -45,11 +50,12 @@ def user_errors():
     from vlprompt.data.splits import UnsafePickleError
     from vlprompt.engine.run_folder import RunFolderError
     from vlprompt.engine.run_lock import RunFolderBusyError
-    from vlprompt.utils import CheckpointError, CorruptFileError
+    from vlprompt.utils import CheckpointError, CorruptFileError, WriteFailedError
 
     return (
         ConfigError, CLIPLoadError, DatasetLayoutError, PromptTooLongError, UnsupportedBackboneError,
         CheckpointError, CorruptFileError, UnsafePickleError, RunFolderBusyError, RunFolderError, DescriptionsError,
+        WriteFailedError,
     )
 
 
@@ -215,9 +221,39 @@ def main(args):
     notes = TRAINER_REGISTRY.get(cfg.TRAINER.NAME).preflight(cfg, training, model_dir)
     # rank 0 holds the folder for a torchrun job; its other processes write only their own logs
     holds_folder = int(os.environ.get("RANK", "0")) == 0
-    with RunFolder(cfg.OUTPUT_DIR).lock() if holds_folder else contextlib.nullcontext():
-        notes = [*prepare_folder(args, cfg, training, holds_folder), *notes]
-        run_in_folder(args, cfg, scope, training, notes)
+    folder = RunFolder(cfg.OUTPUT_DIR)
+    existed = folder.path.exists()
+    fresh = not existed or (folder.path.is_dir() and not any(folder.path.iterdir()))
+    try:
+        with folder.lock() if holds_folder else contextlib.nullcontext():
+            notes = [*prepare_folder(args, cfg, training, holds_folder), *notes]
+            run_in_folder(args, cfg, scope, training, notes)
+    except Exception as error:  # noqa: BLE001  (re-raised; bad input in a fresh folder leaves nothing behind)
+        if holds_folder and fresh and error_exit_status(error) == 2:
+            remove_setup_files(folder.path, remove_folder=not existed)
+        raise
+
+
+# What a run writes before it trains or evaluates: a run that stops on bad input in a folder that
+# was empty removes them (nothing half-written stays). Any other file (a checkpoint, bad_images.txt)
+# keeps the folder as it is.
+SETUP_FILES = (CONFIG_FILENAME, EVAL_CONFIG_FILENAME, CLASSES_FILENAME, LOG_FILENAME, TENSORBOARD_DIRNAME)
+
+
+def remove_setup_files(path, remove_folder):
+    """Remove the files of SETUP_FILES from the run folder ``path`` when it holds nothing else (and
+    the folder itself when ``remove_folder``); the log is closed first."""
+    import shutil
+
+    from vlprompt.utils import close_logger
+
+    if not path.is_dir() or any(child.name not in SETUP_FILES for child in path.iterdir()):
+        return
+    close_logger()
+    for child in path.iterdir():
+        shutil.rmtree(child) if child.is_dir() else child.unlink()
+    if remove_folder:
+        path.rmdir()
 
 
 def evaluates_model_dir(args):
@@ -296,6 +332,8 @@ def run_in_folder(args, cfg, scope, training, notes):
     print()
 
     trainer = build_trainer(cfg)
+    if training or (args.eval_only and not args.model_dir):
+        write_classes(cfg.OUTPUT_DIR, cfg.DATASET.NAME, trainer.dm.dataset)
     trainer.run_info.update(
         config_file=args.config_file,
         dataset_config_file=args.dataset_config_file,
@@ -310,6 +348,16 @@ def run_in_folder(args, cfg, scope, training, notes):
         return
     if not args.no_train:
         trainer.train()
+
+
+def write_classes(output_dir, dataset_name, dataset):
+    """``OUTPUT_DIR/classes.json``: what tools/predict.py needs of the dataset, so that it reads none
+    (none for a dataset scored through another's classes: predicting from it reads the dataset)."""
+    from vlprompt.clip.templates import dataset_template
+    from vlprompt.engine.run_folder import RunFolder
+
+    if dataset.prediction_map is None:
+        RunFolder(output_dir).write_classes(dataset.classnames, dataset_template(dataset), dataset_name)
 
 
 def build_parser():
