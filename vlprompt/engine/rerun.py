@@ -34,6 +34,8 @@ NEUTRAL_KEYS: Dict[str, str] = {
     "DATASET.ROOT": "where the datasets lie: a job resumed on another machine often reads a copy of the tree "
                     "at another path",
     "FEATURE_CACHE.DIR": "where encoded features are kept: an entry is found by what it holds, never by its folder",
+    "DATASET.CACHE_DIR": "where the split and few-shot files of a tree that cannot be written are kept: their "
+                         "contents are checked against the tree, wherever they lie",
     "DATALOADER.NUM_WORKERS": "processes that load images: an epoch's order and augmentations depend only on "
                               "torch's global generator, not on the workers (vlprompt/data/data_manager.py)",
     "DATALOADER.TEST.BATCH_SIZE": "images per evaluation batch: the trained weights never see it, a test-time "
