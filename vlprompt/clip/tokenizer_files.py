@@ -18,6 +18,7 @@ that contains "siglip" and fetches its vocabulary over HTTP; here a name never s
 tokenizer: a text tower without ``hf_tokenizer_name`` must have CLIP's vocabulary
 (``CLIP_BPE_VOCAB_SIZE`` ids), else the load is refused with what to set.
 """
+import contextlib
 import dataclasses
 import os
 
@@ -43,7 +44,7 @@ def _tokenizer_folder(hf_name, folder):
     """
     path = os.path.expanduser(hf_name)
     if not os.path.isabs(path) and folder:
-        path = os.path.join(folder, path)
+        path = os.path.normpath(os.path.join(folder, path))
     written_as_path = hf_name.startswith((".", "/", "~")) or hf_name.count("/") > 1 or os.sep in hf_name.replace("/", "")
     return path if os.path.isdir(path) or written_as_path else None
 
@@ -76,6 +77,25 @@ class _HFTokenizerSource:
         if self.snapshot:
             return f"Hugging Face tokenizer {self.path}, from the local cache ({self.snapshot})"
         return f"Hugging Face tokenizer {self.path}, downloaded into {self.cache_dir}"
+
+
+@contextlib.contextmanager
+def _hub_offline(offline):
+    """huggingface_hub in offline mode while local files are loaded (``offline``): besides the files,
+    its client fetches a registry from the hub once per process (for its user-agent header), which
+    ``local_files_only`` does not prevent. The mode is read from ``huggingface_hub.constants`` on
+    every call, so it is switched there and restored after."""
+    if not offline:
+        yield
+        return
+    from huggingface_hub import constants
+
+    before = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = before
 
 
 def _download_instructions(repo_id, cache_dir):
@@ -194,10 +214,11 @@ def get_tokenizer_for(name):
         _check_clip_vocabulary(name, text_cfg)
         return SimpleTokenizer(context_length=context_length, **kwargs)
     source = _hf_tokenizer_source(name, hf_name, config.folder)
+    local = source.is_folder or bool(source.snapshot)
     try:
-        return HFTokenizer(source.path, context_length=context_length, cache_dir=source.cache_dir,
-                           tokenizer_mode=text_cfg.get("tokenizer_mode"),
-                           local_files_only=source.is_folder or bool(source.snapshot), **kwargs)
+        with _hub_offline(local):
+            return HFTokenizer(source.path, context_length=context_length, cache_dir=source.cache_dir,
+                               tokenizer_mode=text_cfg.get("tokenizer_mode"), local_files_only=local, **kwargs)
     except Exception as error:  # noqa: BLE001  (transformers raises OSError, ValueError, ... for unusable files)
         folder = source.path if source.is_folder else source.snapshot
         found = f"; {folder} holds {', '.join(sorted(os.listdir(folder))) or 'no files'}" if folder else ""
