@@ -61,10 +61,10 @@ def cache_siglip2_tokenizer(hub, tmp_path):
     """A small stand-in for timm/ViT-B-16-SigLIP2's tokenizer in the hub cache; returns its vocabulary size."""
     source = tmp_path / "tokenizer-source"
     vocab_size = write_word_tokenizer(str(source), CONTEXT)
-    # transformers reads the repository's config.json (a timm config there) and tokenizer_config.json
+    # the tokenizer files of timm's SigLIP repositories (beside open_clip_config.json and the weights; no config.json)
     write_hub_snapshot(hub["cache"], SIGLIP2_REPO, str(source), extra={
-        "config.json": {"architecture": "vit_base_patch16_siglip_224"},
         "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast", "pad_token": PAD, "eos_token": EOS},
+        "special_tokens_map.json": {"pad_token": PAD, "eos_token": EOS},
     })
     return vocab_size
 
@@ -122,13 +122,14 @@ def test_a_missing_tokenizer_fails_at_once_naming_what_to_get_and_where(hub, mon
     message = str(error.value)
     assert "\n" not in message
     for part in (f"Hugging Face tokenizer '{SIGLIP2_REPO}' (text_cfg.hf_tokenizer_name)",
-                 f"not in the local Hugging Face cache {hub['cache']}",
+                 f"(tokenizer.json, tokenizer_config.json) are not in the local Hugging Face cache {hub['cache']} and cannot "
+                 "be downloaded now",
                  f'hf download {SIGLIP2_REPO} --include "*.json" --include "tokenizer*"',
                  f"copy the folder models--timm--ViT-B-16-SigLIP2", f"into {hub['cache']} here"):
         assert part in message
     assert ("HF_HUB_OFFLINE=1 is set" in message) == offline
     assert len(hub["connections"]) == (0 if offline else 1) and hub["fsspec"] == []
-    with pytest.raises(CLIPLoadError, match="not in the local Hugging Face cache"):
+    with pytest.raises(CLIPLoadError, match="are not in the local Hugging Face cache"):
         check_tokenizer("ViT-B-16-SigLIP2")  # the pre-flight check says the same without loading anything
 
 

@@ -146,8 +146,8 @@ def _hf_tokenizer_source(name, hf_name, folder):
             beside = (f" There is no folder {os.path.join(folder, hf_name)} beside the model config either."
                       if folder else "")
             raise CLIPLoadError(
-                f"The {where}, which is not in the local Hugging Face cache {cache_dir} and cannot be downloaded "
-                f"now ({unavailable}).{beside} {_download_instructions(hf_name, cache_dir)}"
+                f"The {where}, whose tokenizer files (tokenizer.json, tokenizer_config.json) are not in the local Hugging "
+                f"Face cache {cache_dir} and cannot be downloaded now ({unavailable}).{beside} {_download_instructions(hf_name, cache_dir)}"
             )
     return _HFTokenizerSource(hf_name, hf_name, False, cache_dir, snapshot or "")
 
@@ -214,13 +214,15 @@ def get_tokenizer_for(name):
         _check_clip_vocabulary(name, text_cfg)
         return SimpleTokenizer(context_length=context_length, **kwargs)
     source = _hf_tokenizer_source(name, hf_name, config.folder)
-    local = source.is_folder or bool(source.snapshot)
+    # A cached repository is read as the folder of its snapshot: by repository id, transformers would also
+    # look for files the repository does not have (its config.json), which an offline cache cannot tell
+    # from files not downloaded.
+    folder = source.path if source.is_folder else source.snapshot
     try:
-        with _hub_offline(local):
-            return HFTokenizer(source.path, context_length=context_length, cache_dir=source.cache_dir,
-                               tokenizer_mode=text_cfg.get("tokenizer_mode"), local_files_only=local, **kwargs)
+        with _hub_offline(bool(folder)):
+            return HFTokenizer(folder or source.path, context_length=context_length, cache_dir=source.cache_dir,
+                               tokenizer_mode=text_cfg.get("tokenizer_mode"), local_files_only=bool(folder), **kwargs)
     except Exception as error:  # noqa: BLE001  (transformers raises OSError, ValueError, ... for unusable files)
-        folder = source.path if source.is_folder else source.snapshot
         found = f"; {folder} holds {', '.join(sorted(os.listdir(folder))) or 'no files'}" if folder else ""
         detail = str(error).strip().splitlines()[0] if str(error).strip() else "no message"
         hint = "" if source.is_folder else " " + _download_instructions(source.path, source.cache_dir)
