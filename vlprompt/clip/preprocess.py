@@ -93,7 +93,7 @@ def _timm_normalisation(vision_cfg):
 
     try:
         pretrained = get_pretrained_cfg(name)
-    except RuntimeError:  # a name timm does not know (open_clip fails when it builds the model)
+    except RuntimeError:  # "arch.tag" with a tag timm does not know (open_clip fails when it builds the model)
         return {}
     if pretrained is None or pretrained.mean is None or pretrained.std is None:
         return {}
@@ -117,11 +117,11 @@ def backbone_preprocess(name, weights=""):
 
     config = backbone_config(name)
     model = config.model_name
+    vision_cfg = config.model_cfg.get("vision_cfg", {})
     layers = [("open_clip's defaults", dataclasses.asdict(PreprocessCfg()))]  # lowest precedence first
-    timm_values = _timm_normalisation(config.model_cfg.get("vision_cfg", {}))
+    timm_values = _timm_normalisation(vision_cfg)
     if timm_values:
-        layers.append((f"the pretrained config of the timm image tower {config.model_cfg['vision_cfg']['timm_model_name']}",
-                       timm_values))
+        layers.append((f"the pretrained config of the timm image tower {vision_cfg['timm_model_name']}", timm_values))
     tag = _pretrained_tag(config, weights)
     if tag is None:
         shared, tags = _shared_tag_values(model)
@@ -136,8 +136,9 @@ def backbone_preprocess(name, weights=""):
     for key, field in _OPEN_CLIP_FIELDS.items():
         source, values = next((source, values) for source, values in reversed(layers) if values.get(field) is not None)
         result[key] = Preprocess(_as_config_value(key, values[field]), source)
-    image_size = config.model_cfg.get("vision_cfg", {}).get("image_size", PreprocessCfg().size)
-    result["SIZE"] = Preprocess(_as_config_value("SIZE", image_size), f"the image tower's input size (vision_cfg.image_size of {model})")
+    size = vision_cfg.get("image_size", PreprocessCfg().size)
+    result["SIZE"] = Preprocess(_as_config_value("SIZE", size),
+                                f"the image tower's input size (vision_cfg.image_size of {model})")
     return {key: result[key] for key in PREPROCESS_KEYS}
 
 

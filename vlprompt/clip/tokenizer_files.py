@@ -31,6 +31,8 @@ __all__ = ["CLIP_BPE_VOCAB_SIZE", "check_tokenizer", "get_tokenizer_for"]
 CLIP_BPE_VOCAB_SIZE = 49408
 # open_clip's context length when a text config gives none.
 DEFAULT_CONTEXT_LENGTH = 77
+# The files that make a hub repository's tokenizer (one of them is enough to try loading it).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # Files of a hub repository that a Hugging Face tokenizer may read (for the download command).
 _HF_TOKENIZER_PATTERNS = ("*.json", "tokenizer*")
 
@@ -51,10 +53,10 @@ def _tokenizer_folder(hf_name, folder):
 
 def _cached_snapshot(repo_id, cache_dir):
     """The folder of ``repo_id``'s cached snapshot in the Hugging Face cache ``cache_dir`` (the one
-    its ``main`` reference names), or None when nothing of it is cached."""
+    its ``main`` reference names), or None when it holds none of _TOKENIZER_FILES."""
     from huggingface_hub import try_to_load_from_cache
 
-    for filename in ("tokenizer_config.json", "tokenizer.json", "config.json", "special_tokens_map.json"):
+    for filename in _TOKENIZER_FILES:
         path = try_to_load_from_cache(repo_id, filename, cache_dir=cache_dir)
         if isinstance(path, str) and os.path.isfile(path):
             return os.path.dirname(path)
@@ -146,8 +148,9 @@ def _hf_tokenizer_source(name, hf_name, folder):
             beside = (f" There is no folder {os.path.join(folder, hf_name)} beside the model config either."
                       if folder else "")
             raise CLIPLoadError(
-                f"The {where}, whose tokenizer files (tokenizer.json, tokenizer_config.json) are not in the local Hugging "
-                f"Face cache {cache_dir} and cannot be downloaded now ({unavailable}).{beside} {_download_instructions(hf_name, cache_dir)}"
+                f"The {where}, whose tokenizer files ({', '.join(_TOKENIZER_FILES)}) are not in the local Hugging "
+                f"Face cache {cache_dir} and cannot be downloaded now ({unavailable}).{beside} "
+                + _download_instructions(hf_name, cache_dir)
             )
     return _HFTokenizerSource(hf_name, hf_name, False, cache_dir, snapshot or "")
 
