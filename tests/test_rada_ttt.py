@@ -11,6 +11,7 @@ from baseline_setup import toy_pets_cfg
 from PIL import Image
 
 import datasets  # noqa: F401  (registers OxfordPets)
+from vlprompt.clip.preprocess import resolve_input
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file, merge_from_list
 from vlprompt.data.test_time_views import ViewAugmenter, image_seed
 from vlprompt.engine import build_trainer
@@ -29,11 +30,13 @@ def test_entropies_match_hand_computation():
 
 
 def base_cfg(*opts):
+    """The toy RAdaTTT config on the repository's tiny CLIP (the toy's own, output/toy/tiny-clip.json, is written
+    by tools/make_toy_setup.py; both are 32 px with CLIP's statistics), its preprocessing resolved."""
     cfg = get_cfg_default()
     extend_cfg(cfg)
     merge_from_file(cfg, os.path.join(ROOT, "configs/trainers/RAdaTTT/toy.yaml"))
-    merge_from_list(cfg, list(opts))
-    return cfg
+    merge_from_list(cfg, ["MODEL.BACKBONE.NAME", os.path.join(ROOT, "configs/clip/tiny-synthetic-clip.json"), *opts])
+    return resolve_input(cfg)[0]
 
 
 @pytest.mark.parametrize("augmix", [False, True])

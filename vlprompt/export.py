@@ -9,7 +9,8 @@ The file (``torch.save`` of plain data, read back with ``weights_only=True``) ho
     classnames               the K class names, by label
     template                 the class sentence of the run's dataset (a trainer head builds its
                              class prompts from it; files without it use DATASET.NAME's)
-    preprocess               the INPUT settings of the test transform and the dataset's image border
+    preprocess               the INPUT settings of the test transform (resolved: the backbone's values
+                              where the config left them empty) and the dataset's image border
     precision                the autocast precision the run evaluated with ("fp32", "fp16", "bf16")
     head                     how logits [B, K] are computed (below)
 
@@ -46,7 +47,9 @@ __all__ = [
 
 EXPORT_FORMAT = "vlprompt-classifier"
 EXPORT_VERSION = 1
-PREPROCESS_KEYS = ("SIZE", "INTERPOLATION", "TRANSFORMS", "PIXEL_MEAN", "PIXEL_STD", "NO_TRANSFORM")
+PREPROCESS_KEYS = ("SIZE", "INTERPOLATION", "TRANSFORMS", "PIXEL_MEAN", "PIXEL_STD", "NO_TRANSFORM", "RESIZE_MODE")
+# Values of keys an older export does not record: the only test transform there was then.
+_PREPROCESS_BEFORE = {"RESIZE_MODE": "shortest"}
 
 
 def file_sha256(path):
@@ -113,9 +116,12 @@ def check_weights(record, weights=None):
 
 def preprocess_settings(cfg, image_border=0):
     """The INPUT settings of the test transform (plain data) and the dataset's image border."""
-    given = cfg.INPUT
+    from vlprompt.clip.preprocess import resolved_input
+
+    given = resolved_input(cfg).INPUT
     settings = {"SIZE": given.SIZE, "INTERPOLATION": given.INTERPOLATION, "TRANSFORMS": given.TRANSFORMS,
-                "PIXEL_MEAN": given.PIXEL_MEAN, "PIXEL_STD": given.PIXEL_STD, "NO_TRANSFORM": given.NO_TRANSFORM}
+                "PIXEL_MEAN": given.PIXEL_MEAN, "PIXEL_STD": given.PIXEL_STD, "NO_TRANSFORM": given.NO_TRANSFORM,
+                "RESIZE_MODE": given.RESIZE_MODE}
     settings = {key: list(value) if isinstance(value, tuple) else value for key, value in settings.items()}
     return dict(settings, image_border=int(image_border))
 
@@ -130,7 +136,7 @@ def test_transform(preprocess):
 
     cfg = get_cfg_default()
     for key in PREPROCESS_KEYS:
-        value = preprocess[key]
+        value = preprocess.get(key, _PREPROCESS_BEFORE.get(key))
         cfg.INPUT[key] = tuple(value) if isinstance(value, list) else value
     tfm = build_transform(cfg, is_train=False)
     return T.Compose([CropBorder(preprocess["image_border"]), tfm]) if preprocess["image_border"] else tfm

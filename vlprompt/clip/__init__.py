@@ -1,5 +1,6 @@
 """CLIP loading, tokenization, templates and the prompted runner."""
-from .loading import OPENAI_MODELS, CLIPLoadError, get_tokenizer_for, load_clip, resolve_model_name
+from .loading import OPENAI_MODELS, BackboneConfig, CLIPLoadError, backbone_config, load_clip, resolve_model_name
+from .tokenizer_files import check_tokenizer, get_tokenizer_for
 from .runner import (
     CLIPRunner, InsertTokens, MapTokens, Plan, ReplaceTokens, RunState, SharedPrefix, TextTower, TokenLayout,
     TowerOutput, UnsupportedBackboneError, VisionTower,

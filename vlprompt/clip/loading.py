@@ -4,8 +4,12 @@ Accepted backbone names (``MODEL.BACKBONE.NAME``):
 
 * the OpenAI names the CoOp family uses: ``RN50``, ``RN101``, ``RN50x4``, ``RN50x16``,
   ``RN50x64``, ``ViT-B/32``, ``ViT-B/16``, ``ViT-L/14``, ``ViT-L/14@336px``;
-* any open_clip model name (``ViT-B-16-quickgelu``, ``ViT-B-32``, ...);
-* a path to an open_clip model-config JSON file (its file stem becomes the model name).
+* any open_clip model name (``ViT-B-16-quickgelu``, ``ViT-B-32``, ``EVA02-B-16``,
+  ``ViT-B-16-SigLIP2``, ``PE-Core-T-16-384``, ...; ``open_clip.list_models()``);
+* a path to an open_clip model-config JSON file (its file stem becomes the model name), in
+  either of open_clip's layouts: a model config (``embed_dim``, ``vision_cfg``, ``text_cfg``,
+  optionally ``preprocess_cfg`` beside them) or the hub layout of ``open_clip_config.json``
+  (``{"model_cfg": ..., "preprocess_cfg": ...}``).
 
 Accepted weights (``MODEL.BACKBONE.WEIGHTS``): ``""`` (``openai`` for the OpenAI names),
 an open_clip pretrained tag (``openai``, ``laion2b_s34b_b88k``, ...), ``random`` (no
@@ -28,13 +32,17 @@ is loaded directly, and without one the load fails at once with the message nami
 ``MODEL.BACKBONE.WEIGHTS`` and the file to download, instead of after the hub client's
 retries (about 30 s or more).
 
+The tokenizer of a backbone is chosen by :mod:`vlprompt.clip.tokenizer_files`.
+
 OpenAI weights were trained with QuickGELU. open_clip's plain ``ViT-B-16`` config uses
 nn.GELU and only warns when combined with OpenAI weights, which silently changes every
 feature; here QuickGELU is forced whenever the weights are OpenAI's, and checked after
 loading.
 """
 import contextlib
+import dataclasses
 import hashlib
+import json
 import logging
 import os
 import socket
@@ -49,8 +57,8 @@ import torch
 from .small_models import register_small_towers
 
 __all__ = [
-    "CLIPLoadError", "OPENAI_ARCHIVE_SHA256", "OPENAI_MODELS", "TRUST_TORCHSCRIPT_ENV", "load_clip",
-    "resolve_model_name", "get_tokenizer_for",
+    "CLIPLoadError", "OPENAI_ARCHIVE_SHA256", "OPENAI_MODELS", "TRUST_TORCHSCRIPT_ENV", "BackboneConfig",
+    "backbone_config", "load_clip", "resolve_model_name",
 ]
 
 # CoOp-family name -> (open_clip config name, file name in OpenAI's own download cache)
@@ -93,18 +101,82 @@ HUB_CONNECT_TIMEOUT_S = 2.0
 OFFLINE_ENV_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 # open_clip's names of a hub repository's weights when its pretrained entry names no file.
 _HF_DEFAULT_FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
+# What a model config must hold (open_clip registers no other file).
+_MODEL_CONFIG_KEYS = ("embed_dim", "vision_cfg", "text_cfg")
 
 
 class CLIPLoadError(RuntimeError):
     """Raised when a backbone name or its weights cannot be resolved or loaded."""
 
 
-def resolve_model_name(name):
-    """Map ``MODEL.BACKBONE.NAME`` to an open_clip config name.
+@dataclasses.dataclass
+class BackboneConfig:
+    """What ``MODEL.BACKBONE.NAME`` names, read without building the model.
 
-    Returns:
-        (model_name, is_openai_name): the open_clip config name and whether ``name`` is
-        one of the OpenAI CoOp-family names (whose default weights are ``openai``).
+    Attributes:
+        model_name: the open_clip config name.
+        is_openai_name: whether the name is one of OPENAI_MODELS (default weights ``openai``).
+        model_cfg: the open_clip model config (``embed_dim``, ``vision_cfg``, ``text_cfg``, ...).
+        preprocess_cfg: the model-config JSON's own ``preprocess_cfg`` ({} for none and for an
+            open_clip name, whose preprocessing comes with its pretrained tags).
+        folder: the model-config JSON's folder ("" for an open_clip name).
+    """
+
+    model_name: str
+    is_openai_name: bool
+    model_cfg: dict
+    preprocess_cfg: dict = dataclasses.field(default_factory=dict)
+    folder: str = ""
+
+
+def _read_model_config_file(path):
+    """(model config, its preprocess_cfg, whether open_clip can register the file as it is) of a
+    model-config JSON in either of open_clip's layouts (module docstring)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as error:
+        raise CLIPLoadError(f'Model config file "{path}" (MODEL.BACKBONE.NAME) is not readable JSON: {error}.') from None
+    hub_layout = isinstance(data, dict) and "model_cfg" in data
+    if hub_layout:
+        model_cfg = data["model_cfg"]
+    else:
+        model_cfg = {key: value for key, value in data.items() if key != "preprocess_cfg"} if isinstance(data, dict) else data
+    if not isinstance(model_cfg, dict) or any(key not in model_cfg for key in _MODEL_CONFIG_KEYS):
+        raise CLIPLoadError(
+            f'Model config file "{path}" (MODEL.BACKBONE.NAME) is not an open_clip model config: expected a JSON '
+            f"object with {', '.join(_MODEL_CONFIG_KEYS)} (optionally preprocess_cfg beside them), or open_clip's "
+            'hub layout {"model_cfg": {...}, "preprocess_cfg": {...}} (open_clip_config.json).'
+        )
+    preprocess_cfg = data.get("preprocess_cfg") or {}
+    if not isinstance(preprocess_cfg, dict):
+        raise CLIPLoadError(f'Model config file "{path}": preprocess_cfg must be a JSON object, got {preprocess_cfg!r}.')
+    return model_cfg, preprocess_cfg, not hub_layout and "preprocess_cfg" not in data
+
+
+def _register_model_config(path, model_name, model_cfg, registrable):
+    """Make ``model_name`` an open_clip model name for ``model_cfg`` (read from ``path``).
+
+    A plain model config is registered by open_clip itself (``add_model_config``). open_clip
+    registers no other layout (a ``preprocess_cfg`` beside the model keys would reach the model's
+    constructor) and has no public way to register a config it did not read, so those go into its
+    registry directly, where later rescans keep them.
+    """
+    import open_clip
+    from open_clip import factory
+
+    if registrable:
+        open_clip.add_model_config(path)
+    else:
+        factory._MODEL_CONFIGS[model_name] = model_cfg
+
+
+def backbone_config(name):
+    """The :class:`BackboneConfig` of ``MODEL.BACKBONE.NAME`` (a model-config JSON is registered
+    with open_clip under its file stem).
+
+    Raises:
+        CLIPLoadError: an empty or unknown name, or a JSON file that is missing or not a model config.
     """
     import open_clip
 
@@ -116,12 +188,15 @@ def resolve_model_name(name):
             "path of an open_clip model-config JSON file."
         )
     if name in OPENAI_MODELS:
-        return OPENAI_MODELS[name][0], True
+        model_name = OPENAI_MODELS[name][0]
+        return BackboneConfig(model_name, True, open_clip.get_model_config(model_name))
     if name.endswith(".json"):
         if not os.path.isfile(name):
             raise CLIPLoadError(f'Model config file "{name}" (MODEL.BACKBONE.NAME) does not exist.')
-        open_clip.add_model_config(name)
-        return os.path.splitext(os.path.basename(name))[0], False
+        model_cfg, preprocess_cfg, registrable = _read_model_config_file(name)
+        model_name = os.path.splitext(os.path.basename(name))[0]
+        _register_model_config(name, model_name, model_cfg, registrable)
+        return BackboneConfig(model_name, False, model_cfg, preprocess_cfg, os.path.dirname(os.path.abspath(name)))
     open_clip_name = name.replace("/", "-")
     if open_clip_name not in open_clip.list_models():
         raise CLIPLoadError(
@@ -129,7 +204,18 @@ def resolve_model_name(name):
             f"{sorted(OPENAI_MODELS)}, an open_clip model name (open_clip.list_models() lists "
             "them), or the path of an open_clip model-config JSON file."
         )
-    return open_clip_name, False
+    return BackboneConfig(open_clip_name, False, open_clip.get_model_config(open_clip_name))
+
+
+def resolve_model_name(name):
+    """Map ``MODEL.BACKBONE.NAME`` to an open_clip config name (see :func:`backbone_config`).
+
+    Returns:
+        (model_name, is_openai_name): the open_clip config name and whether ``name`` is
+        one of the OpenAI CoOp-family names (whose default weights are ``openai``).
+    """
+    config = backbone_config(name)
+    return config.model_name, config.is_openai_name
 
 
 def _is_torchscript_archive(path):
@@ -404,11 +490,3 @@ def load_clip(name, weights="", device="cpu", trust_torchscript=False):
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     return model, {"model_name": model_name, "weights": weights, "quick_gelu": quick_gelu}
-
-
-def get_tokenizer_for(name):
-    """open_clip tokenizer of a backbone given as ``MODEL.BACKBONE.NAME``."""
-    import open_clip
-
-    model_name, _ = resolve_model_name(name)
-    return open_clip.get_tokenizer(model_name)

@@ -19,12 +19,15 @@ _C.VERBOSE = True
 # Input
 ###########################
 _C.INPUT = CN()
-_C.INPUT.SIZE = (224, 224)  # (height, width)
-_C.INPUT.INTERPOLATION = "bilinear"  # bilinear, bicubic or nearest
+# The image preprocessing keys SIZE, INTERPOLATION, PIXEL_MEAN, PIXEL_STD and RESIZE_MODE: empty
+# means the backbone's own preprocessing (vlprompt.clip.preprocess; Dassl's values without a backbone).
+_C.INPUT.SIZE = ()  # (height, width)
+_C.INPUT.INTERPOLATION = ""  # bilinear, bicubic or nearest
 _C.INPUT.TRANSFORMS = ()
 _C.INPUT.NO_TRANSFORM = False
-_C.INPUT.PIXEL_MEAN = [0.485, 0.456, 0.406]
-_C.INPUT.PIXEL_STD = [0.229, 0.224, 0.225]
+_C.INPUT.PIXEL_MEAN = []
+_C.INPUT.PIXEL_STD = []
+_C.INPUT.RESIZE_MODE = ""  # test transform: shortest (resize, center crop), squash or longest (resize, pad)
 _C.INPUT.CROP_PADDING = 4
 _C.INPUT.RRCROP_SCALE = (0.08, 1.0)
 _C.INPUT.CUTOUT_N = 1

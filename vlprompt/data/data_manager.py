@@ -193,6 +193,9 @@ class DataManager:
     """
 
     def __init__(self, cfg, custom_tfm_train=None, custom_tfm_test=None, dataset_wrapper=None):
+        from vlprompt.clip.preprocess import resolved_input
+
+        cfg = resolved_input(cfg)  # the backbone's preprocessing for empty INPUT keys, before any data is read
         dataset = build_dataset(cfg)
         # A dataset's image_border (e.g. ObjectNet's 1-pixel frame) is cut before any transform.
         tfm_train = _with_border_crop(_transform(cfg, custom_tfm_train, is_train=True), dataset.image_border)
@@ -259,6 +262,22 @@ class DataManager:
         print(tabulate(table))
 
 
+def _img0_transform(cfg):
+    """The "img0" view of DATALOADER.RETURN_IMG0: the image resized to INPUT.SIZE, as a tensor, normalised
+    if "normalize" is in INPUT.TRANSFORMS (empty preprocessing keys: the backbone's)."""
+    import torchvision.transforms as T
+
+    from vlprompt.clip.preprocess import resolved_input
+
+    from .transforms.transforms import INTERPOLATION_MODES
+
+    cfg = resolved_input(cfg)
+    steps = [T.Resize(cfg.INPUT.SIZE, interpolation=INTERPOLATION_MODES[cfg.INPUT.INTERPOLATION]), T.ToTensor()]
+    if "normalize" in cfg.INPUT.TRANSFORMS:
+        steps.append(T.Normalize(mean=cfg.INPUT.PIXEL_MEAN, std=cfg.INPUT.PIXEL_STD))
+    return T.Compose(steps)
+
+
 class DatasetWrapper(TorchDataset):
     """Torch dataset over a list of Datum.
 
@@ -277,10 +296,6 @@ class DatasetWrapper(TorchDataset):
     """
 
     def __init__(self, cfg, data_source, transform=None, is_train=False):
-        import torchvision.transforms as T
-
-        from .transforms import INTERPOLATION_MODES
-
         self.cfg = cfg
         self.data_source = data_source
         self.transform = transform
@@ -294,13 +309,7 @@ class DatasetWrapper(TorchDataset):
                 "because transform is None (INPUT.NO_TRANSFORM is set or no transform was given)."
             )
 
-        to_tensor = [
-            T.Resize(cfg.INPUT.SIZE, interpolation=INTERPOLATION_MODES[cfg.INPUT.INTERPOLATION]),
-            T.ToTensor(),
-        ]
-        if "normalize" in cfg.INPUT.TRANSFORMS:
-            to_tensor.append(T.Normalize(mean=cfg.INPUT.PIXEL_MEAN, std=cfg.INPUT.PIXEL_STD))
-        self.to_tensor = T.Compose(to_tensor)
+        self.to_tensor = _img0_transform(cfg) if self.return_img0 else None
 
     def __len__(self):
         return len(self.data_source)

@@ -105,7 +105,7 @@ class ViewAugmenter:
 
     Args:
         cfg: reads INPUT.SIZE, INTERPOLATION, RRCROP_SCALE, PIXEL_MEAN/STD, TRANSFORMS
-            (entries among VIEW_TRANSFORMS, else ConfigError).
+            (entries among VIEW_TRANSFORMS, else ConfigError); empty preprocessing keys are the backbone's.
         num_views: V (64 in TPT and RAda).
         augmix: mix three chains of 1-3 AugMix operations into each augmented view.
         interpolation: resampling of the random crops (default INPUT.INTERPOLATION; TPT's
@@ -115,8 +115,11 @@ class ViewAugmenter:
     def __init__(self, cfg, num_views, augmix=False, interpolation=None):
         import torchvision.transforms as T
 
+        from vlprompt.clip.preprocess import resolved_input
+
         from .transforms import INTERPOLATION_MODES, build_transform
 
+        cfg = resolved_input(cfg)  # empty preprocessing keys: the backbone's
         transforms = cfg.INPUT.TRANSFORMS
         check_view_transforms(transforms)
         self.num_views = num_views

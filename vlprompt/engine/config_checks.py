@@ -18,7 +18,7 @@ import os.path as osp
 from vlprompt.config import ConfigError, check_choice, check_range, get_cfg_default
 from vlprompt.data.checks import IMAGE_CHECKS
 from vlprompt.data.samplers import SAMPLERS
-from vlprompt.data.transforms.names import AVAI_CHOICES, INTERPOLATIONS, UNSUPPORTED_POLICIES
+from vlprompt.data.transforms.names import AVAI_CHOICES, INTERPOLATIONS, RESIZE_MODES, UNSUPPORTED_POLICIES
 from vlprompt.optim.lr_scheduler import AVAI_SCHEDS
 from vlprompt.optim.optimizer import AVAI_OPTIMS
 
@@ -79,10 +79,21 @@ UNSUPPORTED_KEYS = {
 
 
 def _check_input(cfg):
+    """INPUT keys; the preprocessing keys may be empty (the backbone's: vlprompt.clip.preprocess)."""
     size = cfg.INPUT.SIZE
-    if len(size) != 2 or any(not isinstance(side, int) or side < 1 for side in size):
-        raise ConfigError(f"INPUT.SIZE must be two positive integers (height, width), got {tuple(size)!r}.")
-    check_choice("INPUT.INTERPOLATION", cfg.INPUT.INTERPOLATION, list(INTERPOLATIONS))
+    if len(size) not in (0, 2) or any(not isinstance(side, int) or side < 1 for side in size):
+        raise ConfigError(f"INPUT.SIZE must be two positive integers (height, width), got {tuple(size)!r}. Leave it "
+                          "empty, (), for the backbone's input size.")
+    for key, value, choices in (("INTERPOLATION", cfg.INPUT.INTERPOLATION, INTERPOLATIONS),
+                                ("RESIZE_MODE", cfg.INPUT.RESIZE_MODE, RESIZE_MODES)):
+        if value:
+            check_choice(f"INPUT.{key}", value, ["", *choices])
+    for key, values in (("PIXEL_MEAN", cfg.INPUT.PIXEL_MEAN), ("PIXEL_STD", cfg.INPUT.PIXEL_STD)):
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        if len(values) not in (0, 3) or not numbers or (key == "PIXEL_STD" and any(v <= 0 for v in values)):
+            raise ConfigError(f"INPUT.{key} must be three numbers (one per RGB channel"
+                              + ("; positive" if key == "PIXEL_STD" else "")
+                              + f"), or empty for the backbone's, got {list(values)!r}.")
     unknown = [name for name in cfg.INPUT.TRANSFORMS if name not in AVAI_CHOICES]
     if unknown:
         raise ConfigError(f"INPUT.TRANSFORMS has unknown transform(s) {unknown}; valid names are {AVAI_CHOICES}.")

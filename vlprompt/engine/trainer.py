@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from vlprompt.config import ConfigError, check_choice
+from vlprompt.clip.preprocess import resolved_input
 from vlprompt.data import DataManager
 from vlprompt.data.checks import DatasetContentError, check_images, check_labels
 from vlprompt.evaluation import build_evaluator
@@ -166,8 +167,9 @@ class TrainerBase(OptimizationMixin, CheckpointingMixin, WriterMixin):
 class SimpleTrainer(EvaluationMixin, TrainerBase):
     """Trainer built from a config: data, model, evaluator, default hooks; testing, results file.
 
-    Constructor order (trainers rely on it): ``validate_cfg(cfg)`` (the core keys),
-    ``check_declared_cfg(cfg)`` (what the class declares, e.g. ``precisions``) and
+    Constructor order (trainers rely on it): ``validate_cfg(cfg)`` (the core keys), the empty
+    INPUT preprocessing keys resolved from the backbone (a resolved copy of ``cfg`` becomes
+    ``self.cfg``; :mod:`vlprompt.clip.preprocess`), ``check_declared_cfg(cfg)`` (what the class declares, e.g. ``precisions``) and
     ``check_cfg(cfg)`` (``self.cfg`` not yet set), all before any data is read; device,
     epochs / output dir / cfg / precision, ``build_data_loader()`` (labels checked),
     ``build_model()``, evaluator, ``best_result``, ``register_hooks(build_hooks())``. After
@@ -196,6 +198,7 @@ class SimpleTrainer(EvaluationMixin, TrainerBase):
     def __init__(self, cfg):
         super().__init__()
         validate_cfg(cfg)
+        cfg = resolved_input(cfg)  # a resolved config (train.py's) is kept as it is
         self.check_declared_cfg(cfg)
         self.check_cfg(cfg)
         use_cuda = torch.cuda.is_available() and cfg.USE_CUDA

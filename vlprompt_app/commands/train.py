@@ -21,7 +21,8 @@ corrupt checkpoints or caches, a missing or wrong ``--model-dir``, missing or ma
 descriptions, unreadable run-folder files, an ``OUTPUT_DIR`` another live run holds or that holds a
 run with other settings, a file that cannot be written for lack of room: a full disk or the
 file-size limit) ends with one paragraph on stderr and exit status 2, before any data is loaded
-where possible (the trainer's ``preflight`` checks run before it is built). A run that stops on bad
+where possible (the backbone's preprocessing and tokenizer, then the trainer's ``preflight`` checks,
+run before it is built; the log lists each INPUT preprocessing value with where it came from). A run that stops on bad
 input in an empty ``OUTPUT_DIR`` leaves nothing there (:data:`SETUP_FILES`). A non-finite loss
 stops training with exit status 3 (see TRAIN.NONFINITE_LOSS).
 """
@@ -204,6 +205,27 @@ def check_names(cfg):
             raise ConfigError(f"Unknown {what} '{name}'. {error}") from None
 
 
+def prepare_backbone(cfg):
+    """The backbone's part of the pre-flight checks, before any data loads: the empty INPUT preprocessing
+    keys resolved from the backbone (:mod:`vlprompt.clip.preprocess`) and its tokenizer's files found
+    (:func:`vlprompt.clip.check_tokenizer`).
+
+    Returns:
+        (resolved cfg, lines for the log: each preprocessing value with where it came from, the tokenizer).
+
+    Raises:
+        CLIPLoadError: an unknown backbone, or a tokenizer that cannot be found (what to download, where).
+        ConfigError: a backbone preprocessing the data pipeline does not implement.
+    """
+    from vlprompt.clip import check_tokenizer
+    from vlprompt.clip.preprocess import resolve_input
+
+    cfg, lines = resolve_input(cfg)
+    if cfg.MODEL.BACKBONE.NAME:
+        lines.append(check_tokenizer(cfg.MODEL.BACKBONE.NAME))
+    return cfg, lines
+
+
 def main(args):
     """Set up the config of parsed ``args``, hold ``OUTPUT_DIR`` (its lock, see
     vlprompt/engine/run_lock.py), then train and/or evaluate."""
@@ -215,10 +237,11 @@ def main(args):
     training = not (args.eval_only or args.no_train)
     if training:
         check_training_cfg(cfg)
+    cfg, notes = prepare_backbone(cfg)
     if args.restart:
         check_restart(args, cfg)
     model_dir = args.model_dir if args.eval_only else ""
-    notes = TRAINER_REGISTRY.get(cfg.TRAINER.NAME).preflight(cfg, training, model_dir)
+    notes += TRAINER_REGISTRY.get(cfg.TRAINER.NAME).preflight(cfg, training, model_dir)
     # rank 0 holds the folder for a torchrun job; its other processes write only their own logs
     holds_folder = int(os.environ.get("RANK", "0")) == 0
     folder = RunFolder(cfg.OUTPUT_DIR)
@@ -301,8 +324,8 @@ def prepare_folder(args, cfg, training, holds_folder):
 
 def run_in_folder(args, cfg, scope, training, notes):
     """Everything that writes into ``cfg.OUTPUT_DIR`` (the caller holds the folder's lock): the
-    log, ``config.yaml``, then training and/or evaluation; ``notes``: the lines of the trainer's
-    pre-flight checks, printed into the log."""
+    log, ``config.yaml``, then training and/or evaluation; ``notes``: the lines of the backbone's and the
+    trainer's pre-flight checks, printed into the log."""
     import torch
 
     from vlprompt.engine import build_trainer

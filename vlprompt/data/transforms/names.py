@@ -1,5 +1,6 @@
 """The names of the input transforms and interpolations: plain data, so that config checks read them
-without importing torchvision."""
+without importing torchvision (the interpolations and resize modes are the backbone preprocessing's,
+``vlprompt.clip.preprocess``)."""
 
 UNSUPPORTED_POLICIES = [
     "imagenet_policy",
@@ -26,4 +27,5 @@ AVAI_CHOICES = [
     "gaussian_blur",
 ]
 
-INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+# The interpolations, resize modes and preprocessing keys belong to the backbone's preprocessing.
+from vlprompt.clip.preprocess import INTERPOLATIONS, RESIZE_MODES  # noqa: E402,F401

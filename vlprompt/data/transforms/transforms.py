@@ -1,5 +1,11 @@
 """Image transforms built from INPUT.* keys (Dassl's), with Dassl's log lines.
 
+The preprocessing keys (INPUT.SIZE, INTERPOLATION, PIXEL_MEAN, PIXEL_STD, RESIZE_MODE) are the
+backbone's where a config leaves them empty: ``build_transform`` resolves them first
+(:func:`vlprompt.clip.preprocess.resolve_input`) unless the caller already did. INPUT.RESIZE_MODE
+chooses how the test transform reaches INPUT.SIZE (names.RESIZE_MODES); the training transform's
+plain resize is to INPUT.SIZE, as Dassl's.
+
 All random choices made by the transforms defined here draw from torch's
 generator (torchvision's random transforms do too), so seeding torch, or
 restoring a checkpointed torch RNG state, reproduces the augmentation; in
@@ -23,7 +29,7 @@ from torchvision.transforms import (
 )
 from torchvision.transforms import functional as F
 
-from .names import AVAI_CHOICES, INTERPOLATIONS, UNSUPPORTED_POLICIES
+from .names import AVAI_CHOICES, INTERPOLATIONS, RESIZE_MODES, UNSUPPORTED_POLICIES
 
 INTERPOLATION_MODES = {name: InterpolationMode[name.upper()] for name in INTERPOLATIONS}
 
@@ -53,6 +59,25 @@ class Random2DTranslation:
         top = int(torch.randint(0, new_height - self.height + 1, (1,)).item())
         left = int(torch.randint(0, new_width - self.width + 1, (1,)).item())
         return F.crop(resized, top, left, self.height, self.width)
+
+
+class ResizeLongestEdge:
+    """Resize a PIL image so that its longer edge is ``length``, keeping the aspect ratio.
+
+    Args:
+        length (int): the longer edge after resizing.
+        interpolation (InterpolationMode): resampling filter.
+    """
+
+    def __init__(self, length, interpolation=InterpolationMode.BICUBIC):
+        self.length = length
+        self.interpolation = interpolation
+
+    def __call__(self, img):
+        width, height = img.size
+        scale = self.length / max(width, height)
+        size = [max(1, round(height * scale)), max(1, round(width * scale))]
+        return F.resize(img, size, self.interpolation)
 
 
 class Cutout:
@@ -119,13 +144,16 @@ def _check_choices(cfg, choices):
         raise ValueError(
             f'INPUT.INTERPOLATION is "{cfg.INPUT.INTERPOLATION}"; valid values are {list(INTERPOLATION_MODES)}.'
         )
+    if cfg.INPUT.RESIZE_MODE not in RESIZE_MODES:
+        raise ValueError(f'INPUT.RESIZE_MODE is "{cfg.INPUT.RESIZE_MODE}"; valid values are {list(RESIZE_MODES)}.')
 
 
 def build_transform(cfg, is_train=True, choices=None):
     """Build the training or test transform from the config.
 
     Args:
-        cfg (CfgNode): reads INPUT.*.
+        cfg (CfgNode): reads INPUT.* (empty preprocessing keys: the backbone's, resolved here and
+            printed if the caller has not resolved them).
         is_train (bool): training (augmenting) or test transform.
         choices (list[str] | None): overrides INPUT.TRANSFORMS.
 
@@ -136,6 +164,9 @@ def build_transform(cfg, is_train=True, choices=None):
     if cfg.INPUT.NO_TRANSFORM:
         print("Note: no transform is applied!")
         return None
+    from vlprompt.clip.preprocess import resolved_input
+
+    cfg = resolved_input(cfg)
     if choices is None:
         choices = cfg.INPUT.TRANSFORMS
     _check_choices(cfg, choices)
@@ -221,10 +252,20 @@ def _build_transform_test(cfg, choices, target_size, normalize):
     interpolation = INTERPOLATION_MODES[cfg.INPUT.INTERPOLATION]
     input_size = cfg.INPUT.SIZE
 
-    print(f"+ resize the smaller edge to {max(input_size)}")
-    steps = [Resize(max(input_size), interpolation=interpolation)]
-    print(f"+ {target_size} center crop")
-    steps.append(CenterCrop(input_size))
+    mode = cfg.INPUT.RESIZE_MODE
+    if mode == "squash":
+        print(f"+ resize to {target_size} (squash)")
+        steps = [Resize(input_size, interpolation=interpolation)]
+    elif mode == "longest":
+        print(f"+ resize the longer edge to {max(input_size)}")
+        steps = [ResizeLongestEdge(max(input_size), interpolation=interpolation)]
+        print(f"+ {target_size} center crop, padded with black")
+        steps.append(CenterCrop(input_size))
+    else:
+        print(f"+ resize the smaller edge to {max(input_size)}")
+        steps = [Resize(max(input_size), interpolation=interpolation)]
+        print(f"+ {target_size} center crop")
+        steps.append(CenterCrop(input_size))
     print("+ to torch tensor of range [0, 1]")
     steps.append(ToTensor())
 
