@@ -19,9 +19,10 @@ import pytest
 import torch
 
 from vlprompt_app.benchmarking import mixed_precision
-from vlprompt_app.benchmarking.trainer_cases import CASES, EVAL_ONLY, TEST_TIME
+from vlprompt.engine.benchmark_case import EVAL_ONLY, TEST_TIME
+from vlprompt_app.benchmarking.trainer_cases import declared_cases
 
-CONTRACT_CASES = mixed_precision.contract_cases(CASES)
+CONTRACT_CASES = mixed_precision.contract_cases(declared_cases())
 
 # The largest |autocast logit - fp32 logit| over CLIP's temperature tau (logits are tau times a
 # cosine). fp16 keeps 11 significant bits (unit roundoff 2^-11 = 0.00049) and bf16 8 (2^-8 =

@@ -59,6 +59,7 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip import InsertTokens, Plan, PromptedCLIP, ReplaceTokens
 from vlprompt.config import ConfigError, check_choice, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.paths import repository_root
 
 from .coop import CoOp, CoOpCLIP
@@ -224,6 +225,13 @@ class ATPromptCLIP(PromptedCLIP):
 class ATPrompt(ClipTrainer):
     """ATPrompt trainer; the whole model ("ATPrompt": the base method's learnable part and the
     attributes' soft tokens) is registered and checkpointed."""
+
+    # The attribute words are per dataset: the benchmark's stand-in classes take ImageNet's ("color", "shape").
+    benchmark_cases = (
+        Case("ATPrompt/vit_b16.yaml", TRAIN, opts=("DATASET.NAME", "ImageNet")),
+        Case("ATPrompt/vit_b16_maple.yaml", TRAIN, name="ATPrompt+MaPLe", opts=("DATASET.NAME", "ImageNet"),
+             synthetic_opts=("TRAINER.ATPROMPT.BASE", "MaPLe", "TRAINER.MAPLE.PROMPT_DEPTH", "3")),
+    )
 
     def check_cfg(self, cfg):
         node = cfg.TRAINER.ATPROMPT

@@ -14,6 +14,7 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip.templates import DEFAULT_TEMPLATE, check_template
 from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import CACHED, Case
 
 from .zsclip import TemplateCLIP
 
@@ -122,6 +123,8 @@ class CLIPAdapterCLIP(TemplateCLIP):
 @TRAINER_REGISTRY.register()
 class CLIPAdapter(ClipTrainer):
     """CLIP-Adapter; the checkpointed module holds the adapters."""
+
+    benchmark_cases = (Case("CLIPAdapter/vit_b16.yaml", CACHED),)
 
     frozen_image_encoder = True
 

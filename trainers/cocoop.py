@@ -22,6 +22,7 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip import PromptedCLIP, TextContext
 from vlprompt.config import check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import TRAIN, Case
 
 
 @register_cfg_extension
@@ -126,6 +127,11 @@ class CoCoOpCLIP(PromptedCLIP):
 @TRAINER_REGISTRY.register()
 class CoCoOp(ClipTrainer):
     """CoCoOp trainer; the checkpointed module is the prompt learner (context + meta-net)."""
+
+    benchmark_cases = (
+        Case("CoCoOp/vit_b16_c4_ep10_batch1_ctxv1.yaml", TRAIN, batch=1, train_target=8.5, eval_target=4.0,
+             official_train=17.0, official_eval="8"),
+    )
 
     def check_cfg(self, cfg):
         node = cfg.TRAINER.COCOOP

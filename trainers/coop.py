@@ -15,6 +15,7 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip import PromptedCLIP, TextContext
 from vlprompt.config import register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import OFFICIAL_EVAL, TRAIN, Case
 
 
 
@@ -59,6 +60,11 @@ class CoOpCLIP(PromptedCLIP):
 @TRAINER_REGISTRY.register()
 class CoOp(ClipTrainer):
     """CoOp trainer; the checkpointed module is the prompt learner (the context)."""
+
+    benchmark_cases = (
+        Case("CoOp/vit_b16_ep50_ctxv1.yaml", TRAIN, train_target=2.6, official_train=5.2,
+             official_eval=OFFICIAL_EVAL),
+    )
 
     exports_class_text_features = True
 

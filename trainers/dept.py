@@ -67,6 +67,7 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip import PromptedCLIP
 from vlprompt.config import ConfigError, check_choice, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.fine_tuning import classifier_rows
 from vlprompt.engine.option_rules import AUTO, ScopeRule
 from vlprompt.engine.eval_scope import eval_scope
@@ -189,6 +190,11 @@ class DePTCLIP(PromptedCLIP):
 class DePT(ClipTrainer):
     """DePT trainer; the whole model ("DePT": the base method's learnable part, FiLM and head)
     is registered with two parameter groups."""
+
+    benchmark_cases = (
+        Case("DePT/vit_b16_maple.yaml", TRAIN),
+        Case("DePT/vit_b16_coop.yaml", TRAIN, name="DePT+CoOp", synthetic_opts=("TRAINER.DEPT.BASE", "CoOp")),
+    )
 
     def check_cfg(self, cfg):
         node = cfg.TRAINER.DEPT

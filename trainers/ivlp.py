@@ -19,6 +19,7 @@ from vlprompt.clip import (
 )
 from vlprompt.config import ConfigError, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import OFFICIAL_EVAL, TRAIN, Case
 
 
 @register_cfg_extension
@@ -94,6 +95,11 @@ def check_vl_prompt_config(cfg, node_name):
 @TRAINER_REGISTRY.register()
 class IVLP(ClipTrainer):
     """IVLP trainer; the whole model is registered (as the reference) under "VLPromptLearner"."""
+
+    benchmark_cases = (
+        Case("IVLP/vit_b16_c2_ep20_batch4_4+4ctx.yaml", TRAIN, train_target=3.3, official_train=6.7,
+             official_eval=OFFICIAL_EVAL),
+    )
 
     def check_cfg(self, cfg):
         check_vl_prompt_config(cfg, "IVLP")

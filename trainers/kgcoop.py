@@ -18,6 +18,7 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip import CLASS_TOKEN_POSITIONS, fill_template
 from vlprompt.config import check_choice, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import TRAIN, Case
 
 from .coop import CoOpCLIP
 
@@ -70,6 +71,8 @@ class KgCoOpCLIP(CoOpCLIP):
 @TRAINER_REGISTRY.register()
 class KgCoOp(ClipTrainer):
     """KgCoOp trainer; the checkpointed module is the prompt learner (the context)."""
+
+    benchmark_cases = (Case("KgCoOp/vit_b16_ep100_ctxv1.yaml", TRAIN),)
 
     exports_class_text_features = True
 

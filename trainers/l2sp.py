@@ -18,6 +18,7 @@ from yacs.config import CfgNode as CN
 
 from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
+from vlprompt.engine.benchmark_case import TRAIN, Case
 
 from .ft import FT, add_ft_keys
 
@@ -41,6 +42,8 @@ def l2sp_penalty(encoder_params, anchors, head_params, alpha, beta):
 @TRAINER_REGISTRY.register()
 class L2SP(FT):
     """FT with the L2-SP penalty (term "l2sp" in the logged summary)."""
+
+    benchmark_cases = (Case("L2SP/vit_b16.yaml", TRAIN, opts=("TRAINER.L2SP.TEMPLATE_ENSEMBLE", "False")),)
 
     node_name = "L2SP"
 

@@ -16,6 +16,7 @@ from yacs.config import CfgNode as CN
 
 from vlprompt.config import register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
+from vlprompt.engine.benchmark_case import CACHED, Case
 
 from .ft import FT, add_ft_keys
 
@@ -29,6 +30,9 @@ def add_lp_config(cfg):
 @TRAINER_REGISTRY.register()
 class LP(FT):
     """Linear probe; the checkpointed module holds the head."""
+
+    # On cached features; the head from one template (as FT's case).
+    benchmark_cases = (Case("LP/vit_b16.yaml", CACHED, opts=("TRAINER.LP.TEMPLATE_ENSEMBLE", "False")),)
 
     node_name = "LP"
     supports_distributed = False

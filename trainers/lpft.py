@@ -17,6 +17,7 @@ from yacs.config import CfgNode as CN
 
 from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
+from vlprompt.engine.benchmark_case import TRAIN, Case
 
 from .ft import FT, add_ft_keys
 
@@ -31,6 +32,11 @@ def add_lpft_config(cfg):
 @TRAINER_REGISTRY.register()
 class LPFT(FT):
     """LP-FT; the checkpointed module holds the head (stage 1), or image encoder and head (stage 2)."""
+
+    benchmark_cases = (
+        Case("LPFT/vit_b16_stage2.yaml", TRAIN, opts=("TRAINER.LPFT.TEMPLATE_ENSEMBLE", "False"),
+             synthetic="LPFT/synthetic_stage2.yaml"),
+    )
 
     node_name = "LPFT"
 

@@ -25,6 +25,7 @@ from vlprompt.clip import (
 )
 from vlprompt.config import register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import OFFICIAL_EVAL, TRAIN, Case
 
 
 @register_cfg_extension
@@ -104,6 +105,11 @@ class MaPLeCLIP(PromptedCLIP):
 @TRAINER_REGISTRY.register()
 class MaPLe(ClipTrainer):
     """MaPLe trainer; the whole model is registered (as the reference) under "MultiModalPromptLearner"."""
+
+    benchmark_cases = (
+        Case("MaPLe/vit_b16_c2_ep5_batch4_2ctx.yaml", TRAIN, train_target=3.5, official_train=7.1,
+             official_eval=OFFICIAL_EVAL),
+    )
 
     def check_cfg(self, cfg):
         node = cfg.TRAINER.MAPLE

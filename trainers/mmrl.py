@@ -62,6 +62,7 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip import InsertTokens, Plan, PromptedCLIP, ReplaceTokens, fill_template
 from vlprompt.config import ConfigError, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.option_rules import DatasetRule, ScopeRule
 
 INFERENCE_RULE = ScopeRule("TRAINER.MMRL.INFERENCE", base="fusion", new="cls", source="fusion", target="cls")
@@ -283,6 +284,9 @@ class MMRL(ClipTrainer):
     A variant (MMRL++) sets ``model_class`` and ``inference_rule`` and overrides ``check_cfg``
     and ``model_settings``.
     """
+
+    # λ and the representation width are per dataset: the benchmark's stand-in classes take the Pets ones.
+    benchmark_cases = (Case("MMRL/vit_b16.yaml", TRAIN, opts=("DATASET.NAME", "OxfordPets")),)
 
     model_class = MMRLCLIP
     inference_rule = INFERENCE_RULE

@@ -66,6 +66,7 @@ from yacs.config import CfgNode as CN
 
 from vlprompt.config import ConfigError, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
+from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.option_rules import DatasetRule, ScopeRule
 from vlprompt.engine.eval_scope import eval_scope
 
@@ -248,6 +249,9 @@ class MMRLppCLIP(MMRLCLIP):
 class MMRLpp(MMRL):
     """MMRL++ trainer; the checkpointed module ("representation") holds R, the aligners and the
     projection residual (β is a setting, not a weight)."""
+
+    # β and λ are per dataset: the benchmark's stand-in classes take the Pets ones.
+    benchmark_cases = (Case("MMRLpp/vit_b16.yaml", TRAIN, opts=("DATASET.NAME", "OxfordPets")),)
 
     model_class = MMRLppCLIP
     inference_rule = INFERENCE_RULE

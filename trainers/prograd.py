@@ -54,6 +54,7 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip import CLASS_TOKEN_POSITIONS, fill_template
 from vlprompt.config import ConfigError, check_choice, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.metrics import compute_accuracy
 
 from .coop import CoOpCLIP
@@ -189,6 +190,8 @@ def _without_init(node):
 @TRAINER_REGISTRY.register()
 class ProGrad(ClipTrainer):
     """ProGrad trainer; the checkpointed module is the prompt learner (the context)."""
+
+    benchmark_cases = (Case("ProGrad/vit_b16_ep100.yaml", TRAIN),)
 
     exports_class_text_features = True
 

@@ -21,6 +21,7 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip import fill_template, imagenet_templates
 from vlprompt.config import ConfigError, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import OFFICIAL_EVAL, TRAIN, Case
 
 from .ivlp import IVLPCLIP, check_vl_prompt_config
 
@@ -143,6 +144,11 @@ class GaussianPromptAggregation:
 @TRAINER_REGISTRY.register()
 class PromptSRC(ClipTrainer):
     """PromptSRC trainer; the whole model is registered (as the reference) under "VLPromptLearner"."""
+
+    benchmark_cases = (
+        Case("PromptSRC/vit_b16_c2_ep20_batch4_4+4ctx.yaml", TRAIN, train_target=4.0, official_train=8.0,
+             official_eval=OFFICIAL_EVAL),
+    )
 
     def check_cfg(self, cfg):
         check_vl_prompt_config(cfg, "PROMPTSRC")

@@ -71,6 +71,7 @@ from vlprompt.clip import check_prompt_sizes
 from vlprompt.clip.templates import dataset_template
 from vlprompt.config import check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import TRAIN, Case
 
 from .prograd import PROGRAD_TEMPLATES
 
@@ -210,6 +211,8 @@ def check_provp_config(cfg):
 @TRAINER_REGISTRY.register()
 class ProVP(ClipTrainer):
     """ProVP-Ref trainer; the checkpointed module ("prompt_learner") holds P."""
+
+    benchmark_cases = (Case("ProVP/vit_b16_b2n_ep100.yaml", TRAIN),)
 
     vit_required_for = "prompts of the image tower's blocks"
 

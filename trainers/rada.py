@@ -19,6 +19,7 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip.templates import DEFAULT_TEMPLATE, check_template
 from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import CACHED, TRAIN, Case
 
 from .rada_mask_generators import build_mask_generator, check_generator_node
 from .rada_rational import ATTN_NORMS, MASK_LOSSES, QUERY_INPUTS, RationalAdapter
@@ -112,6 +113,11 @@ class RAdaCLIP(TemplateCLIP):
 @TRAINER_REGISTRY.register()
 class RAda(ClipTrainer):
     """RAda (EFT); the checkpointed module is the mask generator."""
+
+    benchmark_cases = (
+        Case("RAda/vit_b16_base2new.yaml", CACHED, train_target=0.05, official_eval="1.05"),
+        Case("RAda/vit_b16_base2new.yaml", TRAIN, name="RAda (images)", official_train=1.04, official_eval="1.05"),
+    )
 
     frozen_image_encoder = True
 

@@ -17,6 +17,7 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip.templates import DEFAULT_TEMPLATE
 from vlprompt.config import register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import CACHED, Case
 
 from .clip_adapter import CLIPAdapterCLIP, add_adapter_keys, check_adapter_node
 from .rada import add_generator_keys, add_mask_loss_keys, build_rational_adapter, check_rada_node
@@ -59,6 +60,8 @@ class RAdaAdapterCLIP(CLIPAdapterCLIP):
 class RAdaAdapter(ClipTrainer):
     """RAda + Adapter; the mask generator and the adapters are checkpointed separately (a RAdaTTT
     run can start from this mask generator)."""
+
+    benchmark_cases = (Case("RAdaAdapter/vit_b16_base2new.yaml", CACHED),)
 
     frozen_image_encoder = True
 

@@ -22,6 +22,7 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip import fill_template, imagenet_templates
 from vlprompt.config import check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import TRAIN, Case
 
 from .ivlp import IVLPCLIP, check_vl_prompt_config
 from .rada import add_generator_keys, add_mask_loss_keys, build_rational_adapter, check_rada_node
@@ -98,6 +99,8 @@ class RAdaPromptCLIP(IVLPCLIP):
 class RAdaPrompt(ClipTrainer):
     """RAda + Prompt; the whole model's learned tensors (prompts and mask generator) are
     registered under IVLP's name "VLPromptLearner"."""
+
+    benchmark_cases = (Case("RAdaPrompt/vit_b16_c2_ep20_batch4_4+4ctx.yaml", TRAIN),)
 
     def check_cfg(self, cfg):
         check_vl_prompt_config(cfg, "RADAPROMPT")

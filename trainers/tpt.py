@@ -44,6 +44,7 @@ from yacs.config import CfgNode as CN
 
 from vlprompt.config import check_choice, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
+from vlprompt.engine.benchmark_case import TEST_TIME, Case
 from vlprompt.engine.test_time import (
     TestTimeTrainer, add_episode_keys, average_prediction_entropy, episode_optimizer, select_confident,
 )
@@ -207,6 +208,14 @@ class PromptTuning:
 @TRAINER_REGISTRY.register()
 class TPT(TestTimeTrainer):
     """Test-time prompt tuning; the source model (``--model-dir``) is registered as its trainer does."""
+
+    benchmark_cases = (
+        Case("TPT/vit_b16.yaml", TEST_TIME, batch=1, eval_target=None),
+        Case("TPT/vit_b16_cocoop.yaml", TEST_TIME, name="CoCoOp+TPT", batch=1, eval_target=None,
+             synthetic="TPT/synthetic_cocoop.yaml"),
+        Case("TPT/vit_b16_maple.yaml", TEST_TIME, name="MaPLe+TPT", batch=1, eval_target=None,
+             synthetic="TPT/synthetic_maple.yaml"),
+    )
 
     episode_node = "TPT"
 

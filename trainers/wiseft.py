@@ -29,6 +29,7 @@ from yacs.config import CfgNode as CN
 
 from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
+from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.distributed import is_main_process
 from vlprompt.engine.results import WISEFT_SWEEP_FILENAME as SWEEP_FILENAME
 from vlprompt.fileio import atomic_write
@@ -58,6 +59,8 @@ def interpolate(theta_zs, theta_ft, alpha):
 @TRAINER_REGISTRY.register()
 class WiSEFT(FT):
     """FT training; evaluation of the weight-space ensemble with the zero-shot model."""
+
+    benchmark_cases = (Case("WiSEFT/vit_b16.yaml", TRAIN, opts=("TRAINER.WISEFT.TEMPLATE_ENSEMBLE", "False")),)
 
     node_name = "WISEFT"
 

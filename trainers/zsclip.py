@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from vlprompt.clip import IMAGENET_TEMPLATES_SELECT, PromptedCLIP, fill_template
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import EVAL_ONLY, Case
 
 
 class TemplateCLIP(PromptedCLIP):
@@ -51,6 +52,8 @@ class TemplateCLIP(PromptedCLIP):
 class ZeroshotCLIP(ClipTrainer):
     """Zero-shot CLIP with the dataset's hand-crafted template."""
 
+    benchmark_cases = (Case("CoOp/vit_b16.yaml", EVAL_ONLY),)
+
     learns = False
     exports_class_text_features = True
 
@@ -72,6 +75,8 @@ class ZeroshotCLIP(ClipTrainer):
 @TRAINER_REGISTRY.register()
 class ZeroshotCLIP2(ZeroshotCLIP):
     """Zero-shot CLIP with the prompt ensemble of CLIP's selected ImageNet templates."""
+
+    benchmark_cases = (Case("CoOp/vit_b16.yaml", EVAL_ONLY),)
 
     def templates(self):
         templates = list(IMAGENET_TEMPLATES_SELECT)

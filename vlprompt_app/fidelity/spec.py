@@ -111,7 +111,7 @@ class CostSpec:
         views: a test-time method's views of one test image (its episode is the unit).
         plain_design: the design dict under which the official clip package's ``build_model``
             gives the unprompted CLIP timed as the official frozen unit (IVLP-derived packages).
-        case: our case in vlprompt_app/benchmarking/trainer_cases.py (default the method's name).
+        case: the name of the benchmark case our trainer declares (default the method's name).
         our_nodes: {our config node: values} set over the case's config (default
             {"TRAINER.<the case's trainer>": the spec's our_node}).
         our_prepare(workdir, image size): files our trainer reads; returns more KEY VALUE options.
