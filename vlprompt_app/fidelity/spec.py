@@ -119,6 +119,8 @@ class CostSpec:
         official_prec: the official recipe's TRAINER.<X>.PREC (what its train.py or config sets),
             set on the official side by ``--prec recipe`` (ours then keeps its config file's).
         recipe_only: the official step runs only in ``official_prec`` (``--prec fp32`` is refused).
+        gpu_acceptance: measured by the official stage of the GPU acceptance run (``tools/gpu_acceptance.py
+            run``), both sides on the device in their recipes' precision.
     """
     trainer: Optional[str] = None
     train_cfg: Mapping[str, Any] = field(default_factory=dict)
@@ -134,6 +136,7 @@ class CostSpec:
     our_after_build: Optional[Callable] = None
     official_prec: str = "fp16"
     recipe_only: bool = False
+    gpu_acceptance: bool = False
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,6 @@ SPECS = (
         run_ours=run_ours_logits_and_ce,
         run_official=run_official_logits_and_ce,
         mutations=(Mutation("learnable rows in reverse order", values=reversed_rows),),
-        cost=CostSpec(trainer="CoOp"),
+        cost=CostSpec(trainer="CoOp", gpu_acceptance=True),
     ),
 )
