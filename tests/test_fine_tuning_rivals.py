@@ -19,10 +19,10 @@ import datasets  # noqa: F401  (registers OxfordPets)
 from trainers.ft import FineTunedCLIP
 from trainers.l2sp import l2sp_penalty
 from trainers.wiseft import SWEEP_FILENAME, interpolate
-from trainers.zsclip import TemplateCLIP
 from vlprompt.config import ConfigError
 from vlprompt.data.transforms import build_transform
 from vlprompt.engine import build_trainer
+from vlprompt.families.template_head import TemplateCLIP
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
 from vlprompt.utils import load_checkpoint
 

@@ -15,8 +15,7 @@ from vlprompt.clip.templates import DEFAULT_TEMPLATE, check_template
 from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import CACHED, Case
-
-from .zsclip import TemplateCLIP
+from vlprompt.families.template_head import TemplateCLIP
 
 
 def add_adapter_keys(node, image_ratio, text_ratio, zero_init):

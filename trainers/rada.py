@@ -20,10 +20,10 @@ from vlprompt.clip.templates import DEFAULT_TEMPLATE, check_template
 from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import CACHED, TRAIN, Case
+from vlprompt.families.template_head import TemplateCLIP
 
 from .rada_mask_generators import build_mask_generator, check_generator_node
 from .rada_rational import ATTN_NORMS, MASK_LOSSES, QUERY_INPUTS, RationalAdapter
-from .zsclip import TemplateCLIP
 
 
 def add_generator_keys(node):
