@@ -60,9 +60,10 @@ from vlprompt.clip import InsertTokens, Plan, PromptedCLIP, ReplaceTokens
 from vlprompt.config import ConfigError, check_choice, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import TRAIN, Case
+from vlprompt.families.text_context import CoOpCLIP
 from vlprompt.paths import repository_root
 
-from .coop import CoOp, CoOpCLIP
+from .coop import CoOp
 from .maple import MaPLe, MaPLeCLIP
 
 # TRAINER.ATPROMPT.BASE -> (base trainer, whose check_cfg validates the base node; base model; its node).

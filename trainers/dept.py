@@ -72,9 +72,10 @@ from vlprompt.engine.fine_tuning import classifier_rows
 from vlprompt.engine.option_rules import AUTO, ScopeRule
 from vlprompt.engine.eval_scope import eval_scope
 from vlprompt.engine.run_folder import RunFolder
+from vlprompt.families.text_context import CoOpCLIP
 from vlprompt.utils import load_checkpoint
 
-from .coop import CoOp, CoOpCLIP
+from .coop import CoOp
 from .maple import MaPLe, MaPLeCLIP
 
 # TRAINER.DEPT.BASE -> (base trainer, whose check_cfg validates the base node; base model; its node).

@@ -11,4 +11,6 @@ Families (module: what it holds; the method that introduced it; the methods buil
 
 * ``template_head``: ``TemplateCLIP``, the classifier of averaged template sentences (zero-shot
   CLIP); CLIP-Adapter, RAda, RAdaTTT.
+* ``text_context``: ``CoOpCLIP`` and its node ``TRAINER.COOP``, CoOp's learnable context; CoOp;
+  KgCoOp, ProGrad, ATPrompt, DePT, TPT.
 """

@@ -32,7 +32,7 @@ def attribute_learnables():
 def build_ours(clip, tokenizer, classnames, node, spec):
     """ATPromptCLIP on the spec's base method; ``node`` is the base method's node plus WORDS and N_ATT."""
     from trainers.atprompt import ATPromptCLIP, AttributeTokens
-    from trainers.coop import CoOpCLIP
+    from vlprompt.families.text_context import CoOpCLIP
     from trainers.maple import MaPLeCLIP
 
     base_model = {"CoOp": CoOpCLIP, "MaPLe": MaPLeCLIP}[spec.options["base"]]

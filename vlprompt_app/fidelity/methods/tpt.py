@@ -61,7 +61,7 @@ def build_ours(clip, tokenizer, classnames, node, spec):
     that the runs on one model (the recorded values, then the mutations, which move the text side
     only) encode the 64 views once."""
     from trainers.cocoop import CoCoOpCLIP
-    from trainers.coop import CoOpCLIP
+    from vlprompt.families.text_context import CoOpCLIP
 
     model = (CoCoOpCLIP if spec.options["prompt"] == "cocoop" else CoOpCLIP)(clip, tokenizer, classnames, node)
     for parameter in model.parameters():
