@@ -11,7 +11,7 @@ from trainer_checks import assert_config_errors, one_step_changes_only_the_learn
 
 from trainers.atprompt import ATPromptCLIP, AttributeTokens, load_attribute_words
 from vlprompt.families.text_context import CoOpCLIP
-from trainers.maple import MaPLeCLIP
+from vlprompt.families.coupled_prompts import MaPLeCLIP
 from vlprompt.clip import Plan, ReplaceTokens, Tokenizer
 from vlprompt.config import ConfigError
 from vlprompt.synthetic.world import ATTRIBUTES

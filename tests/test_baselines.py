@@ -15,7 +15,7 @@ from baseline_setup import BASELINES, build_seeded, frozen, learnable, make_cfg,
 from trainers.cocoop import CoCoOpCLIP
 from trainers.ivlp import IVLPCLIP
 from trainers.kgcoop import KgCoOpCLIP
-from trainers.maple import MaPLeCLIP
+from vlprompt.families.coupled_prompts import MaPLeCLIP
 from trainers.promptsrc import PromptSRCCLIP
 from trainers.vpt import VPTCLIP
 from vlprompt.clip import CLIPRunner, Tokenizer

@@ -10,7 +10,7 @@ from baseline_setup import (  # noqa: F401
 from trainer_checks import assert_config_errors, one_step_changes_only_the_learnable
 
 from trainers.dept import DePTCLIP
-from trainers.maple import MaPLeCLIP
+from vlprompt.families.coupled_prompts import MaPLeCLIP
 from vlprompt.config import ConfigError
 from vlprompt.families.text_context import CoOpCLIP
 

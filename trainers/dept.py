@@ -72,14 +72,12 @@ from vlprompt.engine.fine_tuning import classifier_rows
 from vlprompt.engine.option_rules import AUTO, ScopeRule
 from vlprompt.engine.eval_scope import eval_scope
 from vlprompt.engine.run_folder import RunFolder
+from vlprompt.families.coupled_prompts import MaPLeCLIP, check_maple_cfg
 from vlprompt.families.text_context import CoOpCLIP
 from vlprompt.utils import load_checkpoint
 
-from .coop import CoOp
-from .maple import MaPLe, MaPLeCLIP
-
-# TRAINER.DEPT.BASE -> (base trainer, whose check_cfg validates the base node; base model; its node).
-BASES = {"CoOp": (CoOp, CoOpCLIP, "COOP"), "MaPLe": (MaPLe, MaPLeCLIP, "MAPLE")}
+# TRAINER.DEPT.BASE -> (the check of the base node, None: CoOp's has none; base model; its node).
+BASES = {"CoOp": (None, CoOpCLIP, "COOP"), "MaPLe": (check_maple_cfg, MaPLeCLIP, "MAPLE")}
 INFERENCE_RULE = ScopeRule("TRAINER.DEPT.INFERENCE", base="fused", new="sim", source="fused", target="sim")
 HEAD_SCOPES = ("base", "source")  # scopes that score the training classes, which the head knows
 TARGET_FUSIONS = ("upstream", "off")  # TRAINER.DEPT.TARGET_FUSION (module docstring)
@@ -212,8 +210,9 @@ class DePT(ClipTrainer):
                 "classes: use INFERENCE auto or sim (auto with TARGET_FUSION upstream fuses a target whose "
                 "classes are all among the head's)."
             )
-        base_trainer = BASES[node.BASE][0]
-        base_trainer.check_cfg(self, cfg)  # the base node (prompt sizes, init phrase)
+        check_base = BASES[node.BASE][0]
+        if check_base is not None:
+            check_base(cfg)  # the base node (prompt sizes, init phrase)
 
     def build_model(self):
         clip, tokenizer = self.build_clip()

@@ -58,9 +58,9 @@ from vlprompt.data import DataManager, build_data_loader
 from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.benchmark_case import TEST_TIME, Case
 from vlprompt.engine.run_folder import RunFolder
+from vlprompt.families.coupled_prompts import MaPLeCLIP
 from vlprompt.fileio import atomic_write
 
-from .maple import MaPLeCLIP
 from .tpt import TPT, PromptTuning
 
 STATISTICS_DIRNAME = "promptalign_stats"  # in the source run folder

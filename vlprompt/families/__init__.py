@@ -13,4 +13,6 @@ Families (module: what it holds; the method that introduced it; the methods buil
   CLIP); CLIP-Adapter, RAda, RAdaTTT.
 * ``text_context``: ``CoOpCLIP`` and its node ``TRAINER.COOP``, CoOp's learnable context; CoOp;
   KgCoOp, ProGrad, ATPrompt, DePT, TPT.
+* ``coupled_prompts``: ``MaPLeCLIP``, its node ``TRAINER.MAPLE`` and ``check_maple_cfg``, MaPLe's
+  text prompts coupled to vision prompts; MaPLe; ATPrompt, DePT, TPT, PromptAlign.
 """
