@@ -12,7 +12,7 @@ import pytest
 import torch
 from baseline_setup import BASELINES, build_seeded, frozen, learnable, make_cfg, toy_world  # noqa: F401
 
-from trainers.cocoop import CoCoOpCLIP
+from vlprompt.families.conditional_context import CoCoOpCLIP
 from trainers.ivlp import IVLPCLIP
 from trainers.kgcoop import KgCoOpCLIP
 from vlprompt.families.coupled_prompts import MaPLeCLIP

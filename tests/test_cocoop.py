@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from baseline_setup import tiny_node, tiny_runner, toy_world  # noqa: F401
 
-from trainers.cocoop import CoCoOpCLIP
+from vlprompt.families.conditional_context import CoCoOpCLIP
 from vlprompt.families.text_context import CoOpCLIP
 
 CLASSNAMES = ["abyssinian", "american bulldog", "bengal", "red star", "cat"]

@@ -48,10 +48,10 @@ from vlprompt.engine.benchmark_case import TEST_TIME, Case
 from vlprompt.engine.test_time import (
     TestTimeTrainer, add_episode_keys, average_prediction_entropy, episode_optimizer, select_confident,
 )
+from vlprompt.families.conditional_context import CoCoOpCLIP
 from vlprompt.families.coupled_prompts import MaPLeCLIP
 from vlprompt.families.text_context import CoOpCLIP
 
-from .cocoop import CoCoOpCLIP
 
 # prompt -> (model class, its config node, the registered name of the source run's checkpoint)
 PROMPTS = {

@@ -15,4 +15,6 @@ Families (module: what it holds; the method that introduced it; the methods buil
   KgCoOp, ProGrad, ATPrompt, DePT, TPT.
 * ``coupled_prompts``: ``MaPLeCLIP``, its node ``TRAINER.MAPLE`` and ``check_maple_cfg``, MaPLe's
   text prompts coupled to vision prompts; MaPLe; ATPrompt, DePT, TPT, PromptAlign.
+* ``conditional_context``: ``CoCoOpCLIP`` and its node ``TRAINER.COCOOP``, CoCoOp's
+  image-conditional context; CoCoOp; TPT.
 """

@@ -60,7 +60,7 @@ def build_ours(clip, tokenizer, classnames, node, spec):
     """CoOpCLIP or CoCoOpCLIP, frozen; its frozen image tower's features of the last views kept, so
     that the runs on one model (the recorded values, then the mutations, which move the text side
     only) encode the 64 views once."""
-    from trainers.cocoop import CoCoOpCLIP
+    from vlprompt.families.conditional_context import CoCoOpCLIP
     from vlprompt.families.text_context import CoOpCLIP
 
     model = (CoCoOpCLIP if spec.options["prompt"] == "cocoop" else CoOpCLIP)(clip, tokenizer, classnames, node)
