@@ -13,7 +13,7 @@ import torch
 from baseline_setup import BASELINES, build_seeded, frozen, learnable, make_cfg, toy_world  # noqa: F401
 
 from vlprompt.families.conditional_context import CoCoOpCLIP
-from trainers.ivlp import IVLPCLIP
+from vlprompt.families.independent_prompts import IVLPCLIP
 from trainers.kgcoop import KgCoOpCLIP
 from vlprompt.families.coupled_prompts import MaPLeCLIP
 from trainers.promptsrc import PromptSRCCLIP

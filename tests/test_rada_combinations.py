@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from baseline_setup import runner_and_tokenizer, toy_pets_cfg
 
 import datasets  # noqa: F401  (registers OxfordPets)
-from trainers.ivlp import IVLPCLIP
+from vlprompt.families.independent_prompts import IVLPCLIP
 from trainers.rada_adapter import RAdaAdapterCLIP
 from trainers.rada_prompt import RAdaPromptCLIP
 from vlprompt.clip import fill_template, imagenet_templates

@@ -104,10 +104,10 @@ from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.option_rules import DatasetRule
 from vlprompt.engine.run_folder import CONFIG_FILENAME, RESULTS_FILENAME, RunFolder
+from vlprompt.families.independent_prompts import IVLPCLIP
 from vlprompt.paths import repository_root
 from vlprompt.utils import load_checkpoint, save_checkpoint
 
-from .ivlp import IVLPCLIP
 
 # DATASET.NAME -> KD weight w of upstream's scripts/promptkd/base2new_train.sh.
 KD_WEIGHTS = {
@@ -120,7 +120,6 @@ TEACHER_TRAINER = "PromptSRC"
 TEACHER_MODEL_NAME = "VLPromptLearner"  # the model name PromptSRC registers (its checkpoint folder)
 TEACHER_DIR_FIELDS = ("dataset", "name", "seed")
 UPSTREAM_TEACHER_FILE = "model-best.pth.tar"  # upstream's teacher_model/<DATASET.NAME>/VLPromptLearner/ file
-
 
 
 @register_cfg_extension

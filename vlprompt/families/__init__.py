@@ -17,4 +17,6 @@ Families (module: what it holds; the method that introduced it; the methods buil
   text prompts coupled to vision prompts; MaPLe; ATPrompt, DePT, TPT, PromptAlign.
 * ``conditional_context``: ``CoCoOpCLIP`` and its node ``TRAINER.COCOOP``, CoCoOp's
   image-conditional context; CoCoOp; TPT.
+* ``independent_prompts``: ``IVLPCLIP`` and ``check_vl_prompt_config``, deep prompts learned
+  independently in both towers; IVLP; PromptSRC, RAdaPrompt, PromptKD (its teacher).
 """
