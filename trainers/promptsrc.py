@@ -23,6 +23,7 @@ from vlprompt.config import ConfigError, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import OFFICIAL_EVAL, TRAIN, Case
 from vlprompt.families.independent_prompts import IVLPCLIP, check_vl_prompt_config
+from vlprompt.families.prompt_aggregation import GaussianPromptAggregation
 
 
 TEXT_TARGET_COUNT = 60
@@ -106,39 +107,6 @@ def gpa_weights(max_epoch, mean, std):
     density = np.exp(-0.5 * ((epochs - mean) / std) ** 2) / (std * np.sqrt(2 * np.pi))
     total = density.sum()
     return density / total if total > 0 else None
-
-
-class GaussianPromptAggregation:
-    """Running sum over epochs of w_e x (learnable tensors).
-
-    Args:
-        weights: w_e for epochs 1..E (``gpa_weights``).
-
-    Attributes:
-        total: {name: tensor} running sum (None before the first epoch).
-        epochs: 0-based indices of the epochs added so far.
-    """
-
-    def __init__(self, weights):
-        self.weights = weights
-        self.total = None
-        self.epochs = []
-
-    def add(self, epoch, tensors):
-        """Add w_(epoch+1) x tensors ({name: tensor}) for the 0-based ``epoch``."""
-        weight = float(self.weights[epoch])
-        weighted = {name: weight * tensor.detach().clone() for name, tensor in tensors.items()}
-        if self.total is None:
-            self.total = weighted
-        else:
-            self.total = {name: self.total[name] + weighted[name] for name in self.total}
-        self.epochs.append(epoch)
-
-    def state_dict(self):
-        return {"epochs": list(self.epochs), "total": self.total}
-
-    def load_state_dict(self, state):
-        self.epochs, self.total = list(state["epochs"]), state["total"]
 
 
 @TRAINER_REGISTRY.register()

@@ -73,8 +73,8 @@ from vlprompt.data.descriptions import (
 )
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import TRAIN, Case
+from vlprompt.families.prompt_aggregation import GaussianPromptAggregation
 
-from .promptsrc import GaussianPromptAggregation
 
 SENTENCES_PER_PASS = 1024
 KMEANS_MAX_ITERATIONS = 300

@@ -19,4 +19,6 @@ Families (module: what it holds; the method that introduced it; the methods buil
   image-conditional context; CoCoOp; TPT.
 * ``independent_prompts``: ``IVLPCLIP`` and ``check_vl_prompt_config``, deep prompts learned
   independently in both towers; IVLP; PromptSRC, RAdaPrompt, PromptKD (its teacher).
+* ``prompt_aggregation``: ``GaussianPromptAggregation``, the weighted running sum of prompts over
+  epochs; PromptSRC; TAC.
 """
