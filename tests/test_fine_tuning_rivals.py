@@ -16,13 +16,13 @@ from PIL import Image
 from baseline_setup import runner_and_tokenizer, toy_pets_cfg
 
 import datasets  # noqa: F401  (registers OxfordPets)
-from trainers.ft import FineTunedCLIP
 from trainers.l2sp import l2sp_penalty
 from trainers.wiseft import SWEEP_FILENAME, interpolate
 from vlprompt.config import ConfigError
 from vlprompt.data.transforms import build_transform
 from vlprompt.engine import build_trainer
 from vlprompt.families.template_head import TemplateCLIP
+from vlprompt.families.zero_shot_head import FineTunedCLIP
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
 from vlprompt.utils import load_checkpoint
 

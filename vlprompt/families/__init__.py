@@ -21,4 +21,6 @@ Families (module: what it holds; the method that introduced it; the methods buil
   independently in both towers; IVLP; PromptSRC, RAdaPrompt, PromptKD (its teacher).
 * ``prompt_aggregation``: ``GaussianPromptAggregation``, the weighted running sum of prompts over
   epochs; PromptSRC; TAC.
+* ``zero_shot_head``: ``FineTunedCLIP``, ``ZeroShotHeadTrainer`` and ``add_ft_keys``, CLIP's image
+  encoder under the zero-shot head, fine-tuned; FT; LP, LPFT, L2SP, WiSEFT.
 """
