@@ -12,7 +12,7 @@ from trainers.promptalign import (
     TokenStatistics, alignment_loss, image_features_and_block_inputs, load_source_statistics, read_run_config,
     recording_plan, statistics_paths, token_statistics,
 )
-from trainers.tpt import PromptTuning
+from vlprompt.families.prompt_tuning import PromptTuning
 from vlprompt.clip import vision_prompt_plan
 from vlprompt.config import ConfigError
 from vlprompt.data import DataManager

@@ -23,4 +23,6 @@ Families (module: what it holds; the method that introduced it; the methods buil
   epochs; PromptSRC; TAC.
 * ``zero_shot_head``: ``FineTunedCLIP``, ``ZeroShotHeadTrainer`` and ``add_ft_keys``, CLIP's image
   encoder under the zero-shot head, fine-tuned; FT; LP, LPFT, L2SP, WiSEFT.
+* ``prompt_tuning``: ``PromptTuning``, ``PromptTuningTrainer`` and the node ``TRAINER.TPT``,
+  TPT's test-time episodes on a prompted CLIP; TPT; PromptAlign.
 """

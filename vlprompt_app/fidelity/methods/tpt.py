@@ -87,7 +87,7 @@ def _kept_features(encode_image):
 
 
 def run_ours(model, node, images, labels, prompt="coop"):
-    from trainers.tpt import PromptTuning
+    from vlprompt.families.prompt_tuning import PromptTuning
 
     tuning = PromptTuning(model, prompt, node, contextlib.nullcontext)
     tuning.snapshot()
