@@ -25,4 +25,6 @@ Families (module: what it holds; the method that introduced it; the methods buil
   encoder under the zero-shot head, fine-tuned; FT; LP, LPFT, L2SP, WiSEFT.
 * ``prompt_tuning``: ``PromptTuning``, ``PromptTuningTrainer`` and the node ``TRAINER.TPT``,
   TPT's test-time episodes on a prompted CLIP; TPT; PromptAlign.
+* ``feature_adapters``: ``CLIPAdapterCLIP``, ``FeatureAdapters`` and their node keys, CLIP-Adapter's
+  residual MLPs on the output features; CLIP-Adapter; RAdaAdapter.
 """
