@@ -9,10 +9,10 @@ import torch.nn.functional as F
 from baseline_setup import runner_and_tokenizer, toy_pets_cfg, trainer_node
 
 import datasets  # noqa: F401  (registers OxfordPets)
-from trainers.rada import RAdaCLIP, check_rada_node
-from trainers.rada_rational import RationalMaskGenerator, mask_regularizer, rational_logits, rational_matrix
 from vlprompt.config import ConfigError
 from vlprompt.engine import build_trainer
+from vlprompt.families.rada import RAdaCLIP, check_rada_node
+from vlprompt.families.rada_rational import RationalMaskGenerator, mask_regularizer, rational_logits, rational_matrix
 from vlprompt.families.template_head import TemplateCLIP
 from vlprompt.testing import TINY_RESNET_CLIP_CONFIG, write_oxford_pets_tree, write_tiny_clip
 

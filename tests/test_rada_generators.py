@@ -9,15 +9,15 @@ import torch
 import torch.nn.functional as F
 from baseline_setup import runner_and_tokenizer, trainer_node
 
-from trainers.rada import RAdaCLIP, check_rada_node
 from trainers.rada_adapter import RAdaAdapterCLIP
 from trainers.rada_fft import RAdaFFTCLIP
 from trainers.rada_prompt import RAdaPromptCLIP
-from trainers.rada_mask_generators import (
+from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file
+from vlprompt.families.rada import RAdaCLIP, check_rada_node
+from vlprompt.families.rada_mask_generators import (
     MASK_GENERATOR_REGISTRY, MLPMaskGenerator, StackedRationalMaskGenerator, build_mask_generator,
 )
-from trainers.rada_rational import RationalMaskGenerator
-from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file
+from vlprompt.families.rada_rational import RationalMaskGenerator
 from vlprompt.families.template_head import TemplateCLIP
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -19,8 +19,7 @@ from vlprompt.config import register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import CACHED, Case
 from vlprompt.families.feature_adapters import CLIPAdapterCLIP, add_adapter_keys, check_adapter_node
-
-from .rada import add_generator_keys, add_mask_loss_keys, build_rational_adapter, check_rada_node
+from vlprompt.families.rada import add_generator_keys, add_mask_loss_keys, build_rational_adapter, check_rada_node
 
 
 @register_cfg_extension

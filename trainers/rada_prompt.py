@@ -24,8 +24,8 @@ from vlprompt.config import check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.families.independent_prompts import IVLPCLIP, check_vl_prompt_config
+from vlprompt.families.rada import add_generator_keys, add_mask_loss_keys, build_rational_adapter, check_rada_node
 
-from .rada import add_generator_keys, add_mask_loss_keys, build_rational_adapter, check_rada_node
 
 SENTENCES_PER_PASS = 1024
 

@@ -27,4 +27,6 @@ Families (module: what it holds; the method that introduced it; the methods buil
   TPT's test-time episodes on a prompted CLIP; TPT; PromptAlign.
 * ``feature_adapters``: ``CLIPAdapterCLIP``, ``FeatureAdapters`` and their node keys, CLIP-Adapter's
   residual MLPs on the output features; CLIP-Adapter; RAdaAdapter.
+* ``rada``, ``rada_rational``, ``rada_mask_generators``: ``RAdaCLIP``, the rational adapter, its
+  mask generators and their node keys; RAda; RAdaFFT, RAdaTTT, RAdaPrompt, RAdaAdapter.
 """
