@@ -2,7 +2,7 @@
 
 MMRL (trainers/mmrl.py) with three changes; everything else (R, the towers' token placement,
 f_cls, t_c, the logits, the loss and the scope-dependent inference) is MMRL's, shared through
-:class:`trainers.mmrl.MMRLCLIP`.
+the representation-tokens family (:class:`vlprompt.families.representation_tokens.MMRLCLIP`).
 
 1. Shared residual representation aligners (SRRA, RES_LORA_DIM = r = 4). For each tower one
    shared weight W [D, d_r] (from one random Linear(d_r, D)), and per representation layer l
@@ -69,8 +69,9 @@ from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.option_rules import DatasetRule, ScopeRule
 from vlprompt.engine.eval_scope import eval_scope
-
-from .mmrl import MMRL, MMRLCLIP, SharedRepresentation, check_representation_config
+from vlprompt.families.representation_tokens import (
+    MMRLCLIP, RepresentationTokensTrainer, SharedRepresentation, check_representation_config,
+)
 
 KEY = "TRAINER.MMRLPP"
 INFERENCE_RULE = ScopeRule(f"{KEY}.INFERENCE", base="fusion", new="cls", source="fusion", target="cls")
@@ -230,7 +231,8 @@ class ResidualRepresentationLearner(SharedRepresentation):
 
 class MMRLppCLIP(MMRLCLIP):
     """Frozen CLIP with MMRL++'s representation tokens; ``node`` is cfg.TRAINER.MMRLPP with BETA
-    resolved (:func:`resolved_node`); other arguments as :class:`trainers.mmrl.MMRLCLIP`."""
+    resolved (:func:`resolved_node`); other arguments as
+    :class:`vlprompt.families.representation_tokens.MMRLCLIP`."""
 
     NAME, KEY = "MMRL++", KEY
 
@@ -246,7 +248,7 @@ class MMRLppCLIP(MMRLCLIP):
 
 
 @TRAINER_REGISTRY.register()
-class MMRLpp(MMRL):
+class MMRLpp(RepresentationTokensTrainer):
     """MMRL++ trainer; the checkpointed module ("representation") holds R, the aligners and the
     projection residual (β is a setting, not a weight)."""
 

@@ -29,4 +29,6 @@ Families (module: what it holds; the method that introduced it; the methods buil
   residual MLPs on the output features; CLIP-Adapter; RAdaAdapter.
 * ``rada``, ``rada_rational``, ``rada_mask_generators``: ``RAdaCLIP``, the rational adapter, its
   mask generators and their node keys; RAda; RAdaFFT, RAdaTTT, RAdaPrompt, RAdaAdapter.
+* ``representation_tokens``: ``MMRLCLIP``, ``SharedRepresentation``, ``RepresentationTokensTrainer``,
+  MMRL's representation space read by both towers; MMRL; MMRL++.
 """
