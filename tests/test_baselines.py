@@ -12,10 +12,10 @@ import pytest
 import torch
 from baseline_setup import BASELINES, build_seeded, frozen, learnable, make_cfg, toy_world  # noqa: F401
 
-from vlprompt.families.conditional_context import CoCoOpCLIP
-from vlprompt.families.independent_prompts import IVLPCLIP
+from vlprompt.methods.conditional_context import CoCoOpCLIP
+from vlprompt.methods.independent_prompts import IVLPCLIP
 from trainers.kgcoop import KgCoOpCLIP
-from vlprompt.families.coupled_prompts import MaPLeCLIP
+from vlprompt.methods.coupled_prompts import MaPLeCLIP
 from trainers.promptsrc import PromptSRCCLIP
 from trainers.vpt import VPTCLIP
 from vlprompt.clip import CLIPRunner, Tokenizer

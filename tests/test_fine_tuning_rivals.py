@@ -21,8 +21,8 @@ from trainers.wiseft import SWEEP_FILENAME, interpolate
 from vlprompt.config import ConfigError
 from vlprompt.data.transforms import build_transform
 from vlprompt.engine import build_trainer
-from vlprompt.families.template_head import TemplateCLIP
-from vlprompt.families.zero_shot_head import FineTunedCLIP
+from vlprompt.methods.template_head import TemplateCLIP
+from vlprompt.methods.zero_shot_head import FineTunedCLIP
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
 from vlprompt.utils import load_checkpoint
 

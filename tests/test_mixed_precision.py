@@ -70,7 +70,7 @@ def test_the_contract_sees_a_lost_scaler_state_and_a_deviceless_tensor(monkeypat
     """The contract can fail: a resume that drops the scaler's state, and a step that adds a
     tensor made without the data's device, are both reported (CoOp at fp16)."""
     from vlprompt.engine.amp import MixedPrecision
-    from vlprompt.families.text_context import CoOpCLIP
+    from vlprompt.methods.text_context import CoOpCLIP
 
     monkeypatch.setattr(MixedPrecision, "load_state_dict", lambda self, state: None)
     forward = CoOpCLIP.forward

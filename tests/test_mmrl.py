@@ -13,7 +13,7 @@ from trainer_checks import assert_fusion_and_class_token_inference, one_step_cha
 from trainers.mmrl import DATASET_SETTINGS, INFERENCE_RULE, check_mmrl_config, dataset_settings
 from vlprompt.clip import fill_template
 from vlprompt.config import ConfigError
-from vlprompt.families.representation_tokens import MMRLCLIP
+from vlprompt.methods.representation_tokens import MMRLCLIP
 
 CLASSNAMES = ["abyssinian", "american_bulldog", "bengal"]
 TEMPLATE = "a photo of a {}, a type of pet."

@@ -7,12 +7,12 @@ import torch
 from baseline_setup import build_seeded, make_cfg, tiny_node, tiny_runner, toy_world, toy_world_cfg  # noqa: F401
 
 from vlprompt_app.commands import promptalign_stats
-from vlprompt.families.coupled_prompts import MaPLeCLIP
+from vlprompt.methods.coupled_prompts import MaPLeCLIP
 from trainers.promptalign import (
     TokenStatistics, alignment_loss, image_features_and_block_inputs, load_source_statistics, read_run_config,
     recording_plan, statistics_paths, token_statistics,
 )
-from vlprompt.families.prompt_tuning import PromptTuning
+from vlprompt.methods.prompt_tuning import PromptTuning
 from vlprompt.clip import vision_prompt_plan
 from vlprompt.config import ConfigError
 from vlprompt.data import DataManager

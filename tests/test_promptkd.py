@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from baseline_setup import ROOT, build_seeded, frozen, learnable, make_cfg, toy_world, trainer_node  # noqa: F401
 
-from vlprompt.families.independent_prompts import IVLPCLIP
+from vlprompt.methods.independent_prompts import IVLPCLIP
 from trainers.promptkd import (
     KD_WEIGHTS, distillation_loss, kd_weight, read_teacher_run, resolve_teacher_dir, split_size,
 )

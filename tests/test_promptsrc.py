@@ -10,7 +10,7 @@ from baseline_setup import build_seeded, learnable, make_cfg, tiny_node, tiny_ru
 
 from trainers.promptsrc import TEXT_TARGET_COUNT, PromptSRCCLIP, gpa_weights
 from vlprompt.clip import imagenet_templates
-from vlprompt.families.prompt_aggregation import GaussianPromptAggregation
+from vlprompt.methods.prompt_aggregation import GaussianPromptAggregation
 
 CLASSNAMES = ["abyssinian", "american_bulldog", "bengal"]
 TOL = dict(rtol=1e-5, atol=1e-5)

@@ -1,6 +1,6 @@
 """A method is one file of ``trainers/`` (and its configs): the folder is discovered, not listed,
 and no method file imports another (what two methods share is a family base of the library,
-``vlprompt/families/``)."""
+``vlprompt/methods/``)."""
 import ast
 import importlib.util
 import shutil
@@ -52,7 +52,7 @@ def test_no_method_file_imports_another():
     unexpected = sorted(trainer_imports() - set(PENDING))
     assert not unexpected, (
         f"method files import other method files: {unexpected}. Move what they share into a family base "
-        "of vlprompt/families/ and import it from there.")
+        "of vlprompt/methods/ and import it from there.")
 
 
 def test_every_pending_import_still_exists():
@@ -67,7 +67,7 @@ def test_every_pending_import_still_exists():
     ("from trainers import coop", {"coop"}),
     ("from trainers.maple import MaPLeCLIP", {"maple"}),
     ("def build():\n    from .tpt import PromptTuning", {"tpt"}),
-    ("from vlprompt.families.text_context import CoOpCLIP\nimport trainers_extra", set()),
+    ("from vlprompt.methods.text_context import CoOpCLIP\nimport trainers_extra", set()),
 ])
 def test_imports_of_method_files_are_found_in_every_form(source, expected):
     assert imported_trainer_modules(source) == expected

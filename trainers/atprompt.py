@@ -60,8 +60,8 @@ from vlprompt.clip import InsertTokens, Plan, PromptedCLIP, ReplaceTokens
 from vlprompt.config import ConfigError, check_choice, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import TRAIN, Case
-from vlprompt.families.coupled_prompts import MaPLeCLIP, check_maple_cfg
-from vlprompt.families.text_context import CoOpCLIP
+from vlprompt.methods.coupled_prompts import MaPLeCLIP, check_maple_cfg
+from vlprompt.methods.text_context import CoOpCLIP
 from vlprompt.paths import repository_root
 
 # TRAINER.ATPROMPT.BASE -> (the check of the base node, None: CoOp's has none; base model; its node).

@@ -8,7 +8,7 @@ logits = tau * cos(f', t'); loss = cross-entropy. The image encoder is frozen, s
 configs train on cached image features.
 
 The adapters and the model (``CLIPAdapterCLIP``) are the feature-adapter family
-(vlprompt/families/feature_adapters.py), which RAdaAdapter extends.
+(vlprompt/methods/feature_adapters.py), which RAdaAdapter extends.
 """
 from yacs.config import CfgNode as CN
 
@@ -16,7 +16,7 @@ from vlprompt.clip.templates import DEFAULT_TEMPLATE, check_template
 from vlprompt.config import register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import CACHED, Case
-from vlprompt.families.feature_adapters import CLIPAdapterCLIP, add_adapter_keys, check_adapter_node
+from vlprompt.methods.feature_adapters import CLIPAdapterCLIP, add_adapter_keys, check_adapter_node
 
 
 @register_cfg_extension

@@ -12,13 +12,13 @@ prompts, and in training a chunked pass is recomputed during the backward pass, 
 memory is bounded by the chunk, not by B x C. Results do not depend on the chunk size.
 
 The model (``CoCoOpCLIP``: the context, the meta-net and the chunked encoding) and its node
-``TRAINER.COCOOP`` are the conditional-context family (vlprompt/families/conditional_context.py),
+``TRAINER.COCOOP`` are the conditional-context family (vlprompt/methods/conditional_context.py),
 which TPT also tunes.
 """
 from vlprompt.config import check_range
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import TRAIN, Case
-from vlprompt.families.conditional_context import CoCoOpCLIP
+from vlprompt.methods.conditional_context import CoCoOpCLIP
 
 
 @TRAINER_REGISTRY.register()

@@ -10,11 +10,11 @@ agree (tools/official_equivalence.py, fixture tests/fixtures/official/coop.json,
 tests/test_fidelity.py; the relative max differences are in docs/fidelity.md).
 
 The model (``CoOpCLIP``) and its node ``TRAINER.COOP`` are the text-context family
-(vlprompt/families/text_context.py), which other methods build on.
+(vlprompt/methods/text_context.py), which other methods build on.
 """
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import OFFICIAL_EVAL, TRAIN, Case
-from vlprompt.families.text_context import CoOpCLIP
+from vlprompt.methods.text_context import CoOpCLIP
 
 
 @TRAINER_REGISTRY.register()

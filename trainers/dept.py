@@ -72,8 +72,8 @@ from vlprompt.engine.fine_tuning import classifier_rows
 from vlprompt.engine.option_rules import AUTO, ScopeRule
 from vlprompt.engine.eval_scope import eval_scope
 from vlprompt.engine.run_folder import RunFolder
-from vlprompt.families.coupled_prompts import MaPLeCLIP, check_maple_cfg
-from vlprompt.families.text_context import CoOpCLIP
+from vlprompt.methods.coupled_prompts import MaPLeCLIP, check_maple_cfg
+from vlprompt.methods.text_context import CoOpCLIP
 from vlprompt.utils import load_checkpoint
 
 # TRAINER.DEPT.BASE -> (the check of the base node, None: CoOp's has none; base model; its node).

@@ -24,14 +24,14 @@ logits and the loss of one batch agree (fixture tests/fixtures/official/wiseft.j
 differences in docs/fidelity.md).
 
 The model (``FineTunedCLIP``) and its training (``ZeroShotHeadTrainer``) are the zero-shot-head
-family (vlprompt/families/zero_shot_head.py), which LP, LPFT, L2SP and WiSEFT build on.
+family (vlprompt/methods/zero_shot_head.py), which LP, LPFT, L2SP and WiSEFT build on.
 """
 from yacs.config import CfgNode as CN
 
 from vlprompt.config import register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.benchmark_case import TRAIN, Case
-from vlprompt.families.zero_shot_head import ZeroShotHeadTrainer, add_ft_keys
+from vlprompt.methods.zero_shot_head import ZeroShotHeadTrainer, add_ft_keys
 
 
 @register_cfg_extension

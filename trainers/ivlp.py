@@ -11,14 +11,14 @@ PROMPT_DEPTH_VISION 0 turns vision prompting off: deep language prompting
 prompts with the IVLP context convention.
 
 The model (``IVLPCLIP``) and its config check are the independent-prompts family
-(vlprompt/families/independent_prompts.py), which PromptSRC and RAdaPrompt extend.
+(vlprompt/methods/independent_prompts.py), which PromptSRC and RAdaPrompt extend.
 """
 from yacs.config import CfgNode as CN
 
 from vlprompt.config import register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import OFFICIAL_EVAL, TRAIN, Case
-from vlprompt.families.independent_prompts import IVLPCLIP, check_vl_prompt_config
+from vlprompt.methods.independent_prompts import IVLPCLIP, check_vl_prompt_config
 
 
 @register_cfg_extension

@@ -1,7 +1,7 @@
 """L2-SP (Li et al., ICML 2018): fine-tuning with a penalty towards the pretrained weights instead
 of weight decay (FLYP's and RAda's Table 1 row "L2-SP"); no official code was read.
 
-The model is FT's (vlprompt/families/zero_shot_head.py), trained end to end like FT; the loss adds
+The model is FT's (vlprompt/methods/zero_shot_head.py), trained end to end like FT; the loss adds
 
     Ω(w) = ALPHA / 2 * ||w_S - w_S⁰||² + BETA / 2 * ||w_head||²,
 
@@ -19,7 +19,7 @@ from yacs.config import CfgNode as CN
 from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.benchmark_case import TRAIN, Case
-from vlprompt.families.zero_shot_head import ZeroShotHeadTrainer, add_ft_keys
+from vlprompt.methods.zero_shot_head import ZeroShotHeadTrainer, add_ft_keys
 
 
 @register_cfg_extension

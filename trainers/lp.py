@@ -1,7 +1,7 @@
 """LP: linear probing of CLIP with the zero-shot head (WiSE-FT's "--freeze-encoder" fine-tuning;
 FLYP's and RAda's Table 1 row "LP").
 
-The model is FT's (vlprompt/families/zero_shot_head.py: head W₀ = exp(logit_scale) * zero-shot
+The model is FT's (vlprompt/methods/zero_shot_head.py: head W₀ = exp(logit_scale) * zero-shot
 weights, bias 0, on normalised image features); the image encoder stays frozen and only the head (weight and bias)
 trains, with cross-entropy. As upstream (mlfoundations/wise-ft @ 58b7a4b3, src/models/finetune.py
 with --freeze-encoder, src/datasets/common.py get_features), the head trains on image features
@@ -17,7 +17,7 @@ from yacs.config import CfgNode as CN
 from vlprompt.config import register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.benchmark_case import CACHED, Case
-from vlprompt.families.zero_shot_head import ZeroShotHeadTrainer, add_ft_keys
+from vlprompt.methods.zero_shot_head import ZeroShotHeadTrainer, add_ft_keys
 
 
 @register_cfg_extension

@@ -1,7 +1,7 @@
 """LP-FT (Kumar et al., ICLR 2022): linear probing, then fine-tuning of everything from the probed
 head (FLYP's and RAda's Table 1 row "LP-FT"); no official code was read.
 
-The model is FT's (vlprompt/families/zero_shot_head.py). Two stages of one trainer, chained by tools/run_protocol.py
+The model is FT's (vlprompt/methods/zero_shot_head.py). Two stages of one trainer, chained by tools/run_protocol.py
 as the staged method LPFT:vit_b16_stage1@5:vit_b16_stage2 (stage 2 starts from stage 1's epoch-5
 checkpoint through MODEL.INIT_WEIGHTS, as RAdaFFT):
 
@@ -18,7 +18,7 @@ from yacs.config import CfgNode as CN
 from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.benchmark_case import TRAIN, Case
-from vlprompt.families.zero_shot_head import ZeroShotHeadTrainer, add_ft_keys
+from vlprompt.methods.zero_shot_head import ZeroShotHeadTrainer, add_ft_keys
 
 
 @register_cfg_extension

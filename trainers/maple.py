@@ -14,12 +14,12 @@ seeded random ViT-B/16 with T_1..T_9 and F_1..F_9 drawn away from their inits: l
 agree (tests/test_fidelity.py; relative max differences in docs/fidelity.md).
 
 The model (``MaPLeCLIP``: the learner of T_k and F_k and the towers' plans) and its node
-``TRAINER.MAPLE`` are the coupled-prompts family (vlprompt/families/coupled_prompts.py), which
+``TRAINER.MAPLE`` are the coupled-prompts family (vlprompt/methods/coupled_prompts.py), which
 other methods build on.
 """
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import OFFICIAL_EVAL, TRAIN, Case
-from vlprompt.families.coupled_prompts import MaPLeCLIP, check_maple_cfg
+from vlprompt.methods.coupled_prompts import MaPLeCLIP, check_maple_cfg
 
 
 @TRAINER_REGISTRY.register()

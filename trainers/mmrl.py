@@ -53,7 +53,7 @@ Not done yet: the cross-dataset / domain-generalization recipe (ImageNet, batch 
 warm-up, λ 0.2); tests/test_mmrl.py checks the equations above independently with open_clip's blocks.
 
 The representation space, the model (``MMRLCLIP``) and the trainer's building are the
-representation-tokens family (vlprompt/families/representation_tokens.py), which MMRL++ builds
+representation-tokens family (vlprompt/methods/representation_tokens.py), which MMRL++ builds
 on; this file holds MMRL's node, its per-dataset settings and inference rule.
 """
 from yacs.config import CfgNode as CN
@@ -62,7 +62,7 @@ from vlprompt.config import check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.option_rules import DatasetRule, ScopeRule
-from vlprompt.families.representation_tokens import MMRLCLIP, RepresentationTokensTrainer, check_representation_config
+from vlprompt.methods.representation_tokens import MMRLCLIP, RepresentationTokensTrainer, check_representation_config
 
 INFERENCE_RULE = ScopeRule("TRAINER.MMRL.INFERENCE", base="fusion", new="cls", source="fusion", target="cls")
 # DATASET.NAME -> the settings upstream's trainers/config.py merges for it (B2N recipe).

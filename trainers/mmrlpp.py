@@ -2,7 +2,7 @@
 
 MMRL (trainers/mmrl.py) with three changes; everything else (R, the towers' token placement,
 f_cls, t_c, the logits, the loss and the scope-dependent inference) is MMRL's, shared through
-the representation-tokens family (:class:`vlprompt.families.representation_tokens.MMRLCLIP`).
+the representation-tokens family (:class:`vlprompt.methods.representation_tokens.MMRLCLIP`).
 
 1. Shared residual representation aligners (SRRA, RES_LORA_DIM = r = 4). For each tower one
    shared weight W [D, d_r] (from one random Linear(d_r, D)), and per representation layer l
@@ -69,7 +69,7 @@ from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.option_rules import DatasetRule, ScopeRule
 from vlprompt.engine.eval_scope import eval_scope
-from vlprompt.families.representation_tokens import (
+from vlprompt.methods.representation_tokens import (
     MMRLCLIP, RepresentationTokensTrainer, SharedRepresentation, check_representation_config,
 )
 
@@ -232,7 +232,7 @@ class ResidualRepresentationLearner(SharedRepresentation):
 class MMRLppCLIP(MMRLCLIP):
     """Frozen CLIP with MMRL++'s representation tokens; ``node`` is cfg.TRAINER.MMRLPP with BETA
     resolved (:func:`resolved_node`); other arguments as
-    :class:`vlprompt.families.representation_tokens.MMRLCLIP`."""
+    :class:`vlprompt.methods.representation_tokens.MMRLCLIP`."""
 
     NAME, KEY = "MMRL++", KEY
 

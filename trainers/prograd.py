@@ -55,7 +55,7 @@ from vlprompt.clip import CLASS_TOKEN_POSITIONS, fill_template
 from vlprompt.config import ConfigError, check_choice, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import TRAIN, Case
-from vlprompt.families.text_context import CoOpCLIP
+from vlprompt.methods.text_context import CoOpCLIP
 from vlprompt.metrics import compute_accuracy
 
 

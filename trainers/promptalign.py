@@ -19,7 +19,7 @@ the prediction of the test view. Upstream's weight is DISTR_LOSS_W / (ALIGN_LAYE
 ALIGN_LAYER_FROM) = 100 / 3 while its loop ``range(ALIGN_LAYER_FROM, ALIGN_LAYER_TO − 1)`` covers
 layers 0 and 1 only: ALIGN_WEIGHT 100/3 and ALIGN_LAYERS [0, 1] here.
 
-Built on TPT's episode (vlprompt/families/prompt_tuning.py, PromptTuning "maple"):
+Built on TPT's episode (vlprompt/methods/prompt_tuning.py, PromptTuning "maple"):
 AlignedPromptTuning only adds the alignment term to its loss, so with ALIGN_WEIGHT 0 its step is
 MaPLe+TPT's. Config:
 TRAINER.TPT (views, selection, steps, lr: ``PROMPT`` "maple"), TRAINER.MAPLE (the source prompts' sizes),
@@ -59,8 +59,8 @@ from vlprompt.data import DataManager, build_data_loader
 from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.benchmark_case import TEST_TIME, Case
 from vlprompt.engine.run_folder import RunFolder
-from vlprompt.families.coupled_prompts import MaPLeCLIP
-from vlprompt.families.prompt_tuning import PromptTuning, PromptTuningTrainer
+from vlprompt.methods.coupled_prompts import MaPLeCLIP
+from vlprompt.methods.prompt_tuning import PromptTuning, PromptTuningTrainer
 from vlprompt.fileio import atomic_write
 
 STATISTICS_DIRNAME = "promptalign_stats"  # in the source run folder

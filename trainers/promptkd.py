@@ -104,7 +104,7 @@ from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.option_rules import DatasetRule
 from vlprompt.engine.run_folder import CONFIG_FILENAME, RESULTS_FILENAME, RunFolder
-from vlprompt.families.independent_prompts import IVLPCLIP
+from vlprompt.methods.independent_prompts import IVLPCLIP
 from vlprompt.paths import repository_root
 from vlprompt.utils import load_checkpoint, save_checkpoint
 

@@ -22,8 +22,8 @@ from vlprompt.clip import fill_template, imagenet_templates
 from vlprompt.config import ConfigError, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import OFFICIAL_EVAL, TRAIN, Case
-from vlprompt.families.independent_prompts import IVLPCLIP, check_vl_prompt_config
-from vlprompt.families.prompt_aggregation import GaussianPromptAggregation
+from vlprompt.methods.independent_prompts import IVLPCLIP, check_vl_prompt_config
+from vlprompt.methods.prompt_aggregation import GaussianPromptAggregation
 
 
 TEXT_TARGET_COUNT = 60

@@ -3,8 +3,8 @@
 Both CLIP encoders stay frozen; class features come from a hand-crafted sentence ("a photo
 of a {}." by default). For every image the rational matrix R[c, d] = f_d t[c, d] is masked by
 M = ReLU(1 + dM) from a mask generator (by default one multi-query attention layer over the
-class axis, :mod:`vlprompt.families.rada_rational`; others registered in
-:mod:`vlprompt.families.rada_mask_generators`, chosen by GENERATOR.NAME), and
+class axis, :mod:`vlprompt.methods.rada_rational`; others registered in
+:mod:`vlprompt.methods.rada_mask_generators`, chosen by GENERATOR.NAME), and
 logits = tau * sum_d M * R.
 Only the mask generator learns; loss = CE + ALPHA * L_mask (||M - 1||_2 per image by
 default). At step 0, M = 1 and RAda is zero-shot CLIP.
@@ -12,7 +12,7 @@ default). At step 0, M = 1 and RAda is zero-shot CLIP.
 The image encoder is frozen, so the configs enable FEATURE_CACHE: views are encoded once and
 training reads features. The model (``RAdaCLIP``), the generator's and the mask loss's keys,
 ``check_rada_node`` and ``build_rational_adapter`` are the rational-adapter family
-(vlprompt/families/rada.py), shared by the other RAda trainers (FFT, TTT, Prompt, Adapter): each
+(vlprompt/methods/rada.py), shared by the other RAda trainers (FFT, TTT, Prompt, Adapter): each
 of their models holds a ``RationalAdapter`` (the generator registered as its ``mask_generator``
 submodule).
 """
@@ -22,7 +22,7 @@ from vlprompt.clip.templates import DEFAULT_TEMPLATE
 from vlprompt.config import register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import CACHED, TRAIN, Case
-from vlprompt.families.rada import RAdaCLIP, add_generator_keys, add_mask_loss_keys, check_rada_node
+from vlprompt.methods.rada import RAdaCLIP, add_generator_keys, add_mask_loss_keys, check_rada_node
 
 
 @register_cfg_extension

@@ -29,7 +29,7 @@ from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.fine_tuning import FullFineTuningTrainer, add_fine_tuning_keys
-from vlprompt.families.rada import add_generator_keys, add_mask_loss_keys, build_rational_adapter, check_rada_node
+from vlprompt.methods.rada import add_generator_keys, add_mask_loss_keys, build_rational_adapter, check_rada_node
 from vlprompt.metrics import compute_accuracy
 from vlprompt.optim import build_optimizer
 from vlprompt.utils import count_num_param, load_pretrained_weights

@@ -29,7 +29,7 @@ from vlprompt.engine.benchmark_case import TEST_TIME, Case
 from vlprompt.engine.test_time import (
     TestTimeTrainer, add_episode_keys, average_prediction_entropy, episode_optimizer, select_confident,
 )
-from vlprompt.families.rada import RAdaCLIP, add_generator_keys, check_rada_node
+from vlprompt.methods.rada import RAdaCLIP, add_generator_keys, check_rada_node
 
 
 @register_cfg_extension

@@ -73,7 +73,7 @@ from vlprompt.data.descriptions import (
 )
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import TRAIN, Case
-from vlprompt.families.prompt_aggregation import GaussianPromptAggregation
+from vlprompt.methods.prompt_aggregation import GaussianPromptAggregation
 
 
 SENTENCES_PER_PASS = 1024

@@ -39,11 +39,11 @@ docs/fidelity.md). MaPLe+TPT has no official TPT code (PromptAlign's trainer is 
 checked against the single pass over all views in tests/test_tpt.py.
 
 The episode (``PromptTuning``), its trainer and its node ``TRAINER.TPT`` are the prompt-tuning
-family (vlprompt/families/prompt_tuning.py), which PromptAlign builds on.
+family (vlprompt/methods/prompt_tuning.py), which PromptAlign builds on.
 """
 from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.benchmark_case import TEST_TIME, Case
-from vlprompt.families.prompt_tuning import PromptTuningTrainer
+from vlprompt.methods.prompt_tuning import PromptTuningTrainer
 
 
 @TRAINER_REGISTRY.register()

@@ -2,7 +2,7 @@
 model (mlfoundations/wise-ft @ 58b7a4b3, src/wise_ft.py).
 
 With θ_zs the zero-shot model (pretrained image encoder + zero-shot head, FT's model of
-vlprompt/families/zero_shot_head.py as built) and θ_ft a fine-tuned one, every trained weight (image encoder, head
+vlprompt/methods/zero_shot_head.py as built) and θ_ft a fine-tuned one, every trained weight (image encoder, head
 weight and bias) is
 
     θ_α = (1 - α) θ_zs + α θ_ft,
@@ -32,7 +32,7 @@ from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.distributed import is_main_process
 from vlprompt.engine.results import WISEFT_SWEEP_FILENAME as SWEEP_FILENAME
-from vlprompt.families.zero_shot_head import ZeroShotHeadTrainer, add_ft_keys
+from vlprompt.methods.zero_shot_head import ZeroShotHeadTrainer, add_ft_keys
 from vlprompt.fileio import atomic_write
 
 FINE_TUNED_FOLDERS = ("FT", "LPFT", "L2SP")  # --model-dir folders of other FT-model trainers

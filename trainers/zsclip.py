@@ -9,7 +9,7 @@ for ImageNet), then re-normalises. Both run with ``--eval-only``.
 from vlprompt.clip import IMAGENET_TEMPLATES_SELECT
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import EVAL_ONLY, Case
-from vlprompt.families.template_head import TemplateCLIP
+from vlprompt.methods.template_head import TemplateCLIP
 
 
 @TRAINER_REGISTRY.register()

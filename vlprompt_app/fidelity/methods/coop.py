@@ -6,7 +6,7 @@ NODE = {"N_CTX": 16, "CSC": False, "CTX_INIT": "", "CLASS_TOKEN_POSITION": "end"
 
 
 def build_ours(clip, tokenizer, classnames, node, spec):
-    from vlprompt.families.text_context import CoOpCLIP
+    from vlprompt.methods.text_context import CoOpCLIP
 
     return CoOpCLIP(clip, tokenizer, classnames, node)
 

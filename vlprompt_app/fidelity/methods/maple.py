@@ -34,7 +34,7 @@ def learnables(prefix, depth=DEPTH):
 
 
 def build_ours(clip, tokenizer, classnames, node, spec):
-    from vlprompt.families.coupled_prompts import MaPLeCLIP
+    from vlprompt.methods.coupled_prompts import MaPLeCLIP
 
     return MaPLeCLIP(clip, tokenizer, classnames, node)
 

@@ -64,7 +64,7 @@ def mmrlpp_learnables(rank=4, proj_rank=64):
 
 
 def build_mmrl(clip, tokenizer, classnames, node, spec):
-    from vlprompt.families.representation_tokens import MMRLCLIP
+    from vlprompt.methods.representation_tokens import MMRLCLIP
 
     return MMRLCLIP(clip, tokenizer, classnames, spec.options["template"], node, node.REP_DIM, node.REG_WEIGHT,
                     "fusion")

@@ -70,7 +70,7 @@ def build_ours(clip, tokenizer, classnames, node, spec):
     """{"zero_shot", "fine_tuned"}: FineTunedCLIP on ``clip`` (80-template head) and on the second seeded
     CLIP, whose head is the zero-shot head plus the seeded noise."""
     from vlprompt.clip import CLIPRunner, imagenet_templates
-    from vlprompt.families.zero_shot_head import FineTunedCLIP
+    from vlprompt.methods.zero_shot_head import FineTunedCLIP
 
     def build(runner, templates):
         model = FineTunedCLIP(runner, tokenizer, classnames, templates).eval()

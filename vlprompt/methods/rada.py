@@ -13,9 +13,9 @@ from yacs.config import CfgNode as CN
 
 from vlprompt.clip.templates import check_template
 from vlprompt.config import ConfigError
-from vlprompt.families.rada_mask_generators import build_mask_generator, check_generator_node
-from vlprompt.families.rada_rational import ATTN_NORMS, MASK_LOSSES, QUERY_INPUTS, RationalAdapter
-from vlprompt.families.template_head import TemplateCLIP
+from vlprompt.methods.rada_mask_generators import build_mask_generator, check_generator_node
+from vlprompt.methods.rada_rational import ATTN_NORMS, MASK_LOSSES, QUERY_INPUTS, RationalAdapter
+from vlprompt.methods.template_head import TemplateCLIP
 
 __all__ = ["add_generator_keys", "add_mask_loss_keys", "check_rada_node", "build_rational_adapter", "RAdaCLIP"]
 
@@ -27,7 +27,7 @@ def add_generator_keys(node):
     node.TEMP = 1.0  # attention temperature
     node.CHUNK_SIZE = 0  # images per attention chunk; 0 = auto (K = 1000 fits)
     node.GENERATOR = CN()
-    node.GENERATOR.NAME = "RationalMaskGenerator"  # in vlprompt.families.rada_mask_generators.MASK_GENERATOR_REGISTRY
+    node.GENERATOR.NAME = "RationalMaskGenerator"  # in vlprompt.methods.rada_mask_generators.MASK_GENERATOR_REGISTRY
     node.GENERATOR.QUERIES = list(QUERY_INPUTS)  # attention queries: "image" (f), "text" (t_c), "rational" (R)
     node.GENERATOR.NUM_LAYERS = 1  # attention layers of StackedRationalMaskGenerator (supplement Table 10)
 

@@ -1,10 +1,10 @@
-"""Family bases: the models and trainer bases that several methods of ``trainers/`` build on.
+"""Method family bases: the models and trainer bases that several methods of ``trainers/`` build on.
 
 A method file (``trainers/<method>.py``) imports the library only, never another method file:
 what two methods share lives here, one module per family, as the engine's
 ``vlprompt/engine/fine_tuning.py`` (full fine-tuning) and ``vlprompt/engine/test_time.py``
 (test-time adaptation) already are. A method names the family it builds on in its imports, e.g.
-``from vlprompt.families.text_context import CoOpCLIP``. A family's config node (e.g.
+``from vlprompt.methods.text_context import CoOpCLIP``. A family's config node (e.g.
 ``TRAINER.COOP``) is declared with it when other methods read it.
 
 Families (module: what it holds; the method that introduced it; the methods built on it):

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlprompt.config import ConfigError
-from vlprompt.families.template_head import TemplateCLIP
+from vlprompt.methods.template_head import TemplateCLIP
 
 __all__ = ["add_adapter_keys", "check_adapter_node", "Adapter", "FeatureAdapters", "CLIPAdapterCLIP"]
 

@@ -16,9 +16,9 @@ from vlprompt.config import check_choice, register_cfg_extension
 from vlprompt.engine.test_time import (
     TestTimeTrainer, add_episode_keys, average_prediction_entropy, episode_optimizer, select_confident,
 )
-from vlprompt.families.conditional_context import CoCoOpCLIP
-from vlprompt.families.coupled_prompts import MaPLeCLIP
-from vlprompt.families.text_context import CoOpCLIP
+from vlprompt.methods.conditional_context import CoCoOpCLIP
+from vlprompt.methods.coupled_prompts import MaPLeCLIP
+from vlprompt.methods.text_context import CoOpCLIP
 
 __all__ = ["PROMPTS", "SOURCE_TRAINERS", "add_tpt_config", "PromptTuning", "PromptTuningTrainer"]
 
