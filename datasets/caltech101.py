@@ -16,6 +16,7 @@ class Caltech101(CoopSplitDataset):
     required_paths = ("101_ObjectCategories",)
     split_file = "split_zhou_Caltech101.json"
     template = "a photo of a {}."
+    description_stem = "caltech"
     published_sizes = (4128, 1649, 2465)
     layout = """\
 caltech-101/

@@ -17,6 +17,7 @@ class DescribableTextures(CoopSplitDataset):
     required_paths = ("images",)
     split_file = "split_zhou_DescribableTextures.json"
     template = "{} texture."
+    description_stem = "dtd"
     published_sizes = (2820, 1128, 1692)
     layout = """\
 dtd/

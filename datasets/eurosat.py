@@ -26,6 +26,7 @@ class EuroSAT(CoopSplitDataset):
     required_paths = ("2750",)
     split_file = "split_zhou_EuroSAT.json"
     template = "a centered satellite photo of {}."
+    description_stem = "eurosat"
     published_sizes = (13500, 5400, 8100)
     layout = """\
 eurosat/

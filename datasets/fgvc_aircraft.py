@@ -15,6 +15,7 @@ class FGVCAircraft(CoopSplitDataset):
     image_folder = "images"
     required_paths = ("images", "variants.txt", *SPLIT_LISTS.values())
     template = "a photo of a {}, a type of aircraft."
+    description_stem = "fgvc"
     published_sizes = (3334, 3333, 3333)
     layout = """\
 fgvc_aircraft/            (the data/ folder of fgvc-aircraft-2013b, renamed)

@@ -12,6 +12,7 @@ class Food101(CoopSplitDataset):
     required_paths = ("images",)
     split_file = "split_zhou_Food101.json"
     template = "a photo of {}, a type of food."
+    description_stem = "food101"
     published_sizes = (50500, 20200, 30300)
     layout = """\
 food-101/

@@ -23,6 +23,7 @@ class ImageNet(DatasetBase):
     dataset_dir = "imagenet"
     required_paths = ("images/train", "images/val", "classnames.txt")
     template = "a photo of a {}."
+    description_stem = "imagenet"
     published_sizes = (1281167, None, 50000)
     layout = """\
 imagenet/

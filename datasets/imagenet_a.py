@@ -16,6 +16,7 @@ class ImageNetA(ClassFolderTestSet):
     dataset_dir_aliases = ("imagenet-a",)
     required_paths = ("imagenet-a", "classnames.txt")
     template = "a photo of a {}."
+    description_stem = "imagenet_a"
     published_sizes = (None, None, 7500)
     layout = """\
 imagenet-adversarial/   (or imagenet-a/)

@@ -16,6 +16,7 @@ class ImageNetR(ClassFolderTestSet):
     dataset_dir_aliases = ("imagenet-r",)
     required_paths = ("imagenet-r", "classnames.txt")
     template = "a photo of a {}."
+    description_stem = "imagenet_r"
     published_sizes = (None, None, 30000)
     layout = """\
 imagenet-rendition/   (or imagenet-r/)

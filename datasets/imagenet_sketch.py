@@ -14,6 +14,7 @@ class ImageNetSketch(ClassFolderTestSet):
     image_folder = "images"
     required_paths = ("images", "classnames.txt")
     template = "a photo of a {}."
+    description_stem = "imagenet_sketch"
     published_sizes = (None, None, 50889)
     layout = """\
 imagenet-sketch/

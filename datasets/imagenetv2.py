@@ -17,6 +17,7 @@ class ImageNetV2(DatasetBase):
     dataset_dir = "imagenetv2"
     required_paths = (IMAGE_FOLDER, "classnames.txt")
     template = "a photo of a {}."
+    description_stem = "imagenetv2"
     published_sizes = (None, None, 10000)
     layout = f"""\
 imagenetv2/

@@ -21,6 +21,7 @@ class OxfordFlowers(CoopSplitDataset):
     split_file = "split_zhou_OxfordFlowers.json"
     split_sources = (LABEL_FILE, NAME_FILE)
     template = "a photo of a {}, a type of flower."
+    description_stem = "oxford_flowers"
     published_sizes = (4093, 1633, 2463)
     layout = """\
 oxford_flowers/

@@ -20,6 +20,7 @@ class OxfordPets(CoopSplitDataset):
     split_file = "split_zhou_OxfordPets.json"
     split_sources = ("annotations/trainval.txt", "annotations/test.txt")
     template = "a photo of a {}, a type of pet."
+    description_stem = "oxford_pets"
     published_sizes = (2944, 736, 3669)
     layout = """\
 oxford_pets/

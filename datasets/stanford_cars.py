@@ -25,6 +25,7 @@ class StanfordCars(CoopSplitDataset):
     split_file = "split_zhou_StanfordCars.json"
     split_sources = (TRAIN_ANNOS, META, TEST_ANNOS)
     template = "a photo of a {}."
+    description_stem = "stanford_cars"
     published_sizes = (6509, 1635, 8041)
     layout = """\
 stanford_cars/

@@ -26,6 +26,7 @@ class SUN397(CoopSplitDataset):
     split_file = "split_zhou_SUN397.json"
     split_sources = (CLASS_FILE, *PARTITION)
     template = "a photo of a {}."
+    description_stem = "sun397"
     published_sizes = (15880, 3970, 19850)
     layout = """\
 sun397/

@@ -15,14 +15,19 @@ let every method and protocol run offline on a CPU with the project's tiny CLIP.
 Once written, a set is an ordinary CoOp-layout dataset read through
 ``prepare_coop_splits``; the few-shot caches go to its ``split_fewshot/``.
 """
+from functools import partial
+
 from vlprompt.data.datasets import DATASET_REGISTRY, DatasetLayoutError
+from vlprompt.data.descriptions import register_generated_descriptions
 from vlprompt.data.splits import CoopSplitDataset
+from vlprompt.synthetic.descriptions import class_descriptions
 from vlprompt.synthetic.downstream import SETS, ensure_dataset
 
 
 class _SyntheticSet(CoopSplitDataset):
     """A set of ``vlprompt.synthetic.downstream.SETS``, named like the subclass; its split
-    file and layout come from the set's spec."""
+    file and layout come from the set's spec, and its class descriptions (TAC) are generated from
+    the spec's attributes into ``<folder>_prompt.json`` on first use."""
 
     template = "a photo of a {}."
     image_folder = "images"
@@ -30,7 +35,10 @@ class _SyntheticSet(CoopSplitDataset):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        cls.split_file = SETS[cls.__name__].split_file
+        spec = SETS[cls.__name__]
+        cls.split_file = spec.split_file
+        cls.description_stem = spec.folder  # the descriptions are written on first use
+        register_generated_descriptions(cls.__name__, partial(class_descriptions, spec))
         cls.layout = (f"{cls.dataset_dir}/\n  images/<class>/<split>_<n>.png\n  {cls.split_file}\n"
                       "  synthetic.json\n  (rendered on first use)")
 

@@ -28,6 +28,7 @@ class UCF101(CoopSplitDataset):
     split_file = "split_zhou_UCF101.json"
     split_sources = (CLASS_INDEX, *SPLIT_LISTS)
     template = "a photo of a person doing {}."
+    description_stem = "ucf101"
     published_sizes = (7639, 1898, 3783)
     layout = """\
 ucf101/

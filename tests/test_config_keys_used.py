@@ -3,7 +3,7 @@
 Every leaf key of the merged defaults (core keys and every trainer's TRAINER.<NAME> node,
 built as train.py builds them) is either read somewhere in vlprompt/, trainers/, datasets/,
 tools/ or train.py (static scan: tests/config_key_usage.py), or listed in
-``vlprompt.config.validate.UNSUPPORTED_KEYS``, whose non-default values validate_cfg rejects.
+``vlprompt.engine.config_checks.UNSUPPORTED_KEYS``, whose non-default values validate_cfg rejects.
 """
 import textwrap
 
@@ -14,7 +14,7 @@ import datasets  # noqa: F401  (imported by train.py before its config is built)
 import trainers  # noqa: F401  (registers every trainer's config node, as train.py does)
 from config_key_usage import config_keys, unread_keys
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file, merge_from_list
-from vlprompt.config.validate import UNSUPPORTED_KEYS, validate_cfg
+from vlprompt.engine.config_checks import UNSUPPORTED_KEYS, validate_cfg
 
 
 def merged_defaults():
@@ -34,7 +34,7 @@ def test_every_key_is_read_or_rejected(unread):
     ignored = [key for key in unread if key not in UNSUPPORTED_KEYS]
     assert not ignored, (
         f"Config keys that no code reads and validate_cfg does not reject: {ignored}. Read each key "
-        "where it applies, or add it to vlprompt.config.validate.UNSUPPORTED_KEYS with the reason."
+        "where it applies, or add it to vlprompt.engine.config_checks.UNSUPPORTED_KEYS with the reason."
     )
 
 

@@ -233,7 +233,7 @@ def test_device_slots_and_slurm_gpus_follow_nproc_per_node(tmp_path):
     options = run_protocol._slurm_options(parse(grid(tmp_path, "--nproc-per-node", "4", "--slurm-gpus", "8")), "out")
     assert options.gpus_per_node == 8
     with pytest.raises(ValueError, match="nproc_per_node > 1 needs subprocess runs"):
-        Launcher("train.py", in_process=True, nproc_per_node=2)
+        Launcher("train.py", in_process=lambda argv: 0, nproc_per_node=2)
 
 
 def readme_ddp_commands():

@@ -2,6 +2,7 @@
 using the real base-to-novel config with the tiny model's overrides: what the checkpoint,
 the log and results.json hold, and that a reloaded evaluation reproduces the result."""
 import json
+import shlex
 import os
 import re
 import subprocess
@@ -169,7 +170,14 @@ def test_auto_role_map_of_an_unregistered_backbone_lists_the_known_maps(setup):
     assert result.returncode == 2
     assert f'No head-role map is registered for backbone "{config}"' in result.stderr
     assert "ViT-B/16, openai -> configs/head_roles/vit_b16_openai.yaml" in result.stderr
-    assert "tools/head_roles.py" in result.stderr
+    # the exact command that makes this backbone's map from this run's dataset, and what to set then
+    command = next(line.strip() for line in result.stderr.splitlines() if line.strip().startswith("python tools/"))
+    from vlprompt_app.commands.head_roles import build_parser
+
+    args = build_parser().parse_args(shlex.split(command)[2:])
+    assert (args.backbone, args.first_layer, args.root) == (str(config), 2, str(base / "data"))
+    assert args.opts[:2] == ["DATASET.NAME", "OxfordPets"]
+    assert f"rerun with TRAINER.DEAR.ROLE_MAP {args.output_dir}/head_roles.yaml." in result.stderr
     assert "Traceback" not in result.stderr and "Building transform" not in result.stdout
 
 

@@ -12,7 +12,7 @@ from vlprompt_app.commands import train
 from mini_datasets import write_caltech101
 from vlprompt.clip.head_roles import parse_role_map
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file, merge_from_list
-from vlprompt.config.validate import validate_cfg
+from vlprompt.engine.config_checks import validate_cfg
 from vlprompt.engine import build_trainer
 from vlprompt.engine.option_rules import ScopeRule
 from vlprompt.engine.eval_scope import EVAL_SCOPES, eval_scope, infer_eval_scope, resolve_eval_scope

@@ -17,10 +17,11 @@ from baseline_setup import runner_and_tokenizer, toy_pets_cfg
 
 import datasets  # noqa: F401  (registers OxfordPets)
 from trainers.l2sp import l2sp_penalty
-from trainers.wiseft import SWEEP_FILENAME, interpolate
+from trainers.wiseft import interpolate
 from vlprompt.config import ConfigError
 from vlprompt.data.transforms import build_transform
 from vlprompt.engine import build_trainer
+from vlprompt.engine.run_folder import RunFolder
 from vlprompt.methods.template_head import TemplateCLIP
 from vlprompt.methods.zero_shot_head import FineTunedCLIP
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
@@ -180,7 +181,7 @@ def test_wiseft_sweeps_alpha_and_reports_one_half(data_root, tiny_clip_files, tm
                                 "TRAINER.WISEFT.ALPHAS", alphas, "OPTIM.LR", "0.01", "OPTIM.MAX_EPOCH", "2"))
     trainer.train()
     fine_tuned = trained_state(trainer)
-    sweep = json.loads((run / SWEEP_FILENAME).read_text())
+    sweep = json.loads(RunFolder(run).wiseft_sweep_path.read_text())
     points = {point["alpha"]: point["accuracy"] for point in sweep["points"]}
     assert sweep["alpha"] == 0.5 and sorted(points) == [0.0, 0.5, 1.0]
     results = json.loads((run / "results.json").read_text())

@@ -15,7 +15,7 @@ from PIL import Image
 from mini_datasets import cfg_for
 from vlprompt.clip.templates import dataset_template
 from vlprompt.config import ConfigError
-from vlprompt.config.validate import validate_cfg
+from vlprompt.engine.config_checks import validate_cfg
 from vlprompt.data.checks import BadImagesError
 from vlprompt.data.datasets import build_dataset
 from vlprompt.data.image_tree import ImageTreeError

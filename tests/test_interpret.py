@@ -68,9 +68,9 @@ def test_each_head_term_belongs_to_its_head(tiny_runner):
         ablated_model = copy.deepcopy(model)
         with torch.no_grad():
             ablated_model.visual.transformer.resblocks[2].attn.out_proj.weight[:, 16 * head : 16 * (head + 1)] = 0
-        ablated = ablated_model.encode_image(images) - parts.ln_bias
+        ablated = ablated_model.encode_image(images) - parts.constant
         for other in range(4):
-            without = parts.total() - parts.heads[:, 0, other] - parts.ln_bias
+            without = parts.total() - parts.heads[:, 0, other] - parts.constant
             cosine = torch.nn.functional.cosine_similarity(ablated, without, dim=-1)
             assert (cosine.min() > 1 - 1e-5) == (other == head)
 

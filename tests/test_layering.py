@@ -1,12 +1,19 @@
-"""The import graph of the project's own code: no module imports a layer above its own, and
-no two modules import each other, directly or through others.
+"""The import graph of the project's own code: no module imports a layer above its own, no two
+modules import each other, directly or through others, and neither do two members of a package.
 
 Layers, from the bottom: ``vlprompt`` (the library); ``trainers`` and ``datasets`` (methods
 and datasets, on the library); ``vlprompt_app`` (the application, above them); the command
 lines ``train.py`` and ``tools/*.py`` on top. Every import statement counts, also one inside
 a function, since it runs whenever that function does.
+
+The members of a package are its modules and subpackages, a subpackage standing for every
+module under it, and the package's own ``__init__``: at every level of nesting (the project's
+top-level packages; ``vlprompt``'s ``config``, ``data``, ``engine``, ...; ``vlprompt_app``'s
+``commands``, ``protocols``, ...; and so on down) the members' imports form no cycle, so every
+package has an order from the bottom up in which each member uses only the ones below it.
 """
 import ast
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -65,6 +72,12 @@ def imported_names(source: str, name: str):
                 yield f"{module}.{alias.name}"
 
 
+@lru_cache(maxsize=1)
+def project_import_graph():
+    """:func:`import_graph` of the checkout, read once."""
+    return import_graph()
+
+
 def import_graph():
     """{module: set of project modules it imports}."""
     files = {module_name(path): path for path in project_files()}
@@ -115,12 +128,100 @@ def cycles(graph):
     return sorted(found)
 
 
+INIT = "__init__"
+
+
+def member(module: str, package: str) -> str:
+    """The member of ``package`` ("" = the project root) that ``module`` belongs to: the package's
+    child holding it (``vlprompt.engine.trainer`` in ``vlprompt`` is ``vlprompt.engine``), or
+    ``<package>.__init__`` for the package itself; "" when the module is outside the package."""
+    if module == package:
+        return f"{package}.{INIT}"
+    prefix = f"{package}." if package else ""
+    if not module.startswith(prefix):
+        return ""
+    return prefix + module[len(prefix):].split(".")[0]
+
+
+def member_graph(graph, package: str):
+    """({member: set of members it imports}, {(member, member): the module imports that make
+    that edge}) among the members of ``package`` ("" = the project's top level)."""
+    members, reasons = {}, {}
+    for source, targets in graph.items():
+        source_member = member(source, package)
+        if not source_member:
+            continue
+        members.setdefault(source_member, set())
+        for target in targets:
+            target_member = member(target, package)
+            if target_member and target_member != source_member:
+                members[source_member].add(target_member)
+                reasons.setdefault((source_member, target_member), []).append(f"{source} imports {target}")
+    return members, reasons
+
+
+def package_cycles(graph):
+    """{package: [a description of each cycle among its members]} for every package of ``graph``
+    (and the top level) whose members import each other in a cycle."""
+    packages = sorted({name for name in graph if any(other.startswith(f"{name}.") for other in graph)})
+    found = {}
+    for package in [""] + packages:
+        members, reasons = member_graph(graph, package)
+        for component in cycles(members):
+            edges = [reason for a in component for b in component for reason in reasons.get((a, b), ())]
+            found.setdefault(package or "(top level)", []).append(f"{' <-> '.join(component)}: {'; '.join(edges)}")
+    return found
+
+
 def test_no_module_imports_a_layer_above_its_own():
-    assert upward_imports(import_graph()) == []
+    assert upward_imports(project_import_graph()) == []
 
 
 def test_the_project_has_no_import_cycle():
-    assert cycles(import_graph()) == []
+    assert cycles(project_import_graph()) == []
+
+
+def test_no_package_has_a_cycle_among_its_members():
+    """E.g. ``vlprompt.config.x`` importing ``vlprompt.data.y`` while ``vlprompt.data.z`` imports
+    ``vlprompt.config`` is no module cycle, but makes config and data depend on each other."""
+    found = package_cycles(project_import_graph())
+    assert found == {}, "\n".join(f"{package}: {cycle}" for package, cycles_ in found.items() for cycle in cycles_)
+
+
+def test_member_cycles_are_found_at_every_level():
+    graph = {
+        "vlprompt": {"vlprompt.export"},  # the package's __init__ is a member of its own
+        "vlprompt.export": {"vlprompt.engine.trainer"},
+        "vlprompt.engine": set(),
+        "vlprompt.engine.trainer": set(),
+        "vlprompt.engine.results": {"vlprompt"},
+        "vlprompt.config": set(),
+        "vlprompt.config.checks": {"vlprompt.data.samplers"},
+        "vlprompt.data": set(),
+        "vlprompt.data.samplers": set(),
+        "vlprompt.data.views": {"vlprompt.config"},
+        "vlprompt_app": set(),
+        "vlprompt_app.protocols": set(),
+        "vlprompt_app.protocols.execute": {"vlprompt_app.commands.train"},
+        "vlprompt_app.commands": set(),
+        "vlprompt_app.commands.train": set(),
+        "vlprompt_app.commands.run_protocol": {"vlprompt_app.protocols.execute"},
+    }
+    assert cycles(graph) == []  # no module imports itself through others
+    assert member_graph(graph, "vlprompt")[0]["vlprompt.config"] == {"vlprompt.data"}
+    assert member("vlprompt.engine.trainer", "") == "vlprompt" and member("trainers.coop", "vlprompt") == ""
+    assert package_cycles(graph) == {
+        "vlprompt": [
+            "vlprompt.__init__ <-> vlprompt.engine <-> vlprompt.export: vlprompt imports vlprompt.export; "
+            "vlprompt.engine.results imports vlprompt; vlprompt.export imports vlprompt.engine.trainer",
+            "vlprompt.config <-> vlprompt.data: vlprompt.config.checks imports vlprompt.data.samplers; "
+            "vlprompt.data.views imports vlprompt.config",
+        ],
+        "vlprompt_app": [
+            "vlprompt_app.commands <-> vlprompt_app.protocols: vlprompt_app.commands.run_protocol imports "
+            "vlprompt_app.protocols.execute; vlprompt_app.protocols.execute imports vlprompt_app.commands.train",
+        ],
+    }
 
 
 def test_the_checks_catch_an_upward_import_and_a_cycle():

@@ -74,7 +74,7 @@ def hand_blocks(model, tower, x, mask=None):
 def hand_features(model, images):
     """(image features [B, E], text features [C, E]) computed without the runner's block loop."""
     visual, text = model.clip.visual, model.clip.text
-    image = visual.project(hand_blocks(model, "visual", visual.stem(images))[-1][:, 0])
+    image = visual.token_features(hand_blocks(model, "visual", visual.stem(images))[-1][:, 0])
     ids = model.token_ids
     x = text.embed(ids) + text.positional_embedding
     causal = text.base_mask(ids.shape[1], ids.device)

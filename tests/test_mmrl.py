@@ -58,7 +58,7 @@ def hand_image(model, images, insert_at=1):
             x = torch.cat([x[:, :1], tokens, x[:, 1 + K:]], 1)
         x = block(x)
     f_rep = (visual.ln_post(x[:, 1:1 + K]) @ rep.proj_rep).mean(1)
-    return visual.project(x[:, 0]), f_rep
+    return visual.token_features(x[:, 0]), f_rep
 
 
 def hand_text(model, shift=K):

@@ -61,7 +61,7 @@ def hand_image(model, images, beta=BETA):
             x = torch.cat([x[:, :1], mixed, x[:, 1 + K:]], 1)
         x = block(x)
     proj_rep = visual.proj + rep.proj_residual.a @ rep.proj_residual.b
-    return visual.project(x[:, 0]), (visual.ln_post(x[:, 1:1 + K]) @ proj_rep).mean(1)
+    return visual.token_features(x[:, 0]), (visual.ln_post(x[:, 1:1 + K]) @ proj_rep).mean(1)
 
 
 def hand_text(model, beta=BETA):
@@ -164,6 +164,8 @@ def test_per_dataset_tables_follow_the_role_and_explicit_values_win():
     assert dataset_rule("BETA", "target").resolve(node.BETA, "EuroSAT") == 0.3  # upstream's CD table
     assert dataset_rule("REG_WEIGHT", "source").resolve(node.REG_WEIGHT, "OxfordFlowers") == 7.0
     assert dataset_rule("BETA", "target").resolve(0.5, "EuroSAT") == 0.5
+    with pytest.raises(ValueError, match="REG_WEIGHT is not read in the target evaluation scope"):
+        dataset_rule("REG_WEIGHT", "target")
     source = resolved_node(node, "OxfordFlowers", "source")
     assert source.BETA == 0.4 and source.REG_WEIGHT == 7.0
     target = resolved_node(node, "ImageNetA", "target")

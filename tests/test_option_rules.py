@@ -45,6 +45,36 @@ def test_the_declared_default_serves_datasets_missing_from_the_table():
     assert DatasetRule("TRAINER.X.NAME", {"A": "a"}, default=None).resolve("auto", "B") is None
 
 
+def test_a_value_without_option_names_the_table_to_extend():
+    rule = DatasetRule("X's template", {"EuroSAT": "a satellite photo of {}."}, source="trainers.x.TEMPLATES",
+                       option=False)
+    assert rule.lookup("EuroSAT") == "a satellite photo of {}."
+    with pytest.raises(ConfigError, match=r"^X's template is read from trainers.x.TEMPLATES by DATASET.NAME, which "
+                                          r"has no entry for 'Mars' \(it has EuroSAT\); add one there.$"):
+        rule.lookup("Mars")
+
+
+def test_a_fallback_gives_the_dataset_its_own_value_when_the_reader_passes_it():
+    rule = DatasetRule("X's template", {"EuroSAT": "a satellite photo of {}."}, default="", option=False,
+                       fallback="template", source="trainers.x.TEMPLATES")
+    assert rule.lookup("Mars", own="a photo of a {}.") == "a photo of a {}."
+    assert rule.lookup("Mars") == ""  # the reader fills the dataset's own in later
+    assert rule.lookup("EuroSAT", own="a photo of a {}.") == "a satellite photo of {}."  # the table wins
+    assert rule.describe(AUTO, "Mars", own="a photo of a {}.") == (
+        "X's template: 'a photo of a {}.' (Mars's own template; trainers.x.TEMPLATES has no entry for it)")
+    assert DatasetRule("TRAINER.X.T", {}, default="", fallback="template").describe("auto", "Mars", "{}.") == (
+        "TRAINER.X.T: '{}.' (auto: Mars's own template; its per-dataset table has no entry for it)")
+    with pytest.raises(ValueError, match="a fallback .'template'. needs a default"):
+        DatasetRule("X", {}, fallback="template")
+
+
+def test_scopes_are_evaluation_scopes_in_their_order():
+    assert DatasetRule("TRAINER.X.B", {}, scopes=("target", "base")).scopes == ("base", "target")
+    assert DatasetRule("TRAINER.X.B", {}).scopes == ("base", "new", "source", "target")
+    with pytest.raises(ValueError, match=r"scopes must be some of .*got \['test'\]"):
+        DatasetRule("TRAINER.X.B", {}, scopes=("test",))
+
+
 def test_auto_cannot_be_a_dataset_name():
     with pytest.raises(ValueError, match="'auto' cannot be a dataset name"):
         DatasetRule("TRAINER.X.WEIGHT", {"auto": 1.0})

@@ -53,7 +53,7 @@ def hand_features(model, images, insert=True, insert_at=1, alpha=None):
             x = x.clone()
             x[:, 1:n + 1] = x[:, 1:n + 1] * alpha + prompts[index] * (1 - alpha)
         x = block(x)
-    return F.normalize(visual.project(x[:, 0]), dim=-1)
+    return F.normalize(visual.token_features(x[:, 0]), dim=-1)
 
 
 def test_prompts_are_uniform_within_the_xavier_bound_of_patch_14(tiny_runner):  # noqa: F811

@@ -822,7 +822,7 @@ def test_a_write_killed_midway_leaves_the_previous_file(tmp_path):
 
 def test_the_readme_reliability_section_names_real_keys_values_and_tests():
     """Every config key the README's reliability section cites exists, its values are accepted, and its test files exist."""
-    from vlprompt.config.validate import NONFINITE_LOSS_CHOICES
+    from vlprompt.engine.config_checks import NONFINITE_LOSS_CHOICES
     from vlprompt.data.checks import IMAGE_CHECKS
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")

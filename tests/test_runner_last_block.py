@@ -68,12 +68,14 @@ def test_image_rows_asked_for_are_still_computed(tiny):
     runner, _, images, _ = tiny
     plan = deep_plan(runner.visual.width, layer=runner.visual.num_layers - 1)
     with torch.no_grad(), last_block_rows(runner.visual) as rows:
-        some = runner.visual(images, plan, rows=[0, 17, 18])
+        some = runner.visual(images, plan, rows=[17, 18])
+        with_class = runner.visual(images, plan, rows=[0, 18])
         every = runner.visual(images, plan)
         prefix = runner.visual.shared_prefix(images, 1)
-        frozen = runner.visual(prefix=prefix, rows=[0])
-    assert rows == [3, 19, 1]
-    torch.testing.assert_close(some.tokens, every.tokens[:, [0, 17, 18]], **TOL)
+        frozen = runner.visual(prefix=prefix, rows=())
+    assert rows == [3, 2, 19, 1]  # the class token is pooled whether asked for or not, and computed once
+    torch.testing.assert_close(some.tokens, every.tokens[:, [17, 18]], **TOL)
+    torch.testing.assert_close(with_class.tokens, every.tokens[:, [0, 18]], **TOL)
     torch.testing.assert_close(frozen.features, runner.encode_image(images), **TOL)
 
 

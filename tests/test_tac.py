@@ -13,7 +13,7 @@ from baseline_setup import build_seeded, learnable, make_cfg, tiny_runner, toy_w
 
 from trainers.tac import TACCLIP, CPUDrawnDropout, cosine_kmeans
 from vlprompt.config import ConfigError
-from vlprompt.data.descriptions import DescriptionsError, read_class_descriptions
+from vlprompt.data.descriptions import DescriptionsError, descriptions_file, read_class_descriptions
 from vlprompt.synthetic.descriptions import class_descriptions
 from vlprompt.synthetic.downstream import SETS
 from vlprompt_app.benchmarking.device_placement import DevicelessTensorCheck
@@ -87,7 +87,7 @@ def hand_image(model, images, masked=True):
             tokens = torch.cat([g_v, model.vision_prompts[index]]).expand(len(x), -1, -1)
             x = torch.cat([x[:, :-(K + N_VISION)], tokens], 1)
         x = block(x, attn_mask=mask)
-    return visual.project(x[:, 0])
+    return visual.token_features(x[:, 0])
 
 
 def test_learnables_initialisation_and_buffers(tiny_runner):  # noqa: F811
@@ -332,6 +332,22 @@ def test_descriptions_file_errors(tmp_path):
         read_class_descriptions(folder, "OxfordPets", ["boxer"])
     with pytest.raises(DescriptionsError, match="No descriptions file name is known for the dataset 'Mars'"):
         read_class_descriptions(folder, "Mars", ["boxer"])
+
+
+def test_each_dataset_class_names_its_descriptions_file():
+    """The stems are upstream TAC's file names (descriptions/<stem>_prompt.json), held by the dataset classes."""
+    upstream = {
+        "Caltech101": "caltech", "DescribableTextures": "dtd", "EuroSAT": "eurosat", "FGVCAircraft": "fgvc",
+        "Food101": "food101", "ImageNet": "imagenet", "ImageNetA": "imagenet_a", "ImageNetR": "imagenet_r",
+        "ImageNetSketch": "imagenet_sketch", "ImageNetV2": "imagenetv2", "OxfordFlowers": "oxford_flowers",
+        "OxfordPets": "oxford_pets", "StanfordCars": "stanford_cars", "SUN397": "sun397", "UCF101": "ucf101",
+    }
+    for name, stem in {**upstream, **{name: spec.folder for name, spec in SETS.items()}}.items():
+        assert descriptions_file("d", name) == f"d/{stem}_prompt.json", name
+    for name in ("ObjectNet", "ImageFolder"):  # no descriptions are published for them
+        with pytest.raises(DescriptionsError, match=rf"'{name}' \(known: .*FGVCAircraft.*\); set the "
+                                                    "description_stem attribute of its dataset class"):
+            descriptions_file("d", name)
 
 
 def test_synthetic_descriptions_are_written_on_first_use(tmp_path):

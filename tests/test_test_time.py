@@ -10,7 +10,7 @@ from baseline_setup import toy_pets_cfg
 
 import datasets  # noqa: F401  (registers OxfordPets)
 from vlprompt.engine import build_trainer
-from vlprompt.engine.run_folder import RunFolderError
+from vlprompt.engine.run_folder import RunFolder, RunFolderError
 from vlprompt.engine.test_time import EpisodeLog, select_confident
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
 
@@ -125,7 +125,7 @@ def test_bad_records_are_adapted_again_with_a_line_naming_them(data_root, tiny_c
 
 
 def test_label_and_finiteness_checks_catch_a_record_with_a_valid_checksum(tmp_path):
-    log = EpisodeLog(str(tmp_path), "test", {"split": "test", "num_classes": 3})
+    log = EpisodeLog(*RunFolder(tmp_path).episode_record_paths("test"), {"split": "test", "num_classes": 3})
     log.start()
     log.append(1, torch.tensor([0.1, 0.2, 0.3]))
     log.append(7, torch.tensor([0.1, 0.2, 0.3]))

@@ -68,30 +68,20 @@ def test_the_vit_only_trainers():
 
 
 @pytest.mark.parametrize("name", ["DeAR", "MMRLpp", "CoOp"])
-def test_build_clip_refuses_a_backbone_without_a_vit_tower_for_vit_only_trainers(name, monkeypatch):
-    import vlprompt.engine.clip_trainer as clip_trainer
-
-    class ResNetRunner:  # what CLIPRunner gives for a ResNet image tower
-        visual = None
-
-        def __init__(self, model):
-            self.model = model
-
-    info = {"weights": "random", "model_name": "RN50", "quick_gelu": True}
-    monkeypatch.setattr(clip_trainer, "load_clip", lambda name, weights, device: ("model", info))
-    monkeypatch.setattr(clip_trainer, "CLIPRunner", ResNetRunner)
-    monkeypatch.setattr(clip_trainer, "Tokenizer", lambda name: "tokenizer")
-    trainer = object.__new__(TRAINER_REGISTRY.get(name))  # build_clip reads only cfg and device
-    trainer.cfg, trainer.device = config_of(name), "cpu"
-    trainer.cfg.MODEL.BACKBONE.NAME = "RN50"
+def test_a_vit_only_trainer_refuses_a_backbone_without_a_prompted_image_tower_before_data(name):
+    """The declared check reads the backbone's family (built on the meta device: no weights, no
+    data) and refuses a ResNet image tower for a method that prompts the image tower."""
+    cfg = config_of(name)
+    cfg.MODEL.BACKBONE.NAME = "RN50"
+    trainer = TRAINER_REGISTRY.get(name)
     reason = trainer.vit_required_for
     if not reason:
-        runner, tokenizer = trainer.build_clip()
-        assert runner.model == "model" and tokenizer == "tokenizer"
+        trainer.check_declared_cfg(cfg)
         return
-    message = rf"^{name} needs a ViT image tower \({reason}\); RN50 is not one\.$"
+    message = (rf"^{name} needs an image tower the prompted runner drives \({reason}\); MODEL.BACKBONE.NAME RN50 "
+               r"has none: The image tower is a ModifiedResNet")
     with pytest.raises(UnsupportedBackboneError, match=message):
-        trainer.build_clip()
+        trainer.check_declared_cfg(cfg)
 
 
 @pytest.mark.parametrize("name", NAMES)

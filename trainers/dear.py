@@ -5,11 +5,14 @@ appended, and in layers J..L every head sees them according to its role (role-ba
 attention mask: core attribute heads see only their own attribute's tokens,
 generalization and other specialised heads keep original and attribute tokens apart,
 mixed heads are free). Between layers the attribute rows are re-mixed with their raw
-value: x <- beta * x + (1 - beta) * P0. The class token gives f_cls (frozen ln_post and
-proj), each attribute's tokens give f_k = ln_post(mean) @ W_attr.
+value: x <- beta * x + (1 - beta) * P0. The pooled feature of the original tokens gives f_cls
+(the frozen head: the class token through ln_post and proj; an attention-pool tower pools the
+original tokens only), each attribute's tokens give f_k = head(mean) with the head's final
+projection replaced by W_attr (a copy of it; the identity where the head has none, SigLIP).
 
 Text: the dataset's template sentence; at layer J the prompt tokens T0 are inserted after
-the start-of-text token (re-mixed the same way after each layer).
+the start-of-text token (before the first word where the tokenizer has none), re-mixed the
+same way after each layer.
 
 Logits = sum_k softmax(a)_k * 100 * cos(f_k, t_c) with f_0 = f_cls (task-adaptive fusion);
 INFERENCE cls uses f_cls only; INFERENCE auto (the default) follows the paper for the
@@ -19,7 +22,10 @@ domain generalization, "decoupled inference"). Loss = CE + lambda_reg * (1 - cos
 and text) + lambda_fusion * (1 - w_0). Layer numbers are 1-indexed in the config and
 0-indexed ("block") in the runner.
 """
+import os
 import random
+import re
+import shlex
 
 import torch
 import torch.nn.functional as F
@@ -30,8 +36,8 @@ from vlprompt.clip import (
     InsertTokens, MapTokens, Plan, PromptedCLIP, fill_template,
 )
 from vlprompt.clip.head_roles import HeadRole, role_attention_mask
-from vlprompt.clip.role_map_registry import find_role_map
-from vlprompt.config import ConfigError, check_choice, check_range, register_cfg_extension
+from vlprompt.clip.role_map_registry import MissingRoleMapError, find_role_map
+from vlprompt.config import ConfigError, check_choice, check_range, get_cfg_default, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.option_rules import ScopeRule
@@ -77,6 +83,40 @@ def check_dear_config(node, backbone=None):
         role_map = find_role_map(node.ROLE_MAP, *_backbone_key(backbone))
         role_map.check_inject_layer(node.INJECT_LAYER)
         role_map.check_attributes(names)
+
+
+def head_roles_command(cfg):
+    """The tools/head_roles.py command that makes a role map of this run's backbone, decomposing
+    images of its dataset from layer INJECT_LAYER on, and the map file it writes."""
+    backbone, node = cfg.MODEL.BACKBONE, cfg.TRAINER.DEAR
+    stem = os.path.splitext(os.path.basename(backbone.NAME))[0] if backbone.NAME.endswith(".json") else backbone.NAME
+    folder = os.path.join("output", "head_roles", re.sub(r"[^a-z0-9]+", "_", stem.lower()).strip("_"))
+    words = ["python", "tools/head_roles.py", "--root", cfg.DATASET.ROOT or "$DATA", "--backbone", backbone.NAME]
+    if backbone.WEIGHTS:
+        words += ["--weights", backbone.WEIGHTS]
+    words += ["--first-layer", str(node.INJECT_LAYER), "--output-dir", folder]
+    for key, value in _dataset_settings(cfg.DATASET):
+        words += [key, str(value)]
+    return " ".join(shlex.quote(word) if word != "$DATA" else word for word in words), \
+        os.path.join(folder, "head_roles.yaml")
+
+
+def _dataset_settings(node, prefix="DATASET", defaults=None):
+    """(KEY, value) of the dataset keys that differ from the defaults (the dataset's YAML), but
+    the root, the shots and the class subsample, which the head-role tool does not use."""
+    if defaults is None:
+        defaults = get_cfg_default().DATASET
+    settings = []
+    for key, value in node.items():
+        name = f"{prefix}.{key}"
+        if name in ("DATASET.ROOT", "DATASET.NUM_SHOTS", "DATASET.SUBSAMPLE_CLASSES"):
+            continue
+        default = defaults.get(key) if defaults is not None else None
+        if isinstance(value, CN):
+            settings += _dataset_settings(value, name, default if isinstance(default, CN) else CN())
+        elif value != default:
+            settings.append((name, list(value) if isinstance(value, tuple) else value))
+    return settings
 
 
 def _backbone_key(backbone):
@@ -130,18 +170,20 @@ class DeARPrompts(nn.Module):
     Attributes:
         attr_tokens: P0 [K, n_tok, D_v], N(0, 0.02).
         text_tokens: T0 [n_ctx, D_t], N(0, 0.02).
-        attr_proj: W_attr [D_v, E], a copy of CLIP's visual proj (None when K * n_tok = 0).
+        attr_proj: W_attr [D', E], a copy of the image head's final projection (CLIP's visual
+            proj), or the identity [E, E] where the head has none (None when K * n_tok = 0).
         fusion_logits: a [K + 1] zeros; index 0 is the class feature.
     """
 
-    def __init__(self, num_attributes, tokens_per_attribute, n_ctx_text, visual_proj, text_width):
+    def __init__(self, num_attributes, tokens_per_attribute, n_ctx_text, vision_width, visual_proj, output_dim,
+                 text_width):
         super().__init__()
-        vision_width = visual_proj.shape[0]
         shape = (num_attributes, tokens_per_attribute, vision_width)
         self.attr_tokens = nn.Parameter(torch.empty(shape).normal_(std=0.02))
         self.text_tokens = nn.Parameter(torch.empty(n_ctx_text, text_width).normal_(std=0.02))
         has_attributes = num_attributes * tokens_per_attribute > 0
-        self.attr_proj = nn.Parameter(visual_proj.detach().clone().float()) if has_attributes else None
+        start = torch.eye(output_dim) if visual_proj is None else visual_proj.detach().clone().float()
+        self.attr_proj = nn.Parameter(start) if has_attributes else None
         self.fusion_logits = nn.Parameter(torch.zeros(num_attributes + 1))
 
 
@@ -174,8 +216,9 @@ class DeARCLIP(PromptedCLIP):
         self.lambda_reg, self.lambda_fusion = node.LAMBDA_REG, node.LAMBDA_FUSION
         self.fusion_loss, self.inference = node.FUSION_LOSS, INFERENCE_RULE.resolve(node.INFERENCE, eval_scope)
         self.head_roles = head_roles
+        visual = clip.visual
         self.prompt_learner = DeARPrompts(len(self.attributes), self.tokens_per_attribute, node.N_CTX_TEXT,
-                                          clip.visual.proj, clip.text.width)
+                                          visual.width, visual.projection, visual.output_dim, clip.text.width)
         self.tokenizer, self.template = tokenizer, template
         self._masks = {}  # (number of original tokens, device) -> {block: [heads, L, L]}
         self.set_classnames(classnames)
@@ -217,18 +260,18 @@ class DeARCLIP(PromptedCLIP):
         return Plan(layers=layers, masks=self.role_masks(num_original, device))
 
     def text_plan(self):
-        """Insert T0 after the start-of-text token at the text block, re-mix after each block."""
+        """Insert T0 after the start tokens at the text block, re-mix after each block."""
         raw = self.prompt_learner.text_tokens  # [n_ctx, D_t]
-        n = raw.shape[0]
+        n, first = raw.shape[0], self.tokenizer.start_tokens
         if n == 0:
             return Plan()
 
         def remix(x):
-            start, prompts, rest = x.split([1, n, x.shape[1] - 1 - n], dim=1)
+            start, prompts, rest = x.split([first, n, x.shape[1] - first - n], dim=1)
             return torch.cat([start, self._remix(prompts, raw), rest], 1)
 
         layers = {block: MapTokens(remix) for block in range(self.text_block + 1, self.clip.text.num_layers)}
-        layers[self.text_block] = InsertTokens(raw, at=1, keep_length=True)
+        layers[self.text_block] = InsertTokens(raw, at=first, keep_length=True)
         return Plan(layers=layers)
 
     def compute_text_features(self):
@@ -250,12 +293,12 @@ class DeARCLIP(PromptedCLIP):
         hidden = prefix.hidden
         num_original = hidden.shape[1]
         num_attr = len(self.attributes) * self.tokens_per_attribute
-        rows = [0, *range(num_original, num_original + num_attr)]  # the last block computes only these
-        out = visual(prefix=prefix, plan=self.vision_plan(num_original, hidden.device), rows=rows)
+        out = visual(prefix=prefix, plan=self.vision_plan(num_original, hidden.device),
+                     rows=range(num_original, num_original + num_attr), pool_keys=range(num_original))
         if not self.attributes:
             return out.features, out.features.new_zeros(out.features.shape[0], 0, out.features.shape[1]), prefix
-        attr = out.tokens[:, 1:].unflatten(1, (len(self.attributes), self.tokens_per_attribute))
-        return out.features, visual.ln_post(attr.mean(2)) @ self.prompt_learner.attr_proj, prefix
+        attr = out.tokens.unflatten(1, (len(self.attributes), self.tokens_per_attribute))
+        return out.features, visual.token_features(attr.mean(2), self.prompt_learner.attr_proj), prefix
 
     def fusion_weights(self):
         """w = softmax(a): [K + 1], w_0 for the class feature."""
@@ -282,7 +325,7 @@ class DeARCLIP(PromptedCLIP):
         total, terms = ce, {"ce": ce.detach()}
         if self.lambda_reg > 0:
             with torch.no_grad():
-                frozen_image = self.clip.visual(prefix=prefix, rows=[0]).features
+                frozen_image = self.clip.visual(prefix=prefix, rows=()).features
             reg = (1 - F.cosine_similarity(f_cls, frozen_image, dim=-1)).mean() + (
                 1 - F.cosine_similarity(text_features, self.frozen_text_features(), dim=-1)).mean()
             total, terms["reg"] = total + self.lambda_reg * reg, reg.detach()
@@ -302,7 +345,14 @@ class DeAR(ClipTrainer):
     vit_required_for = "attribute tokens and per-head masks"
 
     def check_cfg(self, cfg):
-        check_dear_config(cfg.TRAINER.DEAR, cfg.MODEL.BACKBONE)
+        try:
+            check_dear_config(cfg.TRAINER.DEAR, cfg.MODEL.BACKBONE)
+        except MissingRoleMapError as error:
+            command, role_map = head_roles_command(cfg)
+            raise MissingRoleMapError(
+                f"{error}\nTo make the map of this backbone from this run's dataset, run\n    {command}\nthen rerun "
+                f"with TRAINER.DEAR.ROLE_MAP {role_map}."
+            ) from None
 
     def build_model(self):
         clip, tokenizer = self.build_clip()

@@ -19,11 +19,14 @@ from vlprompt.clip import CLASS_TOKEN_POSITIONS, fill_template
 from vlprompt.config import check_choice, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import TRAIN, Case
+from vlprompt.engine.option_rules import DatasetRule
 from vlprompt.methods.text_context import CoOpCLIP
 
-
-# Where the knowledge target's sentence differs from the dataset's zero-shot template.
+# Where the knowledge target's sentence differs from the dataset's zero-shot template (other
+# datasets: their own template).
 KNOWLEDGE_TEMPLATES = {"DescribableTextures": "a photo of a {}, a type of texture."}
+KNOWLEDGE_RULE = DatasetRule("KgCoOp's knowledge template", KNOWLEDGE_TEMPLATES, default="", option=False,
+                             fallback="template", source="trainers.kgcoop.KNOWLEDGE_TEMPLATES")
 
 
 @register_cfg_extension
@@ -84,8 +87,7 @@ class KgCoOp(ClipTrainer):
         check_range("TRAINER.KGCOOP.W", node.W, minimum=0.0)
 
     def knowledge_template(self):
-        name = self.cfg.DATASET.NAME
-        return KNOWLEDGE_TEMPLATES.get(name) or self.dataset_template()
+        return KNOWLEDGE_RULE.lookup(self.cfg.DATASET.NAME, own=self.dataset_template())
 
     def build_model(self):
         clip, tokenizer = self.build_clip()

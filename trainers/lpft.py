@@ -19,6 +19,7 @@ from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.methods.zero_shot_head import ZeroShotHeadTrainer, add_ft_keys
+from vlprompt.run_layout import epoch_checkpoint_name
 
 
 @register_cfg_extension
@@ -50,4 +51,4 @@ class LPFT(ZeroShotHeadTrainer):
         super().check_cfg(cfg)
         if node.STAGE == 2 and not cfg.MODEL.INIT_WEIGHTS:
             print("Note: LP-FT stage 2 without MODEL.INIT_WEIGHTS fine-tunes from the zero-shot head, not from a "
-                  "probed one (e.g. MODEL.INIT_WEIGHTS <stage 1 dir>/LPFT/model.pth.tar-5)")
+                  f"probed one (e.g. MODEL.INIT_WEIGHTS <stage 1 dir>/LPFT/{epoch_checkpoint_name(5)})")

@@ -97,11 +97,13 @@ TARGET_BETA = {
 }
 BASE2NEW_RULES = {
     key: DatasetRule(f"{KEY}.{key}", {name: row[key] for name, row in BASE2NEW_SETTINGS.items()},
-                     source="trainers.mmrlpp.BASE2NEW_SETTINGS (evaluation scopes base, new and source)")
+                     source="trainers.mmrlpp.BASE2NEW_SETTINGS (evaluation scopes base, new and source)",
+                     scopes=("base", "new", "source"))
     for key in ("BETA", "REG_WEIGHT")
 }
+# A target evaluation does not train, so it reads no λ.
 TARGET_BETA_RULE = DatasetRule(f"{KEY}.BETA", TARGET_BETA,
-                               source="trainers.mmrlpp.TARGET_BETA (evaluation scope target)")
+                               source="trainers.mmrlpp.TARGET_BETA (evaluation scope target)", scopes=("target",))
 
 
 @register_cfg_extension
@@ -121,8 +123,11 @@ def add_mmrlpp_config(cfg):
 
 def dataset_rule(key, scope):
     """The DatasetRule of TRAINER.MMRLPP.<key> ("BETA" or "REG_WEIGHT") for an evaluation in ``scope``:
-    TARGET_BETA for β of a ``target`` evaluation, else BASE2NEW_SETTINGS."""
-    return TARGET_BETA_RULE if key == "BETA" and scope == "target" else BASE2NEW_RULES[key]
+    TARGET_BETA for β of a ``target`` evaluation, else BASE2NEW_SETTINGS (ValueError for λ of a target)."""
+    for rule in (*BASE2NEW_RULES.values(), TARGET_BETA_RULE):
+        if rule.key == f"{KEY}.{key}" and scope in rule.scopes:
+            return rule
+    raise ValueError(f"{KEY}.{key} is not read in the {scope} evaluation scope.")
 
 
 def resolved_node(node, dataset, scope):

@@ -55,6 +55,7 @@ from vlprompt.clip import CLASS_TOKEN_POSITIONS, fill_template
 from vlprompt.config import ConfigError, check_choice, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import TRAIN, Case
+from vlprompt.engine.option_rules import DatasetRule
 from vlprompt.methods.text_context import CoOpCLIP
 from vlprompt.metrics import compute_accuracy
 
@@ -77,6 +78,9 @@ PROGRAD_TEMPLATES = {
     "ImageNetA": "a photo of a {}.",
     "ImageNetR": "a photo of a {}.",
 }
+# A dataset outside the table takes its own template (no config option sets ProGrad's).
+TEMPLATE_RULE = DatasetRule("ProGrad's template", PROGRAD_TEMPLATES, default="", option=False, fallback="template",
+                            source="trainers.prograd.PROGRAD_TEMPLATES")
 
 
 @register_cfg_extension
@@ -119,7 +123,7 @@ def template_for(dataset_name, dataset_template):
     Raises ConfigError when the template does not end with " {}." (the class name must close
     the sentence for the prompt prefix to be the template's words).
     """
-    template = PROGRAD_TEMPLATES.get(dataset_name, dataset_template)
+    template = TEMPLATE_RULE.lookup(dataset_name, own=dataset_template)
     if not template.endswith(" {}."):
         raise ConfigError(
             f'ProGrad needs a template ending with " {{}}." for dataset "{dataset_name}", got "{template}": '

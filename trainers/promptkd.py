@@ -119,7 +119,6 @@ KD_WEIGHT_RULE = DatasetRule("TRAINER.PROMPTKD.KD_WEIGHT", KD_WEIGHTS, source="t
 TEACHER_TRAINER = "PromptSRC"
 TEACHER_MODEL_NAME = "VLPromptLearner"  # the model name PromptSRC registers (its checkpoint folder)
 TEACHER_DIR_FIELDS = ("dataset", "name", "seed")
-UPSTREAM_TEACHER_FILE = "model-best.pth.tar"  # upstream's teacher_model/<DATASET.NAME>/VLPromptLearner/ file
 
 
 @register_cfg_extension
@@ -295,7 +294,7 @@ def read_teacher_run(folder, dataset_name, input_size, seed, node, data_root):
     run = RunFolder(folder)
     config_path = run.config_path
     if not config_path.is_file():
-        upstream = osp.join(folder, TEACHER_MODEL_NAME, UPSTREAM_TEACHER_FILE)
+        upstream = str(run.checkpoint_path(TEACHER_MODEL_NAME))  # upstream's best checkpoint: Dassl's layout
         if osp.isfile(upstream):
             return read_upstream_teacher(folder, upstream, dataset_name, input_size, node, command)
         raise ConfigError(
@@ -364,8 +363,11 @@ def write_stand_in_teacher(folder, backbone, weights, input_size, dataset):
     clip_model, _ = load_clip(backbone, weights, device="cpu")
     model = IVLPCLIP(CLIPRunner(clip_model), Tokenizer(backbone), ["stand-in"], cfg.TRAINER.PROMPTSRC)
     prompts = {name: param.detach() for name, param in model.named_parameters() if param.requires_grad}
-    save_checkpoint({"state_dict": prompts, "epoch": cfg.OPTIM.MAX_EPOCH}, osp.join(folder, TEACHER_MODEL_NAME))
-    RunFolder(folder).write_config(cfg)
+    run = RunFolder(folder)
+    checkpoint = run.checkpoint_path(TEACHER_MODEL_NAME, cfg.OPTIM.MAX_EPOCH)
+    save_checkpoint({"state_dict": prompts, "epoch": cfg.OPTIM.MAX_EPOCH}, str(checkpoint.parent),
+                    model_name=checkpoint.name)
+    run.write_config(cfg)
     return folder
 
 

@@ -72,9 +72,13 @@ from vlprompt.clip.templates import dataset_template
 from vlprompt.config import check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import TRAIN, Case
+from vlprompt.engine.option_rules import DatasetRule
 
 from .prograd import PROGRAD_TEMPLATES
 
+# ProGrad's table is upstream's; a dataset outside it takes its own template.
+TEMPLATE_RULE = DatasetRule("ProVP's template", PROGRAD_TEMPLATES, default="", option=False, fallback="template",
+                            source="trainers.prograd.PROGRAD_TEMPLATES")
 # Upstream inserts the first layer's prompts only when there are more than this many.
 MAX_TOKENS_WITHOUT_INSERTION = 4
 
@@ -97,7 +101,7 @@ def uniform_bound(patch_size, width):
 
 def provp_template(dataset_name, dataset):
     """ProVP's sentence template: ``PROGRAD_TEMPLATES`` (upstream's table), else the dataset's own."""
-    return PROGRAD_TEMPLATES.get(dataset_name) or dataset_template(dataset)
+    return TEMPLATE_RULE.lookup(dataset_name, own=dataset_template(dataset))
 
 
 class ProgressivePrompts(nn.Module):

@@ -32,6 +32,7 @@ from vlprompt.engine.fine_tuning import FullFineTuningTrainer, add_fine_tuning_k
 from vlprompt.methods.rada import add_generator_keys, add_mask_loss_keys, build_rational_adapter, check_rada_node
 from vlprompt.metrics import compute_accuracy
 from vlprompt.optim import build_optimizer
+from vlprompt.run_layout import epoch_checkpoint_name
 from vlprompt.utils import count_num_param, load_pretrained_weights
 
 
@@ -122,7 +123,7 @@ class RAdaFFT(FullFineTuningTrainer):
         self.check_fine_tuning_cfg(cfg)
         if node.STAGE == 2 and not cfg.MODEL.INIT_WEIGHTS:
             print("Note: stage 2 without MODEL.INIT_WEIGHTS starts from an untrained mask generator (RAda-FT "
-                  "starts from a stage-1 checkpoint, e.g. <stage 1 dir>/RAdaFFT/model.pth.tar-5)")
+                  f"starts from a stage-1 checkpoint, e.g. <stage 1 dir>/RAdaFFT/{epoch_checkpoint_name(5)})")
 
     def build_model(self):
         cfg, node = self.cfg, self.cfg.TRAINER.RADAFFT

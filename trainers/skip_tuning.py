@@ -113,7 +113,7 @@ EPOCH_DIVISORS = {"ImageNet": 4, "SUN397": 4, "Food101": 4}
 EPOCH_DIVISOR_RULE = DatasetRule("TRAINER.SKIPTUNING.EPOCH_DIVISOR", EPOCH_DIVISORS, default=1,
                                  source="trainers.skip_tuning.EPOCH_DIVISORS")
 # auto for a dataset outside TEMPLATES: "", the dataset class's own template.
-TEMPLATE_RULE = DatasetRule("TRAINER.SKIPTUNING.TEMPLATE", TEMPLATES, default="",
+TEMPLATE_RULE = DatasetRule("TRAINER.SKIPTUNING.TEMPLATE", TEMPLATES, default="", fallback="template",
                             source="trainers.skip_tuning.TEMPLATES")
 BATCHES = ("auto", "same_class", "random")
 

@@ -21,9 +21,6 @@ Compared with the official code (tools/official_wiseft.py): upstream's ``_merge`
 ImageClassifier state dicts and our ``interpolate`` give the same logits at α = 0.5 (fixture
 tests/fixtures/official/wiseft.json).
 """
-import json
-import os.path as osp
-
 import torch
 from yacs.config import CfgNode as CN
 
@@ -31,9 +28,8 @@ from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.distributed import is_main_process
-from vlprompt.engine.results import WISEFT_SWEEP_FILENAME as SWEEP_FILENAME
+from vlprompt.engine.run_folder import RunFolder
 from vlprompt.methods.zero_shot_head import ZeroShotHeadTrainer, add_ft_keys
-from vlprompt.fileio import atomic_write
 
 FINE_TUNED_FOLDERS = ("FT", "LPFT", "L2SP")  # --model-dir folders of other FT-model trainers
 
@@ -76,9 +72,10 @@ class WiSEFT(ZeroShotHeadTrainer):
 
     def checkpoint_folder(self, directory, name):
         """WiSEFT's folder, else that of the one FT-model trainer whose run ``directory`` is."""
-        if osp.isdir(osp.join(directory, name)):
+        run = RunFolder(directory)
+        if run.model_dir(name).is_dir():
             return name
-        found = [folder for folder in FINE_TUNED_FOLDERS if osp.isdir(osp.join(directory, folder))]
+        found = [folder for folder in FINE_TUNED_FOLDERS if run.model_dir(folder).is_dir()]
         return found[0] if len(found) == 1 else name
 
     def test(self, split=None):
@@ -112,7 +109,5 @@ class WiSEFT(ZeroShotHeadTrainer):
             return
         record = {"dataset": self.cfg.DATASET.NAME, "split": self.last_test["split"], "alpha": self.node.ALPHA,
                   "points": [{"alpha": alpha, "accuracy": points[alpha]} for alpha in sorted(points)]}
-        with atomic_write(osp.join(self.output_dir, SWEEP_FILENAME), "w") as f:
-            json.dump(record, f, indent=4)
-            f.write("\n")
+        RunFolder(self.output_dir).write_wiseft_sweep(record)
 

@@ -1,4 +1,6 @@
-__version__ = "0.1.0"
+from .version import __version__
+
+__all__ = ["__version__", "load_classifier"]
 
 
 def load_classifier(path, weights=None, device="cpu", batch_size=64):

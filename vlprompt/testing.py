@@ -15,7 +15,8 @@ from PIL import Image
 from vlprompt.utils import atomic_write, write_json
 
 __all__ = [
-    "TINY_CLIP_CONFIG", "TINY_RESNET_CLIP_CONFIG", "write_tiny_clip", "write_oxford_pets_tree", "OXFORD_PETS_TOY_CLASSES",
+    "TINY_CLIP_CONFIG", "TINY_RESNET_CLIP_CONFIG", "FAMILY_TEST_CONFIGS", "write_tiny_clip", "write_oxford_pets_tree",
+    "OXFORD_PETS_TOY_CLASSES",
 ]
 
 # ViT image tower with 3 blocks of 4 heads (32x32 input, 16 patches), text tower with
@@ -33,6 +34,40 @@ TINY_RESNET_CLIP_CONFIG = dict(
     TINY_CLIP_CONFIG, vision_cfg={"image_size": 32, "layers": [1, 1, 1, 1], "width": 8, "head_width": 64},
 )
 
+# One small random model per model family the runner drives (open_clip model configs; the timm
+# image towers are registered by vlprompt.clip.small_models). Text towers: open_clip's
+# TextTransformer with CLIP's tokenizer (context length 32); SigLIP's is bidirectional, pooled at
+# the last position, with a projection bias, and the model scores with a logit bias.
+_CAUSAL_TEXT = {"context_length": 32, "vocab_size": 49408, "width": 32, "heads": 4, "layers": 4}
+FAMILY_TEST_CONFIGS = {
+    "openai": TINY_CLIP_CONFIG,
+    "siglip": {
+        "embed_dim": 32, "init_logit_bias": -10, "custom_text": True,
+        "vision_cfg": {"image_size": 32, "timm_model_name": "vlprompt_tiny_siglip", "timm_model_pretrained": False,
+                       "timm_pool": "map", "timm_proj": "none"},
+        "text_cfg": dict(_CAUSAL_TEXT, no_causal_mask=True, proj_bias=True, pool_type="last",
+                         norm_kwargs={"eps": 1e-6}, act_kwargs={"approximate": "tanh"}),
+    },
+    "eva02": {
+        "embed_dim": 24, "custom_text": True,
+        "vision_cfg": {"image_size": 32, "timm_model_name": "vlprompt_tiny_eva02", "timm_model_pretrained": False,
+                       "timm_pool": "token", "timm_proj": None},
+        "text_cfg": _CAUSAL_TEXT,
+    },
+    "pe_core": {
+        "embed_dim": 24, "custom_text": True,
+        "vision_cfg": {"image_size": 32, "timm_model_name": "vlprompt_tiny_pe_core", "timm_model_pretrained": False,
+                       "timm_pool": "map", "timm_proj": None},
+        "text_cfg": _CAUSAL_TEXT,
+    },
+    "vit_reg": {
+        "embed_dim": 24, "custom_text": True,
+        "vision_cfg": {"image_size": 32, "timm_model_name": "vlprompt_tiny_vit_reg", "timm_model_pretrained": False,
+                       "timm_pool": "token", "timm_proj": "linear"},
+        "text_cfg": _CAUSAL_TEXT,
+    },
+}
+
 # Breeds in OxfordPets' label order (a subset: labels are renumbered 0..N-1).
 OXFORD_PETS_TOY_CLASSES = ("Abyssinian", "american_bulldog", "Bengal", "boxer", "Persian")
 
@@ -45,6 +80,9 @@ def write_tiny_clip(directory, name="tiny-clip", config=None, seed=0):
     """
     import open_clip
 
+    from vlprompt.clip.small_models import register_small_towers
+
+    register_small_towers()  # a config may name the project's small timm towers
     os.makedirs(directory, exist_ok=True)
     config_path = os.path.join(directory, f"{name}.json")
     with atomic_write(config_path, "w") as f:
@@ -61,6 +99,16 @@ def write_tiny_clip(directory, name="tiny-clip", config=None, seed=0):
     with atomic_write(weights_path, "wb") as f:
         torch.save(model.state_dict(), f)
     return config_path, weights_path
+
+
+def write_family_clip(directory, family, seed=0):
+    """``write_tiny_clip`` of ``FAMILY_TEST_CONFIGS[family]``, named ``tiny-<family>-clip``.
+
+    The SigLIP-family model is named ``tiny-sigmoid-clip``: open_clip gives a model whose
+    name contains "siglip" SigLIP's own tokenizer, which it downloads.
+    """
+    name = f"tiny-{family.replace('siglip', 'sigmoid')}-clip"
+    return write_tiny_clip(directory, name=name, config=FAMILY_TEST_CONFIGS[family], seed=seed)
 
 
 def _class_image(label, index, size=40):

@@ -18,7 +18,6 @@ does (the eval-only path) and writes :mod:`vlprompt.export`'s format:
 A method whose predictions read more than its config and checkpoints declares why on its trainer
 class (``export_refusal``, e.g. PromptAlign's source statistics) and is refused with that reason.
 """
-import os
 import os.path as osp
 import tempfile
 
@@ -114,7 +113,7 @@ def load_exported(path, weights=None, device=None, batch_size=None):
     """
     import torch
 
-    from vlprompt.config import extend_cfg, get_cfg_default, merge_from_file
+    from vlprompt.engine.run_folder import RunFolder
     from vlprompt.export import check_weights, load_classifier, read_export
     from vlprompt_app.predict import build_predictor
     from vlprompt_app.project import import_project
@@ -127,16 +126,13 @@ def load_exported(path, weights=None, device=None, batch_size=None):
     import_project()
     head = record["head"]
     with tempfile.TemporaryDirectory(prefix="vlprompt_export_") as folder:
-        config_path = osp.join(folder, "config.yaml")
-        with open(config_path, "w", encoding="utf-8") as f:
-            f.write(head["config"])
-        cfg = get_cfg_default()
-        extend_cfg(cfg)
-        merge_from_file(cfg, config_path)
+        run = RunFolder(folder)  # the exported run, rebuilt for the trainer's load_model
+        run.write_config(head["config"])
+        cfg = run.read_config()
         cfg.MODEL.BACKBONE.WEIGHTS = weights
         for name, checkpoint in head["checkpoints"].items():
-            target = osp.join(folder, name, f"model.pth.tar-{head['epoch']}")
-            os.makedirs(osp.dirname(target), exist_ok=True)
+            target = run.checkpoint_path(name, head["epoch"])
+            target.parent.mkdir(parents=True, exist_ok=True)
             torch.save(checkpoint, target)
         return build_predictor(cfg, model_dir=folder, epoch=head["epoch"], classes=record["classnames"],
                                device=device, batch_size=batch_size, scope=record["eval_scope"])

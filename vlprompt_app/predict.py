@@ -325,7 +325,7 @@ def run_config(run_dir, test_time="", test_time_config="", opts=()):
     """
     from vlprompt.config import merge_from_file, merge_from_list
     from vlprompt.engine import TRAINER_REGISTRY
-    from vlprompt.engine.run_folder import RunFolder
+    from vlprompt.engine.run_folder import CONFIG_FILENAME, RunFolder
     from vlprompt.engine.test_time import TestTimeTrainer
     from vlprompt_app.project import import_project
 
@@ -333,7 +333,7 @@ def run_config(run_dir, test_time="", test_time_config="", opts=()):
     folder = RunFolder(run_dir)
     if not folder.path.is_dir():
         raise ConfigError(f'"{run_dir}" is not a folder: expected the output folder of a training run '
-                          "(train.py --output-dir), holding config.yaml and the checkpoints.")
+                          f"(train.py --output-dir), holding {CONFIG_FILENAME} and the checkpoints.")
     cfg = folder.read_config()
     names = TRAINER_REGISTRY.registered_names()
     if cfg.TRAINER.NAME not in names:
@@ -365,7 +365,7 @@ def build_predictor(cfg, model_dir="", epoch=None, classes=None, device=None, ba
         root: the datasets folder when the run's classes are read (None: the run's DATASET.ROOT).
         scope: with ``classes``, the evaluation scope they have (an export's own classes); None: "new".
     """
-    from vlprompt.config.validate import validate_cfg
+    from vlprompt.engine.config_checks import validate_cfg
     from vlprompt.engine import build_trainer
     from vlprompt.engine.eval_scope import resolve_eval_scope
 

@@ -24,6 +24,7 @@ readers (``tools/plot_results.py``) reuse ``parse_log``, ``find_runs``, ``read_r
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -35,6 +36,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from tabulate import tabulate
 
+from vlprompt_app.protocols.benchmark import load_benchmark
 from vlprompt_app.protocols.layout import BASE2NEW_DIR, TTT_DIR, parse_run_path
 from vlprompt_app.protocols.tables import (
     BASE, BASE_RELEASED, NOVEL, Measurements, Table, base2new_table, fewshot_table,
@@ -42,6 +44,7 @@ from vlprompt_app.protocols.tables import (
 )
 from vlprompt.engine.run_folder import LOG_FILENAME, RESULTS_FILENAME, RunFolder, RunFolderError, log_start_time
 from vlprompt.fileio import write_text
+from vlprompt.paths import repository_root
 
 TRAIN_END_SIGNALS: Tuple[str, ...] = ("Finish training", "Finished training")
 TEST_END_SIGNALS: Tuple[str, ...] = ("=> result",)
@@ -54,11 +57,8 @@ _SHOTS_DIR = re.compile(r"^shots_\d+$")
 BASE2NEW_TRAIN_DIR = "train_base"
 BASE2NEW_TEST_BASE_DIR = "test_base"
 BASE2NEW_NEW_DIR = "test_new"
-# Row order of the published base-to-novel tables; other datasets follow alphabetically.
-BASE2NEW_DATASET_ORDER = (
-    "imagenet", "caltech101", "oxford_pets", "stanford_cars", "oxford_flowers", "food101",
-    "fgvc_aircraft", "sun397", "dtd", "eurosat", "ucf101",
-)
+# Its base2new datasets are the row order of the published base-to-novel tables.
+ORDER_BENCHMARK = "paper"
 
 
 
@@ -437,9 +437,17 @@ def is_base2new_dir(directory) -> bool:
         (root / BASE2NEW_TRAIN_DIR).is_dir() or (root / BASE2NEW_TEST_BASE_DIR).is_dir())
 
 
+@functools.lru_cache(maxsize=None)
+def base2new_dataset_order() -> Tuple[str, ...]:
+    """Row order of the published base-to-novel tables: the base2new datasets of
+    configs/benchmarks/paper.yaml (YAML stems); other datasets follow alphabetically."""
+    return load_benchmark(ORDER_BENCHMARK, repository_root() / "configs").protocol("base2new").datasets
+
+
 def _dataset_sort_key(dataset: str):
-    if dataset in BASE2NEW_DATASET_ORDER:
-        return (0, BASE2NEW_DATASET_ORDER.index(dataset), "")
+    order = base2new_dataset_order()
+    if dataset in order:
+        return (0, order.index(dataset), "")
     return (1, 0, dataset)
 
 

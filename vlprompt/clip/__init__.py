@@ -1,8 +1,8 @@
 """CLIP loading, tokenization, templates and the prompted runner."""
 from .loading import OPENAI_MODELS, CLIPLoadError, get_tokenizer_for, load_clip, resolve_model_name
 from .runner import (
-    CLIPRunner, InsertTokens, MapTokens, Plan, ReplaceTokens, RunState, SharedPrefix, TextTower, TowerOutput,
-    UnsupportedBackboneError, VisionTower, attention_block, block_qkv,
+    CLIPRunner, InsertTokens, MapTokens, Plan, ReplaceTokens, RunState, SharedPrefix, TextTower, TokenLayout,
+    TowerOutput, UnsupportedBackboneError, VisionTower,
 )
 from .templates import DEFAULT_TEMPLATE, IMAGENET_TEMPLATES_SELECT, fill_template, imagenet_templates
 from .tokenizer import PromptTooLongError, Tokenizer

@@ -23,6 +23,7 @@ from torch import nn
 
 from vlprompt.config import ConfigError, check_range
 
+from .families import describe_backbone
 from .loading import resolve_model_name
 from .runner import EMPTY_PLAN, InsertTokens, Plan, ReplaceTokens
 from .tokenizer import Tokenizer
@@ -61,35 +62,34 @@ def vision_prompt_plan(prompts):
     return Plan(embed=[InsertTokens(prompts[0])], layers=layers)
 
 
-def text_prompt_plan(deep_prompts):
+def text_prompt_plan(deep_prompts, start=1):
     """Text-tower plan for the deep prompts of layers 2..J (layer 1 is the TextContext).
 
     Args:
-        deep_prompts: J-1 tensors [n, D_t], overwriting positions 1..n at the input of
-            blocks 1..J-1.
+        deep_prompts: J-1 tensors [n, D_t], overwriting the context's positions start..start+n-1
+            at the input of blocks 1..J-1.
+        start: the tokenizer's start tokens (``Tokenizer.start_tokens``), where the context begins.
     """
     if len(deep_prompts) == 0:
         return EMPTY_PLAN
-    return Plan(layers={index: ReplaceTokens(tokens, at=1) for index, tokens in enumerate(deep_prompts, start=1)})
+    return Plan(layers={index: ReplaceTokens(tokens, at=start) for index, tokens in enumerate(deep_prompts, start=1)})
 
 
 def tower_depths(backbone_name):
-    """Numbers of blocks of a backbone's towers, read from its open_clip config (nothing built).
+    """Numbers of blocks of a backbone's towers (``describe_backbone``: no weights loaded).
 
     Returns:
-        (vision_layers, text_layers): vision_layers is 0 for a non-ViT image tower (it
-        takes no prompts); (None, None) when open_clip has no config for the name, in
-        which case depths are not checked against the backbone.
+        (vision_layers, text_layers): vision_layers is 0 for an image tower the runner does not
+        prompt (a ResNet); (None, None) when open_clip has no config for the name, in which
+        case depths are not checked against the backbone.
     """
     import open_clip
 
     model_name, _ = resolve_model_name(backbone_name)
-    config = open_clip.get_model_config(model_name)
-    if config is None:
+    if open_clip.get_model_config(model_name) is None:
         return None, None
-    vision = config.get("vision_cfg", {}).get("layers")
-    text = config.get("text_cfg", {}).get("layers", 12)
-    return (vision if isinstance(vision, int) else 0), text
+    info = describe_backbone(backbone_name)
+    return info.image_layers, info.text_layers
 
 
 def check_prompt_depth(key, depth, num_layers, minimum, tower, backbone):

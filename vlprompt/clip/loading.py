@@ -37,6 +37,8 @@ import zipfile
 
 import torch
 
+from .small_models import register_small_towers
+
 __all__ = ["CLIPLoadError", "OPENAI_MODELS", "load_clip", "resolve_model_name", "get_tokenizer_for"]
 
 # CoOp-family name -> (open_clip config name, file name in OpenAI's own download cache)
@@ -77,6 +79,7 @@ def resolve_model_name(name):
     """
     import open_clip
 
+    register_small_towers()  # model configs may name the project's small timm towers
     if not name:
         raise CLIPLoadError(
             "MODEL.BACKBONE.NAME is empty. Set it to a CLIP backbone, e.g. 'ViT-B/16' "

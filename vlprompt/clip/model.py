@@ -109,8 +109,10 @@ class PromptedCLIP(nn.Module):
         return self.clip.logit_scale.exp()
 
     def cosine_logits(self, image_features, text_features):
-        """Scaled cosine logits [B, C] from normalised features [B, E] and [C, E]."""
-        return self.logit_scale * image_features @ text_features.t()
+        """The model's logits [B, C] from normalised features [B, E] and [C, E]: scale * cos,
+        plus the logit bias of a sigmoid-trained model (the same for every class, so softmax
+        cross-entropy, argmax and entropy over classes do not change)."""
+        return self.clip.logits(image_features, text_features)
 
     def loss(self, images, labels):
         """(cross-entropy of the logits [B, C] of ``images`` [B, 3, H, W] against ``labels`` [B], logits, {})."""

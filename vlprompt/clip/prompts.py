@@ -1,9 +1,10 @@
 """Learnable text context: the "prefix / context / suffix" construction of the CoOp family.
 
 For every class the sentence ``phrase + " " + classname + "."`` is tokenized; its frozen
-token embeddings are split into the start-of-text token (prefix, [C, 1, D]), the n
-context positions (replaced by learnable vectors) and the rest (suffix: class name, ".",
-end-of-text, padding; [C, L-1-n, D]). Prefix, suffix and end-of-text positions depend on
+token embeddings are split into the tokenizer's start tokens (prefix, [C, s, D]: CLIP's
+start-of-text token, s = 1; none for tokenizers that add no start token, such as SigLIP's,
+s = 0, so the context opens the sentence), the n context positions (replaced by learnable
+vectors) and the rest (suffix: class name, ".", end-of-text, padding; [C, L-s-n, D]). Prefix, suffix and end-of-text positions depend on
 the class list only: they are non-persistent buffers, rebuilt by ``set_classnames`` and
 never saved in or loaded from a checkpoint.
 
@@ -39,7 +40,8 @@ class TextContext(nn.Module):
 
     Attributes:
         ctx: Parameter [n, D] or [C, n, D].
-        token_prefix: buffer [C, 1, D]; token_suffix: buffer [C, L-1-n, D].
+        token_prefix: buffer [C, s, D]; token_suffix: buffer [C, L-s-n, D] (s: the
+            tokenizer's start tokens).
         token_ids: buffer [C, L] tokenized templates; eot: buffer [C] pooled positions.
         name_lens: buffer [C] number of BPE tokens of each class name.
     """
@@ -68,7 +70,8 @@ class TextContext(nn.Module):
         if use_words and not class_specific:
             with torch.no_grad():
                 ids = tokenizer([ctx_init]).to(self._device())
-                vectors = text_tower.embed(ids)[0, 1 : 1 + n_ctx].clone().float()
+                start = tokenizer.start_tokens
+                vectors = text_tower.embed(ids)[0, start: start + n_ctx].clone().float()
             self.phrase = ctx_init
         else:
             shape = (len(classnames), n_ctx, width) if class_specific else (n_ctx, width)
@@ -93,10 +96,11 @@ class TextContext(nn.Module):
         token_ids = self.tokenizer(sentences).to(device)
         with torch.no_grad():
             embedded = self._text_tower.embed(token_ids).float()
+        start = self.tokenizer.start_tokens
         self.register_buffer("token_ids", token_ids, persistent=False)
-        self.register_buffer("eot", token_ids.argmax(dim=-1), persistent=False)
-        self.register_buffer("token_prefix", embedded[:, :1], persistent=False)
-        self.register_buffer("token_suffix", embedded[:, 1 + self.n_ctx :], persistent=False)
+        self.register_buffer("eot", self._text_tower.eot_positions(token_ids), persistent=False)
+        self.register_buffer("token_prefix", embedded[:, :start], persistent=False)
+        self.register_buffer("token_suffix", embedded[:, start + self.n_ctx:], persistent=False)
         lens = [self.tokenizer.num_tokens(name) for name in names]
         self.register_buffer("name_lens", torch.tensor(lens, device=device), persistent=False)
         self.classnames = list(classnames)

@@ -31,8 +31,8 @@ from .head_roles import RoleMap, RoleMapError, load_role_map
 from .loading import OPENAI_MODELS
 
 __all__ = [
-    "AUTO", "REPOSITORY", "RegisteredRoleMap", "backbone_key", "find_role_map", "register_role_map",
-    "registered_role_maps", "resolve_role_map",
+    "AUTO", "REPOSITORY", "MissingRoleMapError", "RegisteredRoleMap", "backbone_key", "find_role_map",
+    "register_role_map", "registered_role_maps", "resolve_role_map",
 ]
 
 AUTO = "auto"
@@ -139,6 +139,10 @@ def registered_role_maps() -> List[RegisteredRoleMap]:
     return list(_REGISTRY.values())
 
 
+class MissingRoleMapError(RoleMapError):
+    """``auto`` found no role map registered for the backbone (a method may add how to make one)."""
+
+
 def _known_maps():
     lines = [f"  {entry.describe()}" for entry in _REGISTRY.values()]
     return "Known role maps (backbone, weights -> file (name)):\n" + "\n".join(lines)
@@ -171,7 +175,7 @@ def resolve_role_map(spec, backbone="", weights="") -> Tuple[str, str]:
         for entry in _REGISTRY.values():
             if entry.default and (entry.backbone, entry.weights) == key:
                 return entry.file, entry.path
-        raise RoleMapError(
+        raise MissingRoleMapError(
             f'No head-role map is registered for backbone "{key[0]}" with weights "{key[1]}" '
             f"(MODEL.BACKBONE.NAME, MODEL.BACKBONE.WEIGHTS), and TRAINER.DEAR.ROLE_MAP is {AUTO}.\n"
             f"{_known_maps()}\n"

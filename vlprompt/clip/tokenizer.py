@@ -25,6 +25,16 @@ class Tokenizer:
         self.context_length = self._tokenizer.context_length
         self.sot_token_id = getattr(self._tokenizer, "sot_token_id", None)
         self.eot_token_id = getattr(self._tokenizer, "eot_token_id", None)
+        self.start_tokens = self._count_start_tokens()
+
+    def _count_start_tokens(self):
+        """Positions every sentence starts with before its first word (CLIP's start-of-text
+        token: 1; SigLIP's tokenizers add none: 0): where learnable context tokens go."""
+        first, second = (row.tolist() for row in torch.as_tensor(self._tokenizer(["x", "y"])))
+        count = 0
+        while count < len(first) and first[count] == second[count]:
+            count += 1
+        return count
 
     def num_tokens(self, text):
         """Number of BPE tokens of ``text`` without start/end-of-text tokens."""

@@ -15,13 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from PIL import Image
 
+from vlprompt.run_layout import BAD_IMAGES_FILENAME, RESULTS_FILENAME
 from vlprompt.utils import atomic_write
 
 from .datasets import DatasetLayoutError
 
 __all__ = [
     "IMAGE_CHECKS",
-    "BAD_IMAGES_FILE",
     "DatasetContentError",
     "BadImagesError",
     "check_labels",
@@ -30,7 +30,6 @@ __all__ = [
 ]
 
 IMAGE_CHECKS = ("verify", "decode", "off")
-BAD_IMAGES_FILE = "bad_images.txt"
 _SHOWN = 10
 _JPEG_END = b"\xff\xd9"
 _JPEG_TAIL_BYTES = 1024
@@ -131,8 +130,8 @@ def check_images(splits, mode="verify", skip=False, report_dir=None):
         splits: {split name: list of Datum} (the lists the loaders read).
         mode: one of IMAGE_CHECKS ("off" checks nothing).
         skip: leave unreadable images out of their list instead of raising.
-        report_dir: where ``bad_images.txt`` (one "path<TAB>reason" line per file) is written
-            when something is unreadable; None writes nothing.
+        report_dir: the run folder, where ``bad_images.txt`` (one "path<TAB>reason" line per file;
+            :mod:`vlprompt.run_layout`) is written when something is unreadable; None writes nothing.
 
     Returns:
         {split name: number of images left out} (all zeros unless ``skip``).
@@ -150,7 +149,7 @@ def check_images(splits, mode="verify", skip=False, report_dir=None):
     counts = {name: sum(item.impath in bad for item in items) for name, items in splits.items()}
     report = None
     if report_dir is not None:
-        report = osp.join(report_dir, BAD_IMAGES_FILE)
+        report = osp.join(report_dir, BAD_IMAGES_FILENAME)
         with atomic_write(report, "w") as f:
             f.writelines(f"{path}\t{reason}\n" for path, reason in bad.items())
     per_split = ", ".join(f"{name}: {count}" for name, count in counts.items() if count)
@@ -164,5 +163,5 @@ def check_images(splits, mode="verify", skip=False, report_dir=None):
     raise BadImagesError(
         f"{len(bad)} image file(s) used by this run cannot be read ({per_split}); nothing was trained. "
         f"First {min(len(bad), _SHOWN)}:\n{shown}\n{where.strip()} Replace or re-download them, or set "
-        "DATASET.SKIP_BAD_IMAGES True to leave them out (the count is recorded in results.json)."
+        f"DATASET.SKIP_BAD_IMAGES True to leave them out (the count is recorded in {RESULTS_FILENAME})."
     )

@@ -3,40 +3,29 @@
 A dataset's descriptions are one file ``<stem>_prompt.json`` holding
 ``{"<class name>": ["<sentence>", ...], ...}``, keyed by the class names with "_" written as
 spaces (upstream FushengHao/TAC ships them for the 15 datasets of the benchmark as
-``descriptions/<stem>_prompt.json``). The stem of a dataset is upstream's (``DESCRIPTION_STEMS``,
-e.g. FGVCAircraft -> "fgvc"); the synthetic sets use their folder names and their files are
-written on first use from the world's attributes (:mod:`vlprompt.synthetic.descriptions`).
+``descriptions/<stem>_prompt.json``). The stem is a fact of the dataset class, its
+``description_stem`` (upstream's, e.g. FGVCAircraft's "fgvc"; a class registered in
+DATASET_REGISTRY). A dataset whose descriptions are generated rather than downloaded registers
+its generator (:func:`register_generated_descriptions`; the synthetic sets of
+``datasets/synthetic.py`` do, with :mod:`vlprompt.synthetic.descriptions`), and its file is
+written on first use.
 
 :func:`read_class_descriptions` returns the sentences of the classes asked for, in their
 order, and raises :class:`DescriptionsError` naming the file and what is wrong with it.
 """
 import json
 import os
+from typing import Callable, Dict, List
 
 from vlprompt.fileio import atomic_write
 
+from .datasets import DATASET_REGISTRY
+
 __all__ = [
-    "DESCRIPTION_STEMS", "DescriptionsError", "check_descriptions_file", "descriptions_file", "read_class_descriptions",
+    "DescriptionsError", "check_descriptions_file", "descriptions_file",
+    "read_class_descriptions", "register_generated_descriptions",
 ]
 
-# DATASET.NAME -> file stem of upstream's descriptions/<stem>_prompt.json.
-DESCRIPTION_STEMS = {
-    "Caltech101": "caltech",
-    "DescribableTextures": "dtd",
-    "EuroSAT": "eurosat",
-    "FGVCAircraft": "fgvc",
-    "Food101": "food101",
-    "ImageNet": "imagenet",
-    "ImageNetA": "imagenet_a",
-    "ImageNetR": "imagenet_r",
-    "ImageNetSketch": "imagenet_sketch",
-    "ImageNetV2": "imagenetv2",
-    "OxfordFlowers": "oxford_flowers",
-    "OxfordPets": "oxford_pets",
-    "StanfordCars": "stanford_cars",
-    "SUN397": "sun397",
-    "UCF101": "ucf101",
-}
 UPSTREAM = "https://github.com/FushengHao/TAC (folder descriptions/)"
 
 
@@ -44,10 +33,15 @@ class DescriptionsError(FileNotFoundError):
     """A descriptions file is missing, unreadable, malformed or lacks some classes."""
 
 
-def _synthetic_sets():
-    from vlprompt.synthetic.downstream import SETS
+# DATASET.NAME -> () -> {class name: [sentence, ...]}, filled by register_generated_descriptions.
+_GENERATED: Dict[str, Callable[[], Dict[str, List[str]]]] = {}
 
-    return SETS
+
+def register_generated_descriptions(dataset_name, table):
+    """Declare that the descriptions of ``dataset_name`` (DATASET.NAME; its file named by its class's
+    ``description_stem``) are written on first use with ``table()`` ({class name: [sentence, ...]}).
+    Registering a name again replaces its entry (a module re-import)."""
+    _GENERATED[dataset_name] = table
 
 
 def descriptions_file(folder, dataset_name):
@@ -56,26 +50,28 @@ def descriptions_file(folder, dataset_name):
     Raises:
         DescriptionsError: the dataset has no known file stem.
     """
-    sets = _synthetic_sets()
-    if dataset_name in sets:
-        stem = sets[dataset_name].folder
-    elif dataset_name in DESCRIPTION_STEMS:
-        stem = DESCRIPTION_STEMS[dataset_name]
-    else:
+    stem = _description_stem(dataset_name)
+    if not stem:
+        known = [name for name in DATASET_REGISTRY.registered_names() if _description_stem(name)]
         raise DescriptionsError(
-            f"No descriptions file name is known for the dataset {dataset_name!r} (known: "
-            f"{', '.join(list(DESCRIPTION_STEMS) + list(sets))}); add its stem to "
-            "vlprompt.data.descriptions.DESCRIPTION_STEMS and write <stem>_prompt.json in the upstream format."
+            f"No descriptions file name is known for the dataset {dataset_name!r} (known: {', '.join(known)}); "
+            "set the description_stem attribute of its dataset class and write <stem>_prompt.json in the "
+            "upstream format."
         )
     return os.path.join(folder, f"{stem}_prompt.json")
 
 
-def _write_synthetic(path, dataset_name):
-    from vlprompt.synthetic.descriptions import class_descriptions
+def _description_stem(dataset_name):
+    """The ``description_stem`` of the dataset class registered as ``dataset_name``; "" when none."""
+    if dataset_name not in DATASET_REGISTRY:
+        return ""
+    return getattr(DATASET_REGISTRY.get(dataset_name), "description_stem", "")
 
-    print(f"Writing the descriptions of the synthetic set {dataset_name} to {path} (first use)")
+
+def _write_generated(path, dataset_name):
+    print(f"Writing the generated descriptions of {dataset_name} to {path} (first use)")
     with atomic_write(path, "w") as f:
-        json.dump(class_descriptions(_synthetic_sets()[dataset_name]), f, indent=1)
+        json.dump(_GENERATED[dataset_name](), f, indent=1)
 
 
 def _malformed(path, what):
@@ -85,7 +81,7 @@ def _malformed(path, what):
 def read_class_descriptions(folder, dataset_name, classnames):
     """The descriptions of ``classnames`` from ``folder``'s file of ``dataset_name``.
 
-    A synthetic set's file is written first when it is missing.
+    A generated file (:func:`register_generated_descriptions`) is written first when it is missing.
 
     Args:
         folder: the folder holding ``<stem>_prompt.json`` files.
@@ -102,7 +98,7 @@ def read_class_descriptions(folder, dataset_name, classnames):
     path = descriptions_file(folder, dataset_name)
     if not os.path.isfile(path):
         _missing(folder, dataset_name, path)
-        _write_synthetic(path, dataset_name)
+        _write_generated(path, dataset_name)
     table = _read_table(path)
     names = [name.replace("_", " ") for name in classnames]
     missing = [name for name in names if name not in table]
@@ -117,7 +113,7 @@ def read_class_descriptions(folder, dataset_name, classnames):
 
 def check_descriptions_file(folder, dataset_name):
     """What :func:`read_class_descriptions` checks without the class names: the file exists (a
-    synthetic set's may be missing: it is written on first use) and is a JSON object of lists of
+    generated one may be missing: it is written on first use) and is a JSON object of lists of
     sentences.
 
     Raises:
@@ -131,8 +127,8 @@ def check_descriptions_file(folder, dataset_name):
 
 
 def _missing(folder, dataset_name, path):
-    """DescriptionsError for the missing file ``path``, unless it is a synthetic set's."""
-    if dataset_name not in _synthetic_sets():
+    """DescriptionsError for the missing file ``path``, unless it is a generated one."""
+    if dataset_name not in _GENERATED:
         raise DescriptionsError(
             f"The class descriptions of {dataset_name} are missing: {path} does not exist. Copy upstream's "
             f"{os.path.basename(path)} from {UPSTREAM} into {folder}, or point TRAINER.TAC.DESCRIPTIONS at "

@@ -35,6 +35,7 @@ from collections import OrderedDict
 
 from torch import nn
 
+from vlprompt.run_layout import epoch_checkpoint_name
 from vlprompt.utils import (
     CheckpointError, get_rng_state, load_checkpoint, restore_checkpoint, save_checkpoint, set_rng_state,
 )
@@ -45,7 +46,6 @@ from .resume import (
     checkpoint_files,
     continue_epoch,
     find_resume_point,
-    mid_epoch_file_name,
     prune_mid_epoch_checkpoints,
     resumable_sampler,
     resume_banner,
@@ -116,12 +116,13 @@ class CheckpointingMixin:
         buffers always kept), "epoch" (epoch + 1), "optimizer", "scheduler", "val_result",
         "rng_state", "scaler" and "trainer_state".
         """
+        folder = RunFolder(directory)
         paths = [
             save_checkpoint(
                 self._checkpoint_state(name, epoch + 1, val_result),
-                osp.join(directory, name),
+                str(folder.model_dir(name)),
                 is_best=is_best,
-                model_name=model_name,
+                model_name=model_name or folder.checkpoint_path(name, epoch + 1).name,
             )
             for name in self.get_model_names()
         ]
@@ -139,9 +140,9 @@ class CheckpointingMixin:
         for name in self.get_model_names():
             state = self._checkpoint_state(name, self.epoch, None)
             state["mid_epoch"] = dict(data_position, batches_done=batches_done)
-            folder = osp.join(directory, name)
-            paths.append(save_checkpoint(state, folder, model_name=mid_epoch_file_name(self.epoch, batches_done)))
-            prune_mid_epoch_checkpoints(folder)
+            path = RunFolder(directory).mid_epoch_checkpoint_path(name, self.epoch, batches_done)
+            paths.append(save_checkpoint(state, str(path.parent), model_name=path.name))
+            prune_mid_epoch_checkpoints(str(path.parent))
         if paths:
             self.last_checkpoint = paths[0]
 
@@ -259,10 +260,11 @@ class CheckpointingMixin:
         if not osp.isdir(folder):
             return f'Model not found at "{model_path}" (the folder "{folder}" does not exist; check --model-dir)'
         available = [name for (_, batches), name in sorted(checkpoint_files(folder).items()) if batches == 0]
+        epoch_files = epoch_checkpoint_name("N")
         if available:
-            found = f"model.pth.tar-N files in that folder: {', '.join(available)}; pick one with --load-epoch N"
+            found = f"{epoch_files} files in that folder: {', '.join(available)}; pick one with --load-epoch N"
         else:
-            found = "that folder holds no model.pth.tar-N file"
+            found = f"that folder holds no {epoch_files} file"
         if osp.isfile(osp.join(folder, BEST_CHECKPOINT)):
             found += f"; {BEST_CHECKPOINT} is there too (loaded when --load-epoch is omitted)"
         return f'Model not found at "{model_path}" ({found})'
@@ -323,4 +325,4 @@ class CheckpointHook(HookBase):
 
     def after_train(self, trainer):
         for name in trainer.get_model_names():
-            prune_mid_epoch_checkpoints(osp.join(trainer.output_dir, name), keep=0)
+            prune_mid_epoch_checkpoints(str(RunFolder(trainer.output_dir).model_dir(name)), keep=0)

@@ -3,8 +3,9 @@
 A method trainer only says which model to build and which module holds its learnable
 parameters; this class does the rest the CoOp-family trainers repeat:
 
-* builds the frozen CLIP runner and tokenizer from ``MODEL.BACKBONE.{NAME,WEIGHTS}``, refusing
-  a backbone whose image tower is not a ViT for a method that declares ``vit_required_for``;
+* builds the frozen CLIP runner and tokenizer from ``MODEL.BACKBONE.{NAME,WEIGHTS}``; a method
+  that declares ``vit_required_for`` refuses, before any data loads, a backbone whose image
+  tower no runner adapter drives;
 * gives the class sentence of the dataset (``dataset_template``);
 * gives the class names of the current split with "_" replaced by " ";
 * ``forward_backward``: autocast forward of ``model.loss(images, labels)``, (scaled)
@@ -17,6 +18,7 @@ parameters; this class does the rest the CoOp-family trainers repeat:
   ``loss_features(features, labels)``.
 """
 from vlprompt.clip import CLIPRunner, Tokenizer, UnsupportedBackboneError, load_clip
+from vlprompt.clip.families import describe_backbone
 from vlprompt.clip.templates import dataset_template
 from vlprompt.config import ConfigError
 from vlprompt.data.feature_cache import FeatureCache
@@ -43,8 +45,9 @@ class ClipTrainer(TrainerX):
         frozen_image_encoder (bool, class attribute): the model never changes its image
             encoder, so FEATURE_CACHE may be enabled (override ``uses_frozen_image_encoder``
             when it depends on the config).
-        vit_required_for (str, class attribute): what the method needs a ViT image tower for
-            (e.g. "representation tokens"); when set, ``build_clip`` refuses another backbone.
+        vit_required_for (str, class attribute): what the method needs a prompted image tower
+            for (e.g. "representation tokens"); when set, ``check_declared_cfg`` refuses a
+            backbone whose image tower no runner adapter drives (a ResNet, a ConvNeXt).
         exports_class_text_features (bool, class attribute): the model's logits are
             ``logit_scale * normalize(clip.encode_image(images)) @ class_text_features().T`` (plain
             CLIP image tower, classifier = class text features), so an export holds the text
@@ -67,6 +70,20 @@ class ClipTrainer(TrainerX):
             self.feature_cache = FeatureCache(
                 cfg, self.model.encode_image_features, encoder_id, self.device, self.autocast, str(self.amp.dtype)
             )
+
+    @classmethod
+    def check_declared_cfg(cls, cfg):
+        """Also refuse, before any data or weights load, a backbone whose image tower the method
+        cannot prompt (``vit_required_for``); its family comes from ``describe_backbone``."""
+        super().check_declared_cfg(cfg)
+        if cls.vit_required_for and cfg.MODEL.BACKBONE.NAME:  # an empty name is load_clip's error
+            info = describe_backbone(cfg.MODEL.BACKBONE.NAME)
+            if info.image_adapter is None:
+                raise UnsupportedBackboneError(
+                    f"{cls.__name__} needs an image tower the prompted runner drives ({cls.vit_required_for}); "
+                    f"MODEL.BACKBONE.NAME {cfg.MODEL.BACKBONE.NAME} has none: {info.image_error} Use a ViT "
+                    "backbone (OpenAI, LAION, MetaCLIP, DFN, SigLIP, SigLIP2, EVA02 or PE-Core)."
+                )
 
     @classmethod
     def uses_frozen_image_encoder(cls, cfg):
@@ -94,19 +111,12 @@ class ClipTrainer(TrainerX):
         Returns:
             (CLIPRunner, Tokenizer)
 
-        Raises:
-            UnsupportedBackboneError: ``vit_required_for`` is set and the image tower is not a ViT.
         """
         backbone = self.cfg.MODEL.BACKBONE
         print(f"Loading CLIP (backbone: {backbone.NAME})")
         model, info = load_clip(backbone.NAME, backbone.WEIGHTS, device=self.device)
         print(f"CLIP weights: {info['weights']} (open_clip config {info['model_name']}, QuickGELU {info['quick_gelu']})")
-        runner = CLIPRunner(model)
-        if self.vit_required_for and runner.visual is None:
-            raise UnsupportedBackboneError(
-                f"{type(self).__name__} needs a ViT image tower ({self.vit_required_for}); "
-                f"{backbone.NAME} is not one.")
-        return runner, Tokenizer(backbone.NAME)
+        return CLIPRunner(model), Tokenizer(backbone.NAME)
 
     def dataset_template(self, template=""):
         """The class sentence with "{}": ``template`` when given, else the dataset class's

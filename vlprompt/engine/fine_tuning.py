@@ -27,6 +27,7 @@ from vlprompt.utils import load_checkpoint
 
 from .clip_trainer import ClipTrainer
 from .distributed import distributed_train_loader, init_distributed, is_main_process, mean_over_processes
+from .run_folder import RunFolder
 
 __all__ = [
     "LR_SCHEDULES", "add_fine_tuning_keys", "iteration_cosine_schedule", "check_iteration_schedule",
@@ -221,8 +222,7 @@ class FullFineTuningTrainer(ClipTrainer):
         if not directory:
             return super().load_model(directory, epoch)
         (name,) = self.get_model_names()
-        model_file = "model-best.pth.tar" if epoch is None else f"model.pth.tar-{epoch}"
-        model_path = osp.join(directory, self.checkpoint_folder(directory, name), model_file)
+        model_path = str(RunFolder(directory).checkpoint_path(self.checkpoint_folder(directory, name), epoch))
         if not osp.exists(model_path):
             raise FileNotFoundError(self._model_not_found_message(model_path))
         checkpoint = load_checkpoint(model_path)

@@ -10,12 +10,12 @@
   clock; after training, "Elapsed: H:MM:SS" and the writer closed.
 """
 import datetime
-import os.path as osp
 import time
 
 from vlprompt.utils import mkdir_if_missing
 
 from .hooks import HookBase
+from .run_folder import RunFolder
 
 __all__ = ["LoggingHook", "WriterMixin", "progress_line"]
 
@@ -96,7 +96,7 @@ class LoggingHook(HookBase):
     """
 
     def before_train(self, trainer):
-        writer_dir = osp.join(trainer.output_dir, "tensorboard")
+        writer_dir = str(RunFolder(trainer.output_dir).tensorboard_dir)
         mkdir_if_missing(writer_dir)
         trainer.init_writer(writer_dir)
         trainer.time_start = time.time()

@@ -13,10 +13,7 @@ import datetime
 from pathlib import Path
 from typing import Mapping, Optional
 
-import vlprompt
-
-WISEFT_SWEEP_FILENAME = "wiseft_alphas.json"
-"""WiSE-FT's mixing-coefficient sweep of an evaluation (trainers/wiseft.py; tools/plot_results.py wiseft)."""
+from vlprompt.version import __version__
 
 RUN_INFO_DEFAULTS = {
     "config_file": "",
@@ -83,5 +80,5 @@ def make_results_record(
         "completed": True,
         "finished_at": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "output_dir": cfg.OUTPUT_DIR,
-        "vlprompt_version": vlprompt.__version__,
+        "vlprompt_version": __version__,
     }

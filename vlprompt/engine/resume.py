@@ -20,9 +20,11 @@ had not run yet (the loader's sampler must be resumable: those of :mod:`vlprompt
 """
 import os
 import os.path as osp
-import re
 from dataclasses import dataclass, field
 
+from vlprompt.run_layout import (
+    POINTER_FILENAME, checkpoint_position, epoch_checkpoint_name, mid_epoch_checkpoint_name,
+)
 from vlprompt.utils import CheckpointError, check_checkpoint_content, load_checkpoint, set_rng_state
 
 __all__ = [
@@ -31,22 +33,13 @@ __all__ = [
     "checkpoint_files",
     "continue_epoch",
     "find_resume_point",
-    "mid_epoch_file_name",
     "prune_mid_epoch_checkpoints",
     "resumable_sampler",
     "resume_banner",
 ]
 
-_EPOCH_FILE = re.compile(r"^model\.pth\.tar-(\d+)$")
-_MID_EPOCH_FILE = re.compile(r"^model\.pth\.tar-(\d+)-batch(\d+)$")
-_POINTER_FILE = "checkpoint"
 MID_EPOCH_KEEP = 2
 """Mid-epoch checkpoints kept per model folder: the newest, and one to fall back to."""
-
-
-def mid_epoch_file_name(epochs_done, batches_done):
-    """``model.pth.tar-E-batchB``: E epochs and B batches of the next epoch done."""
-    return f"model.pth.tar-{epochs_done}-batch{batches_done}"
 
 
 def checkpoint_files(folder):
@@ -56,21 +49,15 @@ def checkpoint_files(folder):
     """
     if not osp.isdir(folder):
         return {}
-    files = {}
-    for name in os.listdir(folder):
-        epoch_match, mid_match = _EPOCH_FILE.match(name), _MID_EPOCH_FILE.match(name)
-        if epoch_match:
-            files[(int(epoch_match.group(1)), 0)] = name
-        elif mid_match:
-            files[(int(mid_match.group(1)), int(mid_match.group(2)))] = name
-    return files
+    positions = {name: checkpoint_position(name) for name in os.listdir(folder)}
+    return {position: name for name, position in positions.items() if position is not None}
 
 
 def prune_mid_epoch_checkpoints(folder, keep=MID_EPOCH_KEEP):
     """Delete the mid-epoch checkpoints of ``folder`` except the ``keep`` newest."""
     mid_epoch = sorted(position for position in checkpoint_files(folder) if position[1] > 0)
     for epochs_done, batches_done in mid_epoch[: max(len(mid_epoch) - keep, 0)]:
-        os.remove(osp.join(folder, mid_epoch_file_name(epochs_done, batches_done)))
+        os.remove(osp.join(folder, mid_epoch_checkpoint_name(epochs_done, batches_done)))
 
 
 def _remove_interrupted_writes(folder):
@@ -107,13 +94,13 @@ def _pointer_candidate(folders):
     """{name: path} of the files the pointer files name, if every folder has one; else None."""
     paths = {}
     for name, folder in folders.items():
-        pointer = osp.join(folder, _POINTER_FILE)
+        pointer = osp.join(folder, POINTER_FILENAME)
         if not osp.isfile(pointer):
             return None
         with open(pointer, "r", encoding="utf-8") as f:
             paths[name] = osp.join(folder, f.readline().strip())
     print(
-        "Note: no model.pth.tar-N found; resuming from the files named by the pointer files "
+        f"Note: no {epoch_checkpoint_name('N')} found; resuming from the files named by the pointer files "
         f"({', '.join(sorted(set(map(osp.basename, paths.values()))))}), after their epoch"
     )
     return paths
@@ -243,7 +230,8 @@ def continue_epoch(loader, pending, num_batches, checkpoint_path):
             + ("the training loader cannot resume mid-epoch (its sampler is not resumable)" if sampler is None
                else f"it was written for {pending['num_batches']} batches per epoch, the loader now has "
                f"{num_batches} (did the training data or the batch size change?)")
-            + ". Delete the mid-epoch checkpoints (model.pth.tar-E-batchB) to resume from the last epoch."
+            + f". Delete the mid-epoch checkpoints ({mid_epoch_checkpoint_name('E', 'B')}) to resume from the last "
+            "epoch."
         )
     sampler.resume_epoch(pending["sampler"], pending["batches_done"] * loader.batch_size)
     batches = iter(loader)

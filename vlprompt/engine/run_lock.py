@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Optional
 
 from vlprompt.fileio import atomic_write
+from vlprompt.run_layout import LOCK_FILENAME
 
 __all__ = ["LOCK_FILENAME", "FOREIGN_LOCK_STALE_AFTER", "RunFolderBusyError", "RunLock"]
 
-LOCK_FILENAME = "run.lock"
 FOREIGN_LOCK_STALE_AFTER = timedelta(hours=72)
 _TAKEOVER_ATTEMPTS = 5
 

@@ -122,7 +122,7 @@ RECORD_FORMAT = "int64 label, float32 logits [K], uint32 CRC-32 of both (little-
 
 
 class EpisodeLog:
-    """The finished episodes of one split: ``FOLDER/SPLIT.json`` (header) + ``FOLDER/SPLIT.bin``.
+    """The finished episodes of one split: ``test_time/SPLIT.json`` (header) + ``test_time/SPLIT.bin``.
 
     Record i holds image i of the test set (test-set order): its int64 label, its K float32 logits,
     then the CRC-32 of those bytes (:data:`RECORD_FORMAT`). A record whose checksum fails, whose
@@ -130,14 +130,13 @@ class EpisodeLog:
     the trainer computes its episode again and writes it in place (:meth:`replace`).
 
     Args:
-        folder: ``OUTPUT_DIR/test_time``.
-        split: "val" or "test".
+        header_path, path: the split's header and records files in ``OUTPUT_DIR/test_time``
+            (:meth:`RunFolder.episode_record_paths`).
         header: dict identifying the run (split, images, classes, fingerprint, record format).
     """
 
-    def __init__(self, folder, split, header):
-        self.header_path = osp.join(folder, f"{split}.json")
-        self.path = osp.join(folder, f"{split}.bin")
+    def __init__(self, header_path, path, header):
+        self.header_path, self.path = str(header_path), str(path)
         self.header = header
         self.record_size = 8 + 4 * header["num_classes"] + 4
 
@@ -301,7 +300,7 @@ class TestTimeTrainer(ClipTrainer):
             digest.update(f"\n{osp.relpath(item.impath, root) if root else item.impath} {item.label}".encode("utf-8"))
         header = {"split": split, "num_images": len(data_source), "num_classes": self.evaluated_classes(),
                   "fingerprint": digest.hexdigest(), "record": RECORD_FORMAT}
-        return EpisodeLog(str(RunFolder(self.output_dir).test_time_dir), split, header)
+        return EpisodeLog(*RunFolder(self.output_dir).episode_record_paths(split), header)
 
     def evaluated_classes(self):
         """K, the number of classes the evaluator sees (after the dataset's prediction map)."""

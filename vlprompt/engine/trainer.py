@@ -29,7 +29,6 @@ import numpy as np
 import torch
 
 from vlprompt.config import ConfigError, check_choice
-from vlprompt.config.validate import check_training_cfg, validate_cfg
 from vlprompt.data import DataManager
 from vlprompt.data.checks import DatasetContentError, check_images, check_labels
 from vlprompt.evaluation import build_evaluator
@@ -38,6 +37,7 @@ from vlprompt.utils import AverageMeter, MetricMeter, tolist_if_not
 from .amp import PRECISIONS, MixedPrecision, precision_key, resolve_precision
 from .build import TRAINER_REGISTRY
 from .checkpointing import CheckpointHook, CheckpointingMixin
+from .config_checks import check_training_cfg, validate_cfg
 from .evaluation import EvaluationMixin, FinalEvaluationHook
 from .hooks import HookBase, call_hooks
 from .progress import LoggingHook, WriterMixin

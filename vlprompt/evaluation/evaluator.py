@@ -5,6 +5,7 @@ from collections import OrderedDict, defaultdict
 import numpy as np
 import torch
 
+from vlprompt.run_layout import CMAT_FILENAME
 from vlprompt.utils import atomic_write
 
 from .build import EVALUATOR_REGISTRY
@@ -137,7 +138,7 @@ class Classification(EvaluatorBase):
 
     def _save_confusion_matrix(self):
         cmat = normalized_confusion_matrix(self._y_true, self._y_pred)
-        save_path = osp.join(self.cfg.OUTPUT_DIR, "cmat.pt")
+        save_path = osp.join(self.cfg.OUTPUT_DIR, CMAT_FILENAME)
         with atomic_write(save_path, "wb") as f:
             torch.save(cmat, f)
         print(f"Confusion matrix is saved to {save_path}")

@@ -10,7 +10,7 @@ from .concepts import (
     concept_entropy, dominant_concept, name_clusters, phrase_concepts,
 )
 from .corpus import GENERIC_CORPUS_PATH, Corpus, CorpusError, load_corpus, synthetic_world_corpus
-from .decomposition import ImageDecomposition, class_token_head_outputs, decompose_image_features
+from .decomposition import ImageDecomposition, block_head_terms, decompose_image_features
 from .discovery import (
     CONCEPT_NAMES, DEAR_ATTRIBUTES, SCORINGS, HeadSummary, RoleDiscovery, collect_head_contributions, discover_roles,
 )

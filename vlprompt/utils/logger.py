@@ -6,7 +6,9 @@ import atexit
 import os
 import os.path as osp
 import sys
-import time
+from datetime import datetime
+
+from vlprompt.run_layout import log_name, timestamped_log_name
 
 from .tools import mkdir_if_missing
 
@@ -76,17 +78,17 @@ def close_logger():
 
 
 def _log_file_path(output):
-    """The log file for ``output``: itself if it ends in .txt/.log, else ``output/log.txt``
-    (``output/log-rank<R>.txt`` in the process of rank R > 0 of a torchrun job, so that the
-    processes never write one file); if that file exists, the same name plus
-    "-YYYY-MM-DD-HH-MM-SS"."""
+    """The log file for ``output``: itself if it ends in .txt/.log, else the run folder's log
+    ``output/log.txt`` (``output/log-rank<R>.txt`` in the process of rank R > 0 of a torchrun job,
+    so that the processes never write one file; :mod:`vlprompt.run_layout`); if that file exists,
+    the same name plus "-YYYY-MM-DD-HH-MM-SS"."""
     rank = int(os.environ.get("RANK", "0"))
     if output.endswith(".txt") or output.endswith(".log"):
         fpath = output
     else:
-        fpath = osp.join(output, "log.txt" if rank == 0 else f"log-rank{rank}.txt")
+        fpath = osp.join(output, log_name(rank))
     if osp.exists(fpath):
-        fpath += time.strftime("-%Y-%m-%d-%H-%M-%S")
+        fpath = timestamped_log_name(fpath, datetime.now())
     return fpath
 
 

@@ -1,8 +1,8 @@
 """Checkpoint files, random-number-generator states and parameter counting.
 
-Checkpoint layout (Dassl): ``DIR/model.pth.tar-<N>`` (N = completed epochs), optional
-``DIR/model-best.pth.tar`` and a text file ``DIR/checkpoint`` naming the most recently
-written file. A checkpoint is a dict with "state_dict", "epoch", "optimizer",
+Checkpoint layout (Dassl; the names are :mod:`vlprompt.run_layout`'s): ``DIR/model.pth.tar-<N>``
+(N = completed epochs), optional ``DIR/model-best.pth.tar`` and a text file ``DIR/checkpoint``
+naming the most recently written file. A checkpoint is a dict with "state_dict", "epoch", "optimizer",
 "scheduler", "val_result" and (ours) "rng_state"; ours hold only tensors and plain
 containers, so they load with ``torch.load(weights_only=True)``.
 """
@@ -10,7 +10,6 @@ import os
 import os.path as osp
 import pickle
 import random
-import re
 import shutil
 import warnings
 from collections import OrderedDict
@@ -18,6 +17,8 @@ from collections import OrderedDict
 import numpy as np
 import torch
 from torch import nn
+
+from vlprompt.run_layout import BEST_CHECKPOINT, POINTER_FILENAME, checkpoint_position, epoch_checkpoint_name
 
 from .tools import atomic_write, mkdir_if_missing
 
@@ -34,10 +35,6 @@ __all__ = [
     "load_pretrained_weights",
     "count_num_param",
 ]
-
-POINTER_FILE = "checkpoint"
-BEST_FILE = "model-best.pth.tar"
-_EPOCH_FILE_PATTERN = re.compile(r"^model\.pth\.tar-(\d+)$")
 
 
 class CheckpointError(RuntimeError):
@@ -69,17 +66,17 @@ def save_checkpoint(state, save_dir, is_best=False, remove_module_from_keys=True
     if remove_module_from_keys:
         state = dict(state, state_dict=_strip_module_prefix(state["state_dict"]))
     if not model_name:
-        model_name = "model.pth.tar-" + str(state["epoch"])
+        model_name = epoch_checkpoint_name(state["epoch"])
     fpath = osp.join(save_dir, model_name)
     with atomic_write(fpath, "wb") as f:
         torch.save(state, f)
     print(f"Checkpoint saved to {fpath}")
 
-    with atomic_write(osp.join(save_dir, POINTER_FILE), "w") as f:
+    with atomic_write(osp.join(save_dir, POINTER_FILENAME), "w") as f:
         f.write(f"{osp.basename(fpath)}\n")
 
     if is_best:
-        best_fpath = osp.join(save_dir, BEST_FILE)
+        best_fpath = osp.join(save_dir, BEST_CHECKPOINT)
         with open(fpath, "rb") as src, atomic_write(best_fpath, "wb") as dst:
             shutil.copyfileobj(src, dst)
         print(f'Best checkpoint saved to "{best_fpath}"')
@@ -185,25 +182,22 @@ def _reason(error):
 def _latest_checkpoint(fdir):
     """Path of the highest ``model.pth.tar-N`` in ``fdir``; else the file named by the
     pointer file (with a notice, since resuming from it is not exact); else FileNotFoundError."""
-    epochs = [
-        int(match.group(1))
-        for match in map(_EPOCH_FILE_PATTERN.match, os.listdir(fdir))
-        if match is not None
-    ]
+    positions = [checkpoint_position(name) for name in os.listdir(fdir)]
+    epochs = [epochs_done for epochs_done, batches_done in filter(None, positions) if batches_done == 0]
     if epochs:
-        return osp.join(fdir, f"model.pth.tar-{max(epochs)}")
-    pointer = osp.join(fdir, POINTER_FILE)
+        return osp.join(fdir, epoch_checkpoint_name(max(epochs)))
+    pointer = osp.join(fdir, POINTER_FILENAME)
     if osp.isfile(pointer):
         with open(pointer, "r", encoding="utf-8") as f:
             fname = f.readline().strip()
         print(
-            f'Note: no model.pth.tar-N in "{fdir}"; resuming from "{fname}" named by the '
+            f'Note: no {epoch_checkpoint_name("N")} in "{fdir}"; resuming from "{fname}" named by the '
             "pointer file (training restarts after that file's epoch)"
         )
         return osp.join(fdir, fname)
     raise FileNotFoundError(
-        f'No checkpoint to resume from in "{fdir}": expected files named model.pth.tar-N '
-        f'or a "{POINTER_FILE}" pointer file'
+        f'No checkpoint to resume from in "{fdir}": expected files named {epoch_checkpoint_name("N")} '
+        f'or a "{POINTER_FILENAME}" pointer file'
     )
 
 

@@ -72,14 +72,15 @@ def contract_cases(cases):
     return chosen
 
 
-def build_cfg(case, prec, device, output_dir):
+def build_cfg(case, prec, device, output_dir, backbone=(SYNTHETIC_CLIP, SYNTHETIC_WEIGHTS), opts=()):
     """The case's synthetic config at precision ``prec`` on ``device`` ("cpu" autocasts through
-    TRAIN.CPU_AUTOCAST), with the case's overrides and those of ``case.prepare``."""
+    TRAIN.CPU_AUTOCAST), with the case's overrides and those of ``case.prepare``; ``backbone``
+    (model config, weights) replaces the synthetic CLIP, ``opts`` (KEY VALUE) come last."""
     cfg = get_cfg_default()
     extend_cfg(cfg)
     merge_from_file(cfg, osp.join(ROOT, "configs", "trainers", case.synthetic_config))
     cfg.TRAINER.NAME = case.trainer
-    cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.WEIGHTS = SYNTHETIC_CLIP, SYNTHETIC_WEIGHTS
+    cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.WEIGHTS = backbone
     cfg.INPUT.SIZE = (IMAGE_SIZE, IMAGE_SIZE)
     cfg.USE_CUDA = device == "cuda"
     cfg.TRAIN.CPU_AUTOCAST = True
@@ -92,10 +93,10 @@ def build_cfg(case, prec, device, output_dir):
         cfg.TRAINER[case.trainer.upper()].PREC = prec
     if case.kind == TEST_TIME:
         cfg.TRAINER[TRAINER_REGISTRY.get(case.trainer).episode_node].LR = EPISODE_LR
-    settings = {"backbone": SYNTHETIC_CLIP, "weights": SYNTHETIC_WEIGHTS, "image_size": IMAGE_SIZE}
+    settings = {"backbone": backbone[0], "weights": backbone[1], "image_size": IMAGE_SIZE}
     with contextlib.redirect_stdout(io.StringIO()):
         prepared = case.prepare(settings, output_dir) if case.prepare is not None else ()
-    merge_from_list(cfg, list(case.opts) + list(case.synthetic_opts) + list(prepared))
+    merge_from_list(cfg, list(case.opts) + list(case.synthetic_opts) + list(prepared) + list(opts))
     cfg.freeze()
     return cfg
 

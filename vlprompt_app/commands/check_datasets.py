@@ -4,13 +4,14 @@
     python tools/check_datasets.py --root DATA --datasets imagenet oxford_pets EuroSAT
     python tools/check_datasets.py --root DATA --images decode      # decode every image (slower)
 
-The benchmark datasets are the 15 of the CoOp family and ObjectNet (RAda's full fine-tuning).
-For each dataset (registered name or YAML stem): found or missing; what the folder
-lacks compared to the expected layout (DATASETS.md); the number of classes and of
-images per split, compared with the published split sizes; images that are listed
-but missing, and image files that cannot be read (the check that training runs,
-vlprompt.data.checks). A missing split_zhou_*.json counts as a fault even when the
-dataset could build its own split, because a built split does not match the published one.
+The benchmark datasets are those of configs/benchmarks/paper.yaml: the 15 of the CoOp family
+and ObjectNet (RAda's full fine-tuning). For each dataset (registered name or YAML stem):
+found or missing; what the folder lacks compared to the expected layout (DATASETS.md); the
+number of classes and of images per split, compared with the published split sizes (the
+dataset class's published_sizes); images that are listed but missing, and image files that
+cannot be read (the check that training runs, vlprompt.data.checks). A missing
+split_zhou_*.json counts as a fault even when the dataset could build its own split, because
+a built split does not match the published one.
 
 Exit status 1 if a requested dataset is unusable (named with --datasets; default:
 every dataset whose folder exists), else 0. The check reads the datasets the way
@@ -19,13 +20,10 @@ cache `preprocessed.json` (reported when it does).
 """
 import argparse
 import contextlib
-import glob
 import io
 import os
 import pickle
 import sys
-
-import yaml
 
 from vlprompt.config import get_cfg_default
 from vlprompt.data.checks import IMAGE_CHECKS, find_unreadable_images
@@ -33,15 +31,13 @@ from vlprompt.data.datasets import DATASET_REGISTRY, DatasetLayoutError
 from vlprompt.data.splits import FEWSHOT_DIRNAME
 from vlprompt.paths import repository_root
 from vlprompt_app.project import import_project_package
+from vlprompt_app.protocols.benchmark import dataset_config_names, load_benchmark
 
 REPO = str(repository_root())
 import_project_package("datasets")  # registers the dataset classes
 
-BENCHMARK = (
-    "ImageNet", "Caltech101", "OxfordPets", "StanfordCars", "OxfordFlowers", "Food101", "FGVCAircraft",
-    "SUN397", "DescribableTextures", "EuroSAT", "UCF101", "ImageNetV2", "ImageNetSketch", "ImageNetA", "ImageNetR",
-    "ObjectNet",
-)
+CONFIGS = os.path.join(REPO, "configs")
+BENCHMARK = "paper"  # the benchmark file whose datasets are checked by default
 MAX_LISTED = 5
 
 
@@ -61,13 +57,10 @@ class Report:
         self.problems.append(problem)
 
 
-def yaml_names(config_dir=os.path.join(REPO, "configs", "datasets")):
-    """YAML stem -> DATASET.NAME for the dataset configs."""
-    names = {}
-    for path in sorted(glob.glob(os.path.join(config_dir, "*.yaml"))):
-        with open(path) as f:
-            names[os.path.splitext(os.path.basename(path))[0]] = yaml.safe_load(f)["DATASET"]["NAME"]
-    return names
+def benchmark_datasets(benchmark=BENCHMARK):
+    """The registered names of the datasets of ``configs/benchmarks/<benchmark>.yaml``, in its order."""
+    names = dataset_config_names(CONFIGS)
+    return [names[stem] for stem in load_benchmark(benchmark, CONFIGS).dataset_stems()]
 
 
 def resolve(requested):
@@ -77,12 +70,13 @@ def resolve(requested):
         SystemExit: a name is unknown (the message lists the valid ones).
     """
     by_key = {name.lower(): name for name in DATASET_REGISTRY.registered_names()}
-    by_key.update({stem.lower(): name for stem, name in yaml_names().items()})
+    stems = dataset_config_names(CONFIGS)
+    by_key.update({stem.lower(): name for stem, name in stems.items()})
     unknown = [name for name in requested if name.lower() not in by_key]
     if unknown:
         raise SystemExit(
-            f"Unknown dataset(s) {unknown}. Use registered names ({', '.join(BENCHMARK)}) or the YAML "
-            f"stems of configs/datasets/ ({', '.join(sorted(yaml_names()))})."
+            f"Unknown dataset(s) {unknown}. Use registered names ({', '.join(benchmark_datasets())}) or the YAML "
+            f"stems of configs/datasets/ ({', '.join(stems)})."
         )
     return list(dict.fromkeys(by_key[name.lower()] for name in requested))
 
@@ -178,8 +172,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--root", required=True, help="the data folder (DATASET.ROOT)")
     parser.add_argument("--datasets", nargs="+", metavar="NAME",
-                        help="registered names or YAML stems to require (default: all 16, of which those present "
-                        "are required)")
+                        help="registered names or YAML stems to require (default: the paper benchmark's 16, of "
+                        "which those present are required)")
     parser.add_argument("--images", choices=IMAGE_CHECKS, default="verify",
                         help='how image files are checked: "verify" (PIL verify; JPEGs without an end marker are '
                         'decoded), "decode" (full decode, slower) or "off" (existence only); default: verify')
@@ -187,7 +181,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     root = os.path.abspath(os.path.expanduser(args.root))
-    names = resolve(args.datasets) if args.datasets else list(BENCHMARK)
+    names = resolve(args.datasets) if args.datasets else benchmark_datasets()
     print(f"Datasets under {root} (layouts: DATASETS.md)\n")
     reports = []
     for name in names:

@@ -10,10 +10,12 @@ paragraph on stderr and exit status 2.
 import argparse
 import sys
 
+from vlprompt.run_layout import CONFIG_FILENAME
+
 
 def build_parser():
     parser = argparse.ArgumentParser(prog="tools/export.py", description=__doc__.split("\n")[0])
-    parser.add_argument("run_dir", help="output folder of a training run (config.yaml and checkpoints)")
+    parser.add_argument("run_dir", help=f"output folder of a training run ({CONFIG_FILENAME} and checkpoints)")
     parser.add_argument("--output", required=True, help="the file to write")
     parser.add_argument("--epoch", type=int, help="checkpoint epoch to export (default: the run's last)")
     parser.add_argument("--device", help="cpu or cuda, where the model is built to compute the head")

@@ -27,6 +27,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 
 from vlprompt.fileio import write_text
 from vlprompt.paths import repository_root
+from vlprompt.run_layout import RESULTS_FILENAME
 from vlprompt_app.protocols.benchmark import PROTOCOLS, BenchmarkError, load_benchmark
 from vlprompt_app.protocols.published import PUBLISHED_PROTOCOLS, PublishedError, load_published, published_path
 from vlprompt_app.protocols.tables import FORMATS, render
@@ -62,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--multi-exp", action="store_true",
                         help="add the mean of the experiment means (not in base-to-novel mode)")
     parser.add_argument("--full-precision", action="store_true",
-                        help="use results.json values unrounded (default: one decimal, as logged)")
+                        help=f"use {RESULTS_FILENAME} values unrounded (default: one decimal, as logged)")
     parser.add_argument("--json", metavar="OUT.json", help="also write the results as JSON")
     tables = parser.add_argument_group(
         "paper tables (--protocol; DIRECTORY is the output root of tools/run_protocol.py)")
@@ -101,7 +102,7 @@ def _run_experiments(args, end_signals: Tuple[str, ...]) -> int:
     _print_notes([r for e in report.experiments for r in e.runs.values()] + report.incomplete)
     n_runs = sum(len(e.runs) for e in report.experiments) + len(report.incomplete)
     print(f"Parsed {n_runs} run folder(s) under {report.directory}: '* {report.keyword}: X%' "
-          f"after {_describe_signals(end_signals)} in the newest log, or results.json")
+          f"after {_describe_signals(end_signals)} in the newest log, or {RESULTS_FILENAME}")
     if report.experiments:
         print(format_experiments(report, args.multi_exp))
     if report.incomplete:

@@ -25,14 +25,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from vlprompt_app import results as parse_results
 from vlprompt.paths import repository_root
-from vlprompt.engine.results import WISEFT_SWEEP_FILENAME
+from vlprompt.engine.run_folder import RunFolder
+from vlprompt.run_layout import WISEFT_SWEEP_FILENAME
 from vlprompt.fileio import save_figure
 from vlprompt_app.protocols.benchmark import BenchmarkError, load_benchmark
 from vlprompt_app.protocols.layout import parse_run_path
@@ -44,7 +44,6 @@ Curve = List[Tuple[int, float, float]]
 """(shots, mean, std) points of one method in one panel, by shots."""
 
 DEFAULT_COMPONENTS = ("CLS", "color", "shape", "texture", "object", "location")
-_EPOCH_FILE = re.compile(r"^model\.pth\.tar-(\d+)$")
 
 
 class PlotError(Exception):
@@ -152,9 +151,11 @@ def plot_fewshot(panels: Dict[str, Dict[str, Curve]], out_dir: Path) -> List[Pat
 # ----------------------------------------------------------------------------- fusion
 
 
-def _last_checkpoint(folder: Path) -> Optional[Path]:
-    files = [p for p in folder.glob("model.pth.tar-*") if _EPOCH_FILE.match(p.name)]
-    return max(files, key=lambda p: int(_EPOCH_FILE.match(p.name).group(1))) if files else None
+def _last_checkpoint(run: Path, model_name: str) -> Optional[Path]:
+    """The checkpoint of ``model_name`` after the most epochs in the run folder ``run``, or None."""
+    by_epoch = {epochs: path for (epochs, batches), path in RunFolder(run).checkpoints(model_name).items()
+                if batches == 0}
+    return by_epoch[max(by_epoch)] if by_epoch else None
 
 
 def fusion_weights(directory, trainer: str = "DeAR", kinds: Sequence[str] = ("train_base",),
@@ -180,7 +181,7 @@ def fusion_weights(directory, trainer: str = "DeAR", kinds: Sequence[str] = ("tr
         if (run_key is None or run_key.trainer != trainer or run_key.kind not in kinds
                 or (seeds is not None and run_key.seed not in seeds)):
             continue
-        checkpoint = _last_checkpoint(run.path / model_name)
+        checkpoint = _last_checkpoint(run.path, model_name)
         if checkpoint is None:
             continue
         state = load_checkpoint(str(checkpoint))["state_dict"]
@@ -243,7 +244,7 @@ def wiseft_curves(directory, source: str, targets: Sequence[str], trainer: str =
     sweeps: Dict[Tuple[str, str], Dict[str, Dict[float, float]]] = {}  # (config, seed) -> dataset -> alpha -> acc
     for run in parse_results.find_runs(root):
         key = parse_run_path(run.path.relative_to(root).parts)
-        path = run.path / WISEFT_SWEEP_FILENAME
+        path = RunFolder(run.path).wiseft_sweep_path
         if key is None or key.trainer != trainer or not path.is_file() or (seeds is not None and key.seed not in seeds):
             continue
         if (key.kind, key.dataset) != ("train", source) and (key.kind != "evaluation" or key.dataset not in targets):

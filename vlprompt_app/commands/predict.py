@@ -23,13 +23,14 @@ import os
 import sys
 
 from vlprompt.config import ConfigError
+from vlprompt.run_layout import CONFIG_FILENAME
 
 CSV_SUFFIX, JSON_SUFFIX = ".csv", ".json"
 
 
 def build_parser():
     parser = argparse.ArgumentParser(prog="tools/predict.py", description=__doc__.split("\n")[0])
-    parser.add_argument("run_dir", help="output folder of a training run (config.yaml and checkpoints), "
+    parser.add_argument("run_dir", help=f"output folder of a training run ({CONFIG_FILENAME} and checkpoints), "
                                         "or a file of tools/export.py")
     parser.add_argument("images", nargs="+", help="image files and/or folders of images")
     parser.add_argument("--topk", type=int, default=1, help="classes per image (default 1)")

@@ -39,6 +39,8 @@ from vlprompt_app.protocols.benchmark import TRANSFER
 from vlprompt_app.protocols.grid import resolve_method, resolve_methods
 from vlprompt_app.project import import_project_package
 
+from vlprompt_app.commands import train
+
 REPO = repository_root()
 
 CONFIGS = REPO / "configs"
@@ -299,7 +301,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (ConfigError, BenchmarkError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    launcher = Launcher(str(TRAIN_SCRIPT), in_process=args.in_process, nproc_per_node=args.nproc_per_node)
+    launcher = Launcher(str(TRAIN_SCRIPT), in_process=train.run if args.in_process else None,
+                        nproc_per_node=args.nproc_per_node)
     if args.dry_run:
         _print_dry_run(chains, launcher)
         return 0

@@ -122,7 +122,7 @@ def setup_cfg(args):
         (frozen cfg, EvalScope)
     """
     from vlprompt.config import extend_cfg, get_cfg_default, merge_from_file, merge_from_list
-    from vlprompt.config.validate import validate_cfg
+    from vlprompt.engine.config_checks import validate_cfg
     from vlprompt.engine.eval_scope import resolve_eval_scope
 
     import_project()
@@ -179,7 +179,7 @@ def check_names(cfg):
 def main(args):
     """Set up the config of parsed ``args``, hold ``OUTPUT_DIR`` (its lock, see
     vlprompt/engine/run_lock.py), then train and/or evaluate."""
-    from vlprompt.config.validate import check_training_cfg
+    from vlprompt.engine.config_checks import check_training_cfg
     from vlprompt.engine import TRAINER_REGISTRY
     from vlprompt.engine.run_folder import RunFolder
 

@@ -25,7 +25,7 @@ from typing import Dict, Optional, Tuple
 import yaml
 
 __all__ = ["PROTOCOLS", "TRANSFER", "BenchmarkError", "ProtocolDatasets", "Benchmark", "load_benchmark",
-           "benchmark_path"]
+           "benchmark_path", "dataset_config_names"]
 
 PROTOCOLS = ("base2new", "fewshot", "cross_dataset", "dg", "fft", "ttt")
 """Protocol names (the CoOp family's four; fft and ttt: RAda's Tables 1 and 3)."""
@@ -61,6 +61,16 @@ class Benchmark:
     name: str
     seeds: Tuple[int, ...]
     protocols: Dict[str, ProtocolDatasets]
+
+    def dataset_stems(self) -> Tuple[str, ...]:
+        """Every dataset the benchmark names, in order of first appearance (protocols in PROTOCOLS
+        order; a source before its targets); e.g. the paper benchmark's 16."""
+        stems = []
+        for name in PROTOCOLS:
+            if name in self.protocols:
+                section = self.protocols[name]
+                stems += ([section.source] if section.source else []) + list(section.datasets)
+        return tuple(dict.fromkeys(stems))
 
     def protocol(self, name: str) -> ProtocolDatasets:
         """The definition of protocol ``name``; BenchmarkError when the benchmark lacks it."""
@@ -140,3 +150,12 @@ def load_benchmark(name_or_path: str, configs_dir) -> Benchmark:
     seeds = _ints(path, "seeds", content.get("seeds"), single=False)
     protocols = {name: _protocol(path, name, content[name]) for name in PROTOCOLS if name in content}
     return Benchmark(path.stem, seeds, protocols)
+
+
+def dataset_config_names(configs_dir) -> Dict[str, str]:
+    """YAML stem -> DATASET.NAME of the dataset configs ``configs_dir/datasets/*.yaml`` (sorted by stem),
+    the names a benchmark file's stems stand for."""
+    names = {}
+    for path in sorted(Path(configs_dir, "datasets").glob("*.yaml")):
+        names[path.stem] = yaml.safe_load(path.read_text(encoding="utf-8"))["DATASET"]["NAME"]
+    return names

@@ -43,12 +43,11 @@ from vlprompt.paths import repository_root
 from .grid import Chain, Run
 
 __all__ = [
-    "CONSOLE_NAME", "OK", "FAILED", "SKIPPED", "BLOCKED", "Outcome", "Launcher",
+    "OK", "FAILED", "SKIPPED", "BLOCKED", "Outcome", "Launcher",
     "SlurmOptions", "is_completed", "check_one_run_per_folder", "pending_runs", "execute_chain", "Progress", "run_sequential",
     "run_queue", "submit_slurm", "run_chain_job", "wait_for_jobs", "summarize",
 ]
 
-CONSOLE_NAME = "console.txt"
 
 OK, FAILED, SKIPPED, BLOCKED = "ok", "FAILED", "skipped", "blocked"
 
@@ -102,8 +101,10 @@ class Launcher:
 
     Attributes:
         train_script: absolute path of train.py (in-process runs check that it is the imported checkout's).
-        in_process: call ``train.run(argv)`` in this process (no interpreter start-up per
-            run; CUDA_VISIBLE_DEVICES cannot be set per run) instead of a subprocess.
+        in_process: None (each run is a subprocess), or the function that train.py runs,
+            ``run(argv) -> exit status`` (:func:`vlprompt_app.commands.train.run`, passed in by the
+            command line), called in this process (no interpreter start-up per run;
+            CUDA_VISIBLE_DEVICES cannot be set per run).
         python: interpreter for subprocess runs.
         cwd: working directory of the runs (relative paths in configs are read from it).
         nproc_per_node: processes per training run; above 1, training runs are started by
@@ -112,7 +113,7 @@ class Launcher:
     """
 
     train_script: str
-    in_process: bool = False
+    in_process: Optional[Callable[[List[str]], int]] = None
     python: str = sys.executable
     cwd: str = field(default_factory=os.getcwd)
     nproc_per_node: int = 1
@@ -140,30 +141,29 @@ class Launcher:
             if env:
                 raise ValueError(f"in-process runs cannot set environment variables ({env}); "
                                  "use subprocess runs for per-run devices.")
-            return _run_in_process(self.train_script, run.argv, console)
+            return _run_in_process(self.in_process, self.train_script, run.argv, console)
         console.flush()
         return subprocess.run(self.command(run), cwd=self.cwd, env={**os.environ, **env},
                               stdout=console, stderr=subprocess.STDOUT).returncode
 
 
 def _check_in_process_script(train_script: str) -> None:
-    """In-process runs call :func:`vlprompt_app.commands.train.run`, which trains with the
-    ``trainers`` and ``datasets`` of the imported checkout: ``train_script`` must be that
-    checkout's train.py."""
+    """In-process runs call train.py's function, which trains with the ``trainers`` and
+    ``datasets`` of the imported checkout: ``train_script`` must be that checkout's train.py."""
     expected = repository_root() / "train.py"
     if Path(train_script).resolve() != expected.resolve():
         raise RuntimeError(f"in-process runs use the imported checkout's {expected}, not {train_script}; "
                            "run subprocesses instead of --in-process.")
 
 
-def _run_in_process(train_script: str, argv: Sequence[str], console: TextIO) -> int:
+def _run_in_process(train: Callable[[List[str]], int], train_script: str, argv: Sequence[str],
+                    console: TextIO) -> int:
     _check_in_process_script(train_script)
     from vlprompt.utils import close_logger
-    from vlprompt_app.commands import train
 
     with redirect_stdout(console), redirect_stderr(console):
         try:
-            return train.run(list(argv))
+            return train(list(argv))
         except SystemExit as exc:  # argparse errors
             return exc.code if isinstance(exc.code, int) else 1
         except Exception:  # noqa: BLE001  (a failing run must not stop the grid)
@@ -193,7 +193,7 @@ def _last_line(path: Path) -> str:
 def _attempt(run: Run, launcher: Callable, env: Dict[str, str], where: str) -> Outcome:
     output_dir = Path(run.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    console_path = output_dir / CONSOLE_NAME
+    console_path = RunFolder(output_dir).console_path
     started = time.time()
     with open(console_path, "a", encoding="utf-8") as console:
         stamp = datetime.datetime.now().isoformat(timespec="seconds")

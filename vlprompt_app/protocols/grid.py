@@ -41,6 +41,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file, merge_from_list
 from vlprompt.engine import TRAINER_REGISTRY
+from vlprompt.engine.run_folder import RunFolder
 
 from .benchmark import PROTOCOLS, ProtocolDatasets
 from .layout import (
@@ -376,7 +377,7 @@ def _transfer(builder: _Builder, method: Method, datasets: ProtocolDatasets) -> 
             previous_dir = fewshot_run_dir(root, source, previous.trainer, previous.cfg, shots, seed)
             epoch = method.init.epoch or builder.spec.max_epoch(
                 previous, builder.dataset_config(source), [*builder.spec.opts, *builder.spec.train_opts])
-            keys += ["MODEL.INIT_WEIGHTS", str(Path(previous_dir, previous.trainer, f"model.pth.tar-{epoch}"))]
+            keys += ["MODEL.INIT_WEIGHTS", str(RunFolder(previous_dir).checkpoint_path(previous.trainer, epoch))]
         trained = builder.train(method, source, seed, source_dir, keys, "source")
         if previous_dir is not None:
             trained = Run(trained.output_dir, trained.argv, str(previous_dir), trained.label)

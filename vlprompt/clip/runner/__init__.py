@@ -38,16 +38,16 @@ Modules:
 * ``clip_runner``: CLIPRunner, the two towers plus the logit scale.
 """
 
-from .attention import attention_block, block_qkv
-from .clip_runner import CLIPRunner
+from .blocks import BlockOps, run_block
+from .clip_runner import CLIPRunner, vision_tower
 from .plan import EMPTY_PLAN, InsertTokens, MapTokens, Plan, ReplaceTokens, RunState
 from .prefix import SharedPrefix
 from .text import TextTower
-from .tower import TowerOutput, UnsupportedBackboneError
+from .tower import TokenLayout, TowerOutput, UnsupportedBackboneError
 from .vision import VisionTower
 
 __all__ = [
-    "InsertTokens", "ReplaceTokens", "MapTokens", "Plan", "EMPTY_PLAN", "RunState", "TowerOutput",
-    "SharedPrefix", "VisionTower", "TextTower", "CLIPRunner", "attention_block", "block_qkv",
+    "InsertTokens", "ReplaceTokens", "MapTokens", "Plan", "EMPTY_PLAN", "RunState", "TowerOutput", "TokenLayout",
+    "SharedPrefix", "VisionTower", "TextTower", "CLIPRunner", "BlockOps", "run_block", "vision_tower",
     "UnsupportedBackboneError",
 ]

@@ -44,12 +44,7 @@ class InsertTokens:
         state.inserted(at, n)
         if self.keep_length:
             x = x[:, :full]
-            state.length = None if state.length is None else full
-            if state.last is not None and state.last >= full:
-                raise ValueError(
-                    f"Inserting {n} tokens pushes an end-of-text token out of the context "
-                    f"length {full}; shorten the sentence (template or class name)."
-                )
+            state.kept_length(full, n)
         return x
 
 
@@ -134,16 +129,23 @@ class RunState:
     """Bookkeeping of one tower run: what edits (``edit(x, state) -> x``) receive.
 
     Attributes:
-        eot: text: [N] pooled positions, moved by tokens inserted before them.
+        eot: text: [N] pooled positions, moved by tokens inserted before them (a tower pooled
+            at its last position keeps them at the last position).
         last: text: max(eot) as a Python int (tracked without reading the device).
         length: text: length L of the full sequence. Only positions 0..last are
             computed (``x`` may be shorter than L); edits address positions of the full
             sequence. None: ``x`` is the full sequence (image tower).
+        pool_last: text: the tower pools the last position of the sequence (bidirectional
+            towers such as SigLIP's), wherever tokens are inserted.
+        patches: images: position of the first patch token, moved by tokens inserted at or
+            before it (rotary positions and average pooling follow the patches).
     """
 
     eot: Optional[torch.Tensor] = None
     last: Optional[int] = None
     length: Optional[int] = None
+    pool_last: bool = False
+    patches: Optional[int] = None
 
     def full_length(self, x):
         """Length of the full sequence that ``x`` [B, L', D] is (a prefix of)."""
@@ -152,7 +154,23 @@ class RunState:
     def inserted(self, at, n):
         """Account for ``n`` tokens inserted at position ``at``."""
         if self.eot is not None:
-            self.eot = self.eot + n * (self.eot >= at).long()
-            self.last = self.last + n if self.last >= at else self.last
+            moved = n if self.pool_last else n * (self.eot >= at).long()
+            self.eot = self.eot + moved
+            self.last = self.last + n if self.pool_last or self.last >= at else self.last
+        if self.patches is not None and at <= self.patches:
+            self.patches += n
         if self.length is not None:
             self.length += n
+
+    def kept_length(self, full, n):
+        """Account for cutting the sequence back to ``full`` positions after inserting ``n``
+        tokens (text padding): the pooled positions must stay inside."""
+        if self.length is not None:
+            self.length = full
+        if self.pool_last and self.eot is not None:
+            self.eot, self.last = self.eot - n, full - 1
+        elif self.last is not None and self.last >= full:
+            raise ValueError(
+                f"Inserting {n} tokens pushes an end-of-text token out of the context "
+                f"length {full}; shorten the sentence (template or class name)."
+            )

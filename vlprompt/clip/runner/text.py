@@ -17,11 +17,14 @@ e.g. for a subset of the classes).
 import torch
 from torch import nn
 
+from .blocks import OpenCLIPBlockOps
 from .plan import EMPTY_PLAN, RunState
 from .prefix import HostValues, PrefixCache, content_digest
-from .tower import Tower, TowerOutput, UnsupportedBackboneError, check_blocks
+from .tower import Tower, TowerOutput, UnsupportedBackboneError, check_block_types
 
 __all__ = ["TextTower"]
+
+POOLINGS = ("argmax", "eos", "last", "first")
 
 
 def _pooled_rows(state):
@@ -33,34 +36,57 @@ class TextTower(Tower):
     """CLIP's text tower driven block by block, with a cached frozen prefix.
 
     Args:
-        clip_model: an open_clip ``CLIP`` (text modules on the model itself).
+        text: the module holding open_clip's text transformer: an open_clip ``CLIP`` (OpenAI
+            layout: the text modules on the model) or a ``TextTransformer`` (``CustomTextCLIP.text``:
+            SigLIP, EVA02, PE-Core).
         cache_size: number of (token ids, layer) prefixes kept.
+
+    Pooling: ``argmax`` (the highest token id: CLIP's end-of-text token), ``eos`` (the first
+    end-of-sequence token), ``last`` (the last position of the sequence: SigLIP's
+    bidirectional tower) or ``first``. A causal tower computes positions 0..max(pooled) only; a
+    bidirectional one computes them all.
     """
 
-    def __init__(self, clip_model, cache_size=16):
+    ops = OpenCLIPBlockOps()
+
+    def __init__(self, text, cache_size=16):
+        from open_clip.transformer import ResidualAttentionBlock
+
         super().__init__()
-        if not hasattr(clip_model, "token_embedding") or not hasattr(clip_model, "transformer"):
+        if not hasattr(text, "token_embedding") or not hasattr(text, "transformer"):
             raise UnsupportedBackboneError(
-                f"{type(clip_model).__name__} has no built-in CLIP text transformer (e.g. a "
-                "Hugging Face text tower); the prompted runner supports open_clip CLIP models."
+                f"{type(text).__name__} is not an open_clip text transformer (e.g. a Hugging Face text "
+                "tower); the prompted runner drives open_clip's TextTransformer."
             )
-        pool_type = getattr(clip_model, "text_pool_type", "argmax")
-        if pool_type not in ("argmax", "eos"):
+        pool_type = getattr(text, "text_pool_type", getattr(text, "pool_type", "argmax"))
+        if pool_type not in POOLINGS:
             raise UnsupportedBackboneError(
-                f"Text pooling '{pool_type}' is not supported by the prompted runner "
-                "(supported: 'argmax', 'eos')."
+                f"Text pooling '{pool_type}' is not supported by the prompted runner (supported: {list(POOLINGS)})."
             )
-        check_blocks(clip_model.transformer.resblocks, "text")
-        self.token_embedding = clip_model.token_embedding
-        self.positional_embedding = clip_model.positional_embedding
-        self.blocks = clip_model.transformer.resblocks
-        self.ln_final = clip_model.ln_final
-        self.text_projection = clip_model.text_projection
-        self.register_buffer("attn_mask", clip_model.attn_mask, persistent=False)
+        if getattr(text, "cls_emb", None) is not None or getattr(text, "use_pad_mask", False):
+            raise UnsupportedBackboneError(
+                "The text tower appends a class token or masks padding (CoCa-style); the prompted runner "
+                "drives towers that pool a token of the sentence."
+            )
+        blocks = text.transformer.resblocks
+        check_block_types(blocks, (ResidualAttentionBlock,), "text")
+        if any(block.attn.in_proj_weight is None for block in blocks):
+            raise UnsupportedBackboneError("The text tower's attention has no fused in-projection.")
+        self.token_embedding = text.token_embedding
+        self.positional_embedding = text.positional_embedding
+        self.blocks = blocks
+        self.ln_final = text.ln_final
+        self.text_projection = text.text_projection
+        self.register_buffer("attn_mask", text.attn_mask, persistent=False)
         self.pool_type = pool_type
-        self.eos_token_id = getattr(clip_model, "text_eos_id", None)
+        self.eos_token_id = getattr(text, "text_eos_id", getattr(text, "eos_id", None))
         self._prefix_cache = PrefixCache(cache_size)
         self._host_values = HostValues(cache_size)
+
+    @property
+    def causal(self):
+        """Whether each position attends to the positions before it only."""
+        return self.attn_mask is not None
 
     @property
     def context_length(self):
@@ -69,13 +95,18 @@ class TextTower(Tower):
     @property
     def output_dim(self):
         proj = self.text_projection
+        if proj is None:
+            return self.width
         return proj.out_features if isinstance(proj, nn.Linear) else proj.shape[1]
 
     def eot_positions(self, token_ids):
-        """Positions of the pooled (end-of-text) token: [N] from ids [N, L]."""
+        """Positions of the pooled token: [N] from ids [N, L]."""
         if self.pool_type == "argmax":
             return token_ids.argmax(dim=-1)
-        return (token_ids == self.eos_token_id).int().argmax(dim=-1)
+        if self.pool_type == "eos":
+            return (token_ids == self.eos_token_id).int().argmax(dim=-1)
+        position = token_ids.shape[1] - 1 if self.pool_type == "last" else 0
+        return torch.full(token_ids.shape[:1], position, dtype=torch.long, device=token_ids.device)
 
     def base_mask(self, length, device):
         """The causal mask [length, length] (None if the model has none)."""
@@ -92,6 +123,8 @@ class TextTower(Tower):
     def project(self, tokens):
         """``ln_final`` then the projection: [..., D] -> [..., E]."""
         x = self.ln_final(tokens)
+        if self.text_projection is None:
+            return x
         if isinstance(self.text_projection, nn.Linear):
             return self.text_projection(x)
         return x @ self.text_projection
@@ -161,11 +194,12 @@ class TextTower(Tower):
         """
         source = token_ids if eot is None else eot
         eot = self.eot_positions(token_ids) if eot is None else eot
-        if eot.numel() and not eot.is_meta:
+        pool_last = self.pool_type == "last"
+        if self.causal and eot.numel() and not eot.is_meta:
             last = self._host_values.get(source, "last", lambda _: int(eot.max()))
-        else:
+        else:  # a bidirectional tower computes every position (as do shape-only meta tensors)
             last = sequence.shape[1] - 1
-        return RunState(eot=eot, last=last, length=sequence.shape[1])
+        return RunState(eot=eot, last=last, length=sequence.shape[1], pool_last=pool_last)
 
     def prefix(self, token_ids, stop, last=None):
         """Hidden states [N, last + 1, D] at the input of block ``stop`` of the unmodified

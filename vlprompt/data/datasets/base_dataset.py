@@ -184,8 +184,9 @@ def layout_gaps(dataset_dir, required=(), split_file=None, split_sources=()):
 class DatasetBase:
     """A dataset: the train_x / train_u / val / test lists of Datum.
 
-    Class attributes of subclasses (the expected layout, read by `find_dataset_dir`
-    and by tools/check_datasets.py):
+    Class attributes of subclasses, the dataset's own facts (the expected layout, read by
+    `find_dataset_dir` and by tools/check_datasets.py; the text facts, listed by
+    tools/dataset_matrix.py):
         dataset_dir (str): folder name under DATASET.ROOT (an instance attribute
             of the same name holds the absolute folder once constructed).
         dataset_dir_aliases (tuple[str]): other folder names, tried in order after `dataset_dir`.
@@ -195,6 +196,8 @@ class DatasetBase:
         layout (str): the expected folder tree, printed by layout errors.
         template (str): the zero-shot prompt template, one "{}" for the class name (optional;
             trainers fall back to "a photo of a {}.").
+        description_stem (str): the file stem of its per-class descriptions, ``<stem>_prompt.json``
+            (vlprompt.data.descriptions; upstream TAC's stems, e.g. "fgvc"); "" when none is known.
         published_sizes (tuple | None): (train, val, test) image counts of the published
             split (val None when there is none), for installation checks.
         domains (list[str]): domain names (DA/DG datasets only).
@@ -211,6 +214,7 @@ class DatasetBase:
     split_file = None
     split_sources = ()
     layout = ""
+    description_stem = ""
     published_sizes = None
     domains = []
     prediction_map = None

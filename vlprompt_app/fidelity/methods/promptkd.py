@@ -23,6 +23,7 @@ from torch import nn
 
 from vlprompt.fileio import atomic_write
 from vlprompt.paths import repository_root
+from vlprompt.run_layout import BEST_CHECKPOINT
 
 from ..spec import CostSpec, Learnable, MethodSpec, Mutation, swap
 from ..weights import write_weights
@@ -227,7 +228,7 @@ def official_before_build(module, cfg):
     teacher = os.path.join("clip", "ViT-L-14.pt")
     os.remove(teacher)  # prepare_official's small stand-in
     os.symlink(os.path.abspath(_benchmark_teacher_weights(os.getcwd())), teacher)
-    path = os.path.join("teacher_model", str(cfg.DATASET.NAME), "VLPromptLearner", "model-best.pth.tar")
+    path = os.path.join("teacher_model", str(cfg.DATASET.NAME), "VLPromptLearner", BEST_CHECKPOINT)  # Dassl's layout
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with atomic_write(path) as f:
         torch.save({"state_dict": {}}, f)

@@ -3,7 +3,10 @@
 yacs already rejects unknown keys and wrong types (see :mod:`vlprompt.config.merge`); these
 functions reject values that would fail later, or silently mean something else:
 out-of-range sizes, unknown names, and combinations that do not make sense. Trainers check
-their own node in ``check_cfg`` (with ``check_choice`` / ``check_range``).
+their own node in ``check_cfg`` (with ``check_choice`` / ``check_range``). The checks live in
+the engine, above the packages whose names they check (data: transforms, samplers, image checks;
+optim: optimizers, schedules; engine: evaluation scopes), so that :mod:`vlprompt.config` imports
+none of them.
 
 Dassl keys that exist only so that Dassl's YAML files merge, and that nothing here reads
 (``UNSUPPORTED_KEYS``), must keep their default: another value is rejected with the reason,
@@ -12,8 +15,14 @@ defaults is either read by the code or listed there.
 """
 import os.path as osp
 
-from .checks import check_choice, check_range
-from .merge import ConfigError
+from vlprompt.config import ConfigError, check_choice, check_range, get_cfg_default
+from vlprompt.data.checks import IMAGE_CHECKS
+from vlprompt.data.samplers import SAMPLERS
+from vlprompt.data.transforms.names import AVAI_CHOICES, INTERPOLATIONS, UNSUPPORTED_POLICIES
+from vlprompt.optim.lr_scheduler import AVAI_SCHEDS
+from vlprompt.optim.optimizer import AVAI_OPTIMS
+
+from .eval_scope import check_eval_scope
 
 __all__ = ["validate_cfg", "check_training_cfg", "UNSUPPORTED_KEYS"]
 
@@ -70,8 +79,6 @@ UNSUPPORTED_KEYS = {
 
 
 def _check_input(cfg):
-    from vlprompt.data.transforms.names import AVAI_CHOICES, INTERPOLATIONS, UNSUPPORTED_POLICIES
-
     size = cfg.INPUT.SIZE
     if len(size) != 2 or any(not isinstance(side, int) or side < 1 for side in size):
         raise ConfigError(f"INPUT.SIZE must be two positive integers (height, width), got {tuple(size)!r}.")
@@ -88,9 +95,6 @@ def _check_input(cfg):
 
 
 def _check_data(cfg):
-    from vlprompt.data.checks import IMAGE_CHECKS
-    from vlprompt.data.samplers import SAMPLERS
-
     loader = cfg.DATALOADER
     for key, node in (("TRAIN_X", loader.TRAIN_X), ("TRAIN_U", loader.TRAIN_U), ("TEST", loader.TEST)):
         check_range(f"DATALOADER.{key}.BATCH_SIZE", node.BATCH_SIZE, minimum=1)
@@ -131,9 +135,6 @@ def _check_image_folder(node):
 
 
 def _check_optim(cfg):
-    from vlprompt.optim.lr_scheduler import AVAI_SCHEDS
-    from vlprompt.optim.optimizer import AVAI_OPTIMS
-
     optim = cfg.OPTIM
     check_choice("OPTIM.NAME", optim.NAME, AVAI_OPTIMS)
     check_choice("OPTIM.LR_SCHEDULER", optim.LR_SCHEDULER, AVAI_SCHEDS)
@@ -143,8 +144,6 @@ def _check_optim(cfg):
 
 
 def _check_train_and_test(cfg):
-    from vlprompt.engine.eval_scope import check_eval_scope
-
     check_range("TRAIN.PRINT_FREQ", cfg.TRAIN.PRINT_FREQ, minimum=1)
     check_range("TRAIN.CHECKPOINT_ITERS", cfg.TRAIN.CHECKPOINT_ITERS, minimum=0, why="0 turns mid-epoch checkpoints off.")
     check_choice("TRAIN.NONFINITE_LOSS", cfg.TRAIN.NONFINITE_LOSS, NONFINITE_LOSS_CHOICES)
@@ -165,8 +164,7 @@ def _comparable(value):
 
 
 def _check_unsupported(cfg):
-    from .defaults import _C as defaults
-
+    defaults = get_cfg_default()
     for key, why in UNSUPPORTED_KEYS.items():
         value, default = cfg, defaults
         for name in key.split("."):
