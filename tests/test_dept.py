@@ -10,8 +10,8 @@ from baseline_setup import (  # noqa: F401
 from trainer_checks import assert_config_errors, one_step_changes_only_the_learnable
 
 from trainers.dept import DePTCLIP
-from vlprompt.methods.coupled_prompts import MaPLeCLIP
 from vlprompt.config import ConfigError
+from vlprompt.methods.coupled_prompts import MaPLeCLIP
 from vlprompt.methods.text_context import CoOpCLIP
 
 CLASSNAMES = ["abyssinian", "american bulldog", "bengal"]

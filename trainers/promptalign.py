@@ -59,9 +59,9 @@ from vlprompt.data import DataManager, build_data_loader
 from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.benchmark_case import TEST_TIME, Case
 from vlprompt.engine.run_folder import RunFolder
+from vlprompt.fileio import atomic_write
 from vlprompt.methods.coupled_prompts import MaPLeCLIP
 from vlprompt.methods.prompt_tuning import PromptTuning, PromptTuningTrainer
-from vlprompt.fileio import atomic_write
 
 STATISTICS_DIRNAME = "promptalign_stats"  # in the source run folder
 MEANS_FILENAME = "vis_means.pt"
