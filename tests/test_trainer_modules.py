@@ -16,13 +16,6 @@ from vlprompt_app.project import registered_trainer_names
 ROOT = Path(__file__).resolve().parents[1]
 TRAINERS = ROOT / "trainers"
 
-# Imports between method files still to be removed: {(importer, imported): why it is still there}.
-PENDING = {
-    ("provp", "prograd"): "ProVP's sentence template is ProGrad's per-dataset table (PROGRAD_TEMPLATES), which "
-                          "stays in trainers/prograd.py until the per-dataset tables are reworked",
-}
-
-
 def imported_trainer_modules(source, package="trainers"):
     """Names of the modules of ``package`` that a module of it imports (relative or absolute, also
     inside functions): ``from .coop import X``, ``from . import coop``, ``import trainers.coop``,
@@ -49,15 +42,10 @@ def trainer_imports():
 
 
 def test_no_method_file_imports_another():
-    unexpected = sorted(trainer_imports() - set(PENDING))
-    assert not unexpected, (
-        f"method files import other method files: {unexpected}. Move what they share into a family base "
-        "of vlprompt/methods/ and import it from there.")
-
-
-def test_every_pending_import_still_exists():
-    """An import listed in PENDING that is gone must leave the list too."""
-    assert set(PENDING) <= trainer_imports(), sorted(set(PENDING) - trainer_imports())
+    imports = sorted(trainer_imports())
+    assert not imports, (
+        f"method files import other method files (importer, imported): {imports}. Move what they share "
+        "into a family base of vlprompt/methods/ and import it from there.")
 
 
 @pytest.mark.parametrize("source, expected", [

@@ -21,7 +21,7 @@ With N <= 4 the re-mixed positions 1..N are the first N patch tokens and P_0 is 
 upstream.
 
 Logits z = s·f̂_p·t̂ᵀ [B, C], s = exp(logit_scale) (100), t the frozen CLIP text features of
-ProGrad's per-dataset template (``trainers.prograd.PROGRAD_TEMPLATES``, equal to upstream's
+ProGrad's per-dataset template (``vlprompt.methods.prograd_templates``, equal to upstream's
 table; other datasets use their own ``template``), computed once.
 
 Loss (per batch of B images):
@@ -73,12 +73,11 @@ from vlprompt.config import check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.option_rules import DatasetRule
-
-from .prograd import PROGRAD_TEMPLATES
+from vlprompt.methods.prograd_templates import PROGRAD_TEMPLATES
 
 # ProGrad's table is upstream's; a dataset outside it takes its own template.
 TEMPLATE_RULE = DatasetRule("ProVP's template", PROGRAD_TEMPLATES, default="", option=False, fallback="template",
-                            source="trainers.prograd.PROGRAD_TEMPLATES")
+                            source="vlprompt.methods.prograd_templates.PROGRAD_TEMPLATES")
 # Upstream inserts the first layer's prompts only when there are more than this many.
 MAX_TOKENS_WITHOUT_INSERTION = 4
 

@@ -31,4 +31,6 @@ Families (module: what it holds; the method that introduced it; the methods buil
   mask generators and their node keys; RAda; RAdaFFT, RAdaTTT, RAdaPrompt, RAdaAdapter.
 * ``representation_tokens``: ``MMRLCLIP``, ``SharedRepresentation``, ``RepresentationTokensTrainer``,
   MMRL's representation space read by both towers; MMRL; MMRL++.
+* ``prograd_templates``: ``PROGRAD_TEMPLATES``, ProGrad's sentence template of each dataset;
+  ProGrad; ProVP.
 """
