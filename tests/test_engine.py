@@ -266,7 +266,7 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(full_run, data_root, tm
         "** Training resumes after epoch 1: the next epoch is 2/3 "
         "(weights, optimizer, scheduler and RNG states restored)." in lines
     )
-    assert "** To start a fresh run instead, use another --output-dir (or delete that folder)." in lines
+    assert "** To start a fresh run instead, use another --output-dir or add --restart (which moves the old files aside)." in lines
     assert [line for line in lines if line.startswith("epoch [")][0].startswith("epoch [2/3] batch [2/5]")
 
     assert resumed.epoch_lrs == full.epoch_lrs[1:]

@@ -135,9 +135,14 @@ def _unsafe_loader_calls(path):
         name = ast.unparse(node.func)
         keywords = {kw.arg: kw.value for kw in node.keywords}
         safe_torch_load = isinstance(keywords.get("weights_only"), ast.Constant) and keywords["weights_only"].value is True
+        loaders = [n.attr for n in ast.walk(keywords["Loader"]) if isinstance(n, ast.Attribute)
+                   and n.attr.endswith("Loader")] if "Loader" in keywords else []
+        safe_yaml_load = bool(loaders) and all(loader.endswith("SafeLoader") for loader in loaders)
         if name == "torch.load" and not safe_torch_load:
             found.append((name, node.lineno))
-        elif name in ("pickle.load", "pickle.loads", "torch.jit.load", "yaml.load", "yaml.unsafe_load", "dill.load"):
+        elif name == "yaml.load" and not safe_yaml_load:
+            found.append((name, node.lineno))
+        elif name in ("pickle.load", "pickle.loads", "torch.jit.load", "yaml.unsafe_load", "dill.load"):
             found.append((name, node.lineno))
         elif name.endswith("np.load") and isinstance(keywords.get("allow_pickle"), ast.Constant) and keywords["allow_pickle"].value:
             found.append((name, node.lineno))

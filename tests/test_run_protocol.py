@@ -6,7 +6,8 @@ with the committed tiny synthetic CLIP, 2 shots, one epoch and evaluation on the
 split, run in-process to keep it fast.
 """
 import json
-
+import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ from vlprompt.config import ConfigError
 from vlprompt_app.protocols import BenchmarkError, GridSpec, Method, build_grid, load_benchmark
 from vlprompt_app.protocols.benchmark import ProtocolDatasets
 from vlprompt_app.protocols.execute import (
-    BLOCKED, FAILED, OK, SKIPPED, Launcher, execute_chain, is_completed, run_queue, summarize,
+    BLOCKED, FAILED, HELD, OK, SKIPPED, Launcher, error_paragraph, execute_chain, is_completed, run_queue, summarize,
 )
 from vlprompt_app.protocols.grid import Chain, Run, resolve_method
 from vlprompt_app.protocols.layout import parse_run_path
@@ -422,3 +423,136 @@ def test_command_line_overrides_of_the_benchmark():
     chosen = run_protocol.protocol_datasets(parse(["--protocol", "fewshot", "--shots", "2", *common]), synthetic)
     assert chosen["fewshot"] == ProtocolDatasets(("synthetic_shapes", "synthetic_patterns"), (2,))
     assert run_protocol._devices("0,1", 2) == ["0", "0", "1", "1"]
+
+
+# ------------------------------------------- reruns with other settings, two runners, held runs
+
+
+@pytest.fixture
+def fake_train(monkeypatch):
+    """train.run replaced for --in-process grids: it merges the run's arguments as train.py does,
+    records the merged config (config.yaml, or eval_config.yaml for an evaluation of a --model-dir)
+    and a completed results.json, without training. Returns the list of output folders it ran."""
+    from vlprompt_app.commands import train
+
+    ran = []
+
+    def run(argv):
+        args = train.build_parser().parse_args(argv)
+        cfg, _ = train.setup_cfg(args)
+        folder = Path(cfg.OUTPUT_DIR)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / ("eval_config.yaml" if args.eval_only and args.model_dir else "config.yaml")).write_text(cfg.dump())
+        (folder / "results.json").write_text('{"completed": true}')
+        ran.append(cfg.OUTPUT_DIR)
+        return 0
+
+    monkeypatch.setattr(train, "run", run)
+    return ran
+
+
+TRAIN_BASE = "base2new/train_base/synthetic_shapes/shots_2/CoOp/synthetic/seed1"
+TEST_NEW = "base2new/test_new/synthetic_shapes/shots_2/CoOp/synthetic/seed1"
+
+
+def one_chain_grid(tmp_path, *extra):
+    """A base2new grid of one chain (CoOp's training on the base classes, its test on the new ones)."""
+    return grid_argv(tmp_path / "data", tmp_path / "out", "--in-process", *extra, trainers=("CoOp:synthetic",),
+                     datasets="synthetic_shapes", seeds=("1",))
+
+
+def test_a_grid_holding_runs_with_other_settings_stops_and_restart_starts_them_afresh(tmp_path, fake_train, capsys):
+    output = tmp_path / "out"
+    assert run_protocol.main(one_chain_grid(tmp_path)) == 0
+    assert fake_train == [str(output / TRAIN_BASE), str(output / TEST_NEW)]
+    assert run_protocol.main(one_chain_grid(tmp_path)) == 0
+    assert "Nothing to run: all 2 runs of the grid are completed." in capsys.readouterr().out
+
+    # another learning rate for the training run: refused (the dry run too), nothing runs
+    changed = one_chain_grid(tmp_path, "--train-opts", "OPTIM.LR", "0.5")
+    for extra in ((), ("--dry-run",)):
+        assert run_protocol.main(changed + list(extra)) == 2
+        err = capsys.readouterr().err
+        assert (f"1 run(s) of this grid hold a run made with other settings than this command gives them, so they "
+                f"would be skipped as completed or resumed: {TRAIN_BASE} (OPTIM.LR 0.02 -> 0.5); and 1 run(s) that "
+                f"load their checkpoints: {TEST_NEW}. Give this grid another --output than {output}, or add "
+                "--restart") in err
+    assert len(fake_train) == 2
+    assert run_protocol.main(changed + ["--dry-run", "--restart"]) == 0
+    assert capsys.readouterr().out.count("# started afresh (--restart)") == 2
+
+    # --restart: both runs again, the earlier files kept aside; then the grid is complete
+    assert run_protocol.main(changed + ["--restart"]) == 0
+    assert fake_train[2:] == fake_train[:2]
+    for label in (TRAIN_BASE, TEST_NEW):
+        assert len(list((output / label).glob("replaced-*/results.json"))) == 1
+    (aside,) = (output / TRAIN_BASE).glob("replaced-*")
+    assert "LR: 0.02\n" in (aside / "config.yaml").read_text()
+    assert "LR: 0.5\n" in (output / TRAIN_BASE / "config.yaml").read_text()
+    assert run_protocol.main(changed) == 0 and "Nothing to run" in capsys.readouterr().out
+
+    # an evaluation option changes the evaluation only; neutral keys change nothing
+    assert run_protocol.main(changed + ["--test-opts", "TEST.PER_CLASS_RESULT", "True"]) == 2
+    assert f"{TEST_NEW} (TEST.PER_CLASS_RESULT False -> True)." in capsys.readouterr().err
+    assert run_protocol.main(changed + ["--test-opts", "DATALOADER.TEST.BATCH_SIZE", "7"]) == 0
+
+
+def _hold(folder, name):
+    """A lock file in ``folder`` held by this (live) process, as another runner's would be."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                           "started": "2026-01-02T03:04:05+00:00", "token": "other"}))
+
+
+def test_a_second_runner_over_one_output_refuses_at_once(tmp_path, fake_train, capsys):
+    _hold(tmp_path / "out", "grid.lock")
+    assert run_protocol.main(one_chain_grid(tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert (f"error: Another tools/run_protocol.py runs a grid into {tmp_path / 'out'} (pid {os.getpid()} on host "
+            f"{socket.gethostname()}, started 2026-01-02T03:04:05+00:00)") in err
+    assert fake_train == [] and json.loads((tmp_path / "out" / "grid.lock").read_text())["token"] == "other"
+
+
+def test_a_run_another_process_holds_is_reported_as_held_not_failed(tmp_path, capsys):
+    chain = fake_chain(tmp_path, "c")
+    _hold(Path(chain.runs[0].output_dir), "run.lock")
+    launcher = FakeLauncher()
+    outcomes = execute_chain(chain, launcher, {"CUDA_VISIBLE_DEVICES": "0"})
+    holder = f"held by another process (pid {os.getpid()} on host {socket.gethostname()}, started 2026-01-02"
+    assert [o.status for o in outcomes] == [HELD, BLOCKED] and launcher.calls == []
+    assert outcomes[0].detail.startswith(holder)
+    assert outcomes[1].detail == f"not run: {chain.runs[0].output_dir} is {holder}T03:04:05+00:00)"
+    assert summarize(outcomes[:1]) == 1
+    out = capsys.readouterr().out
+    assert "1 held by another process (0 of them completed there)" in out and "run the same command again" in out
+    Path(chain.runs[0].output_dir, "results.json").write_text('{"completed": true}')  # the holder finished it
+    assert summarize(outcomes[:1]) == 0
+
+
+def test_the_error_paragraph_of_a_failed_run():
+    progress = "Loading CLIP (backbone: tiny)\nepoch [1/2] loss 1.0\n  0%|     | 0/4\r 50%|##   | 2/4\r100%|#####| 4/4\n"
+    paragraph = "\nError: The run folder out is in use by another run (pid 7):\ntwo runs would do the work twice.\n"
+    assert error_paragraph(progress + paragraph + "==== exit status 2\n") == (
+        "Error: The run folder out is in use by another run (pid 7): two runs would do the work twice.")
+    crash = "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n    f()\nValueError: boom\n"
+    assert error_paragraph(progress + crash) == "ValueError: boom"
+    assert error_paragraph(paragraph + progress + crash) == "ValueError: boom"  # the later one
+    assert error_paragraph(progress) == "100%|#####| 4/4"  # a progress bar's last state
+
+
+LOUD_TRAIN = (
+    "import sys\n"
+    "print('Loading CLIP (backbone: tiny)')\n"  # stdout, block-buffered into a file unless unbuffered
+    "print('\\nError: broken on purpose,\\nsecond line of the paragraph.', file=sys.stderr)\n"
+    "sys.exit(2)\n")
+
+
+@pytest.mark.e2e
+def test_a_subprocess_failure_quotes_its_error_paragraph_not_buffered_output(tmp_path, monkeypatch):
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # the runner's own setting counts
+    script = tmp_path / "loud_train.py"
+    script.write_text(LOUD_TRAIN)
+    run = Run(str(tmp_path / "run"), (), None, "run")
+    (outcome,) = execute_chain(Chain((run,)), Launcher(str(script)))
+    assert outcome.status == FAILED
+    assert outcome.detail.startswith("exit status 2: Error: broken on purpose, second line of the paragraph. (see ")

@@ -83,7 +83,7 @@ def test_an_interrupted_run_resumes_after_the_last_finished_image(data_root, tin
 def test_a_log_of_another_config_is_refused(data_root, tiny_clip_files, tmp_path):
     make_trainer(data_root, tiny_clip_files, tmp_path).test()
     other = make_trainer(data_root, tiny_clip_files, tmp_path, "TRAINER.RADATTT.LR", "0.02")
-    with pytest.raises(RuntimeError, match="another run.*delete .*test_time"):
+    with pytest.raises(RunFolderError, match="another run.*--restart.*delete .*test_time"):
         other.test()
 
 

@@ -13,6 +13,8 @@ may leave in its folder (Dassl's names where Dassl has them)::
                                     beside the earlier ones; the processes of rank R > 0 of a
                                     torchrun job write log-rankR.txt
         config.yaml                 the merged config of a training run (detectron2's name)
+        eval_config.yaml            the merged config of an evaluation of a --model-dir (its folder
+                                    is not a model, so not config.yaml)
         results.json                the record of the final evaluation, written last
         run.lock                    present while a process runs into the folder
         console.txt                 the console output of each attempt of the protocol runner
@@ -26,6 +28,8 @@ may leave in its folder (Dassl's names where Dassl has them)::
         <model name>/model.pth.tar-E-batchB   mid-epoch checkpoint (E epochs + B batches done)
         <model name>/model-best.pth.tar       checkpoint of the best val result (TEST.FINAL_MODEL best_val)
         <model name>/checkpoint               the pointer file: the name of the checkpoint written last
+        replaced-YYYY-MM-DD-HH-MM-SS/         an earlier run's files, moved aside by a run started
+                                              afresh (train.py --restart)
 """
 import os
 import re
@@ -33,14 +37,16 @@ from datetime import datetime
 from typing import Optional, Tuple
 
 __all__ = [
-    "CONFIG_FILENAME", "RESULTS_FILENAME", "LOG_FILENAME", "LOCK_FILENAME", "CONSOLE_FILENAME", "CMAT_FILENAME",
+    "CONFIG_FILENAME", "EVAL_CONFIG_FILENAME", "RESULTS_FILENAME", "LOG_FILENAME", "LOCK_FILENAME", "CONSOLE_FILENAME", "CMAT_FILENAME",
     "BAD_IMAGES_FILENAME", "WISEFT_SWEEP_FILENAME", "TENSORBOARD_DIRNAME", "TEST_TIME_DIRNAME",
     "BEST_CHECKPOINT", "POINTER_FILENAME", "LAYOUT", "log_name", "timestamped_log_name", "log_start_time",
     "epoch_checkpoint_name", "mid_epoch_checkpoint_name", "checkpoint_position", "episode_record_names",
-    "describe",
+    "describe", "REPLACED_PREFIX", "replaced_folder_name", "is_replaced_folder",
 ]
 
 CONFIG_FILENAME = "config.yaml"
+EVAL_CONFIG_FILENAME = "eval_config.yaml"
+REPLACED_PREFIX = "replaced-"
 RESULTS_FILENAME = "results.json"
 LOG_FILENAME = "log.txt"
 LOCK_FILENAME = "run.lock"
@@ -59,6 +65,7 @@ _LOG_TIMESTAMP = "%Y-%m-%d-%H-%M-%S"
 _BATCH_INFIX = "-batch"
 _EPISODE_RECORDS = ("{split}.json", "{split}.bin")
 
+_REPLACED = re.compile(r"^replaced-\d{4}-\d{2}-\d{2}-\d{2}-\d{2}-\d{2}(-\d+)?$")
 _TIMESTAMPED_LOG = re.compile(r"^log(?:-rank\d+)?\.txt-(\d{4}-\d{2}-\d{2}-\d{2}-\d{2}-\d{2})$")
 _EPOCH_CHECKPOINT = re.compile(r"^model\.pth\.tar-(\d+)$")
 _MID_EPOCH_CHECKPOINT = re.compile(r"^model\.pth\.tar-(\d+)-batch(\d+)$")
@@ -68,6 +75,8 @@ LAYOUT = (
     (re.compile(r"^log-rank\d+\.txt$"), "the log of a torchrun process of rank > 0"),
     (_TIMESTAMPED_LOG, "the log of a restarted run"),
     (re.compile(r"^config\.yaml$"), "the merged config of a training run"),
+    (re.compile(r"^eval_config\.yaml$"), "the merged config of an evaluation of a --model-dir"),
+    (re.compile(r"^replaced-\d{4}-\d{2}-\d{2}-\d{2}-\d{2}-\d{2}(-\d+)?/.+$"), "an earlier run's file, moved aside"),
     (re.compile(r"^results\.json$"), "the record of the final evaluation"),
     (re.compile(r"^run\.lock$"), "the lock of the process running into the folder"),
     (re.compile(r"^console\.txt$"), "the console output of the protocol runner's attempts"),
@@ -102,6 +111,18 @@ def log_start_time(path) -> Optional[datetime]:
     else None."""
     match = _TIMESTAMPED_LOG.match(os.path.basename(os.fspath(path)))
     return datetime.strptime(match.group(1), _LOG_TIMESTAMP) if match else None
+
+
+def replaced_folder_name(when: datetime, number: int = 1) -> str:
+    """``replaced-YYYY-MM-DD-HH-MM-SS`` (``-N`` for the N-th of the same second): where a run started
+    afresh moves an earlier run's files."""
+    name = f"{REPLACED_PREFIX}{when.strftime(_LOG_TIMESTAMP)}"
+    return name if number == 1 else f"{name}-{number}"
+
+
+def is_replaced_folder(name: str) -> bool:
+    """True for a name :func:`replaced_folder_name` makes."""
+    return bool(_REPLACED.match(name))
 
 
 def epoch_checkpoint_name(epochs_done: int) -> str:

@@ -42,7 +42,9 @@ from vlprompt_app.protocols.tables import (
     BASE, BASE_RELEASED, NOVEL, Measurements, Table, base2new_table, fewshot_table,
     harmonic_mean, mean_std, transfer_table,
 )
-from vlprompt.engine.run_folder import LOG_FILENAME, RESULTS_FILENAME, RunFolder, RunFolderError, log_start_time
+from vlprompt.engine.run_folder import (
+    LOG_FILENAME, RESULTS_FILENAME, RunFolder, RunFolderError, is_replaced_folder, log_start_time,
+)
 from vlprompt.fileio import write_text
 from vlprompt.paths import repository_root
 
@@ -226,8 +228,9 @@ def require_directory(directory) -> Path:
 def find_runs(directory) -> List[FoundRun]:
     """All run folders under ``directory`` (itself included), sorted by path.
 
-    Hidden folders are skipped and run folders are not searched further (their
-    sub-folders hold checkpoints and tensorboard files).
+    Hidden folders and the ``replaced-<date-time>`` folders of runs started afresh (train.py
+    --restart) are skipped, and run folders are not searched further (their sub-folders hold
+    checkpoints and tensorboard files).
 
     Raises:
         ResultsDirectoryError: ``directory`` does not exist or is not a folder.
@@ -235,7 +238,7 @@ def find_runs(directory) -> List[FoundRun]:
     root = require_directory(directory)
     runs = []
     for current, subdirs, files in os.walk(root):
-        subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+        subdirs[:] = sorted(d for d in subdirs if not d.startswith(".") and not is_replaced_folder(d))
         folder = Path(current)
         logs = RunFolder(folder).logs()
         results_json = folder / RESULTS_FILENAME if RESULTS_FILENAME in files else None

@@ -194,7 +194,7 @@ def resume_banner(directory, start_epoch, max_epoch, batches_done=0):
             line,
             f'** RESUMING: "{directory}" already holds checkpoints of an earlier run.',
             plan,
-            "** To start a fresh run instead, use another --output-dir (or delete that folder).",
+            "** To start a fresh run instead, use another --output-dir or add --restart (which moves the old files aside).",
             line,
         ]
     )

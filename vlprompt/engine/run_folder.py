@@ -6,6 +6,7 @@ from :class:`RunFolder` and nowhere else. In short::
     OUTPUT_DIR/
         log.txt (log.txt-YYYY-MM-DD-HH-MM-SS, log-rankR.txt)   the logs
         config.yaml                 the merged config of a training run, written when it starts
+        eval_config.yaml            the merged config of an evaluation of a --model-dir
         results.json                the record of the final evaluation (metrics at full
                                     precision, evaluation scope, "completed": true), written last
         run.lock                    present while a process runs into the folder (its pid, host
@@ -16,6 +17,11 @@ from :class:`RunFolder` and nowhere else. In short::
         <model name>/model.pth.tar-N    checkpoints by completed epoch (learned tensors only),
                                     model.pth.tar-E-batchB mid-epoch, model-best.pth.tar with
                                     TEST.FINAL_MODEL best_val, and the ``checkpoint`` pointer file
+        replaced-YYYY-MM-DD-HH-MM-SS/   the files of an earlier run, moved aside by a rerun
+                                    started afresh (train.py --restart; see vlprompt/engine/rerun.py)
+
+A rerun reuses the checkpoints and test-time records only when it asks for the run the folder
+records (vlprompt/engine/rerun.py compares the merged configs).
 
 Every reader goes through :class:`RunFolder`: the evaluation-scope inference (which dataset a
 model was trained on), the protocol runner (whether a run completed), the results tables,
@@ -25,6 +31,7 @@ then comes from a training run's ``results.json``) and CoOp-family folders (logs
 checkpoints only) read too; what a folder does not record reads as None.
 """
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple
 
@@ -34,14 +41,15 @@ from vlprompt.config import ConfigError
 from vlprompt.engine.run_lock import RunLock
 from vlprompt.fileio import atomic_write
 from vlprompt.run_layout import (
-    BAD_IMAGES_FILENAME, BEST_CHECKPOINT, CMAT_FILENAME, CONFIG_FILENAME, CONSOLE_FILENAME, LOG_FILENAME,
-    RESULTS_FILENAME, TENSORBOARD_DIRNAME, TEST_TIME_DIRNAME, WISEFT_SWEEP_FILENAME, checkpoint_position, describe, episode_record_names, epoch_checkpoint_name, log_start_time,
-    mid_epoch_checkpoint_name,
+    BAD_IMAGES_FILENAME, BEST_CHECKPOINT, CMAT_FILENAME, CONFIG_FILENAME, CONSOLE_FILENAME, EVAL_CONFIG_FILENAME,
+    LOCK_FILENAME, LOG_FILENAME, REPLACED_PREFIX, RESULTS_FILENAME, TENSORBOARD_DIRNAME, TEST_TIME_DIRNAME, WISEFT_SWEEP_FILENAME,
+    checkpoint_position, describe, episode_record_names, epoch_checkpoint_name, is_replaced_folder, log_start_time,
+    mid_epoch_checkpoint_name, replaced_folder_name,
 )
 
 __all__ = [
-    "RunFolder", "RunFolderError", "log_start_time", "CONFIG_FILENAME", "RESULTS_FILENAME", "LOG_FILENAME",
-    "TEST_TIME_DIRNAME", "BEST_CHECKPOINT",
+    "RunFolder", "RunFolderError", "is_replaced_folder", "log_start_time", "CONFIG_FILENAME", "RESULTS_FILENAME",
+    "LOG_FILENAME", "TEST_TIME_DIRNAME", "BEST_CHECKPOINT", "REPLACED_PREFIX",
 ]
 
 
@@ -155,13 +163,44 @@ class RunFolder:
         host and start time while another process holds it."""
         return RunLock(self.path)
 
-    def write_config(self, cfg) -> Path:
-        """Write the merged config of a training run (a CfgNode, or the YAML text of its ``dump()``)
-        as ``config.yaml`` atomically, creating the folder."""
+    def settings_path(self, evaluation: bool = False) -> Path:
+        """Where a run records the merged config it runs with: ``config.yaml`` (a training run, or an
+        evaluation of the whole model, zero-shot CLIP: a run that tools/predict.py reads), or
+        ``eval_config.yaml`` for an ``evaluation`` of a --model-dir."""
+        return self.path / (EVAL_CONFIG_FILENAME if evaluation else CONFIG_FILENAME)
+
+    def write_config(self, cfg, evaluation: bool = False) -> Path:
+        """Write the merged config of a run (a CfgNode, or the YAML text of its ``dump()``)
+        atomically to :meth:`settings_path` (``evaluation``: an evaluation of a --model-dir),
+        creating the folder."""
+        path = self.settings_path(evaluation)
         self.path.mkdir(parents=True, exist_ok=True)
-        with atomic_write(str(self.config_path), "w") as f:
+        with atomic_write(str(path), "w") as f:
             f.write(cfg if isinstance(cfg, str) else cfg.dump())
-        return self.config_path
+        return path
+
+    def move_aside(self) -> Optional[Path]:
+        """Move what the folder holds into a new ``replaced-YYYY-MM-DD-HH-MM-SS`` folder inside it, so
+        that a run starts afresh there (train.py --restart); the caller holds the folder's lock.
+
+        Left in place: the lock, ``console.txt`` (the protocol runner appends every attempt to it) and
+        the folders of earlier replacements. Returns the new folder, or None when nothing was moved.
+        """
+        if not self.path.is_dir():
+            return None
+        keep = {LOCK_FILENAME, CONSOLE_FILENAME}
+        entries = sorted(p for p in self.path.iterdir() if p.name not in keep and not is_replaced_folder(p.name))
+        if not entries:
+            return None
+        now, number = datetime.now(), 1
+        aside = self.path / replaced_folder_name(now)
+        while aside.exists():
+            number += 1
+            aside = self.path / replaced_folder_name(now, number)
+        aside.mkdir()
+        for entry in entries:
+            entry.rename(aside / entry.name)
+        return aside
 
     def write_results(self, record: Mapping) -> Path:
         """Write an evaluation's record as ``results.json`` atomically (4-space indent)."""
@@ -208,21 +247,46 @@ class RunFolder:
         record = self.read_results()
         return record if record is not None and record.get("eval_only") is False else None
 
+    def holds_checkpoints(self) -> bool:
+        """True when a model folder ``<name>/`` holds an epoch or mid-epoch checkpoint (a resume point)."""
+        if not self.path.is_dir():
+            return False
+        return any(child.is_dir() and any(checkpoint_position(p.name) is not None for p in child.iterdir())
+                   for child in self.path.iterdir() if not is_replaced_folder(child.name))
+
+    def holds_test_time_records(self) -> bool:
+        """True when ``test_time/`` holds a test-time method's per-image records."""
+        return self.test_time_dir.is_dir() and any(self.test_time_dir.iterdir())
+
+    def read_settings(self, evaluation: bool = False) -> Optional[dict]:
+        """The merged config recorded at :meth:`settings_path` as plain data, None without one.
+
+        Raises:
+            ConfigError: the file exists but is not a YAML mapping.
+        """
+        return self._read_yaml(self.settings_path(evaluation))
+
     def read_config_data(self) -> Optional[dict]:
         """``config.yaml`` as plain data, None without one.
 
         Raises:
             ConfigError: the file exists but is not a YAML mapping.
         """
-        if not self.config_path.is_file():
+        return self._read_yaml(self.config_path)
+
+    @staticmethod
+    def _read_yaml(path: Path) -> Optional[dict]:
+        if not path.is_file():
             return None
         try:
-            data = yaml.safe_load(self.config_path.read_text(encoding="utf-8"))
+            # a safe loader, libyaml's where PyYAML has it (a grid compares hundreds of configs)
+            data = yaml.load(path.read_text(encoding="utf-8"),
+                             Loader=yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader)
         except (OSError, yaml.YAMLError) as error:
-            raise ConfigError(f'Cannot read "{self.config_path}" ({type(error).__name__}: '
+            raise ConfigError(f'Cannot read "{path}" ({type(error).__name__}: '
                               f'{" ".join(str(error).split())}); fix or delete the file.') from None
         if not isinstance(data, dict):
-            raise ConfigError(f'"{self.config_path}" is not a config (a YAML mapping); fix or delete the file.')
+            raise ConfigError(f'"{path}" is not a config (a YAML mapping); fix or delete the file.')
         return data
 
     def read_config(self):

@@ -19,7 +19,9 @@ a lock refuses with :class:`RunFolderBusyError`, naming the holder, unless the l
 
 A stale lock is taken over with a line saying whose it was and why it is stale (a run killed
 with SIGKILL leaves one). The holder removes the lock when it ends, also on an exception.
-Standard library only.
+:meth:`RunLock.live_holder` tells, without taking it, whether a live process holds a lock. The
+same lock under another file name holds other folders (the protocol runner's ``grid.lock`` on its
+output root), with its own :meth:`RunLock.busy_message`. Standard library only.
 """
 import json
 import os
@@ -32,7 +34,7 @@ from typing import Optional
 from vlprompt.fileio import atomic_write
 from vlprompt.run_layout import LOCK_FILENAME
 
-__all__ = ["LOCK_FILENAME", "FOREIGN_LOCK_STALE_AFTER", "RunFolderBusyError", "RunLock"]
+__all__ = ["LOCK_FILENAME", "FOREIGN_LOCK_STALE_AFTER", "RunFolderBusyError", "RunLock", "describe_holder"]
 
 FOREIGN_LOCK_STALE_AFTER = timedelta(hours=72)
 _TAKEOVER_ATTEMPTS = 5
@@ -63,7 +65,8 @@ def _pid_running(pid: int) -> bool:
     return True
 
 
-def _describe(holder: dict) -> str:
+def describe_holder(holder: dict) -> str:
+    """"pid P on host H, started T" of a lock record."""
     return f"pid {holder.get('pid')} on host {holder.get('host')}, started {holder.get('started')}"
 
 
@@ -72,16 +75,30 @@ class RunLock:
 
     Args:
         folder: the run folder (``OUTPUT_DIR``).
+        filename: the lock file's name in ``folder`` (another lock of the same kind, e.g. the
+            protocol runner's on its output root).
 
     Raises (on entering):
-        RunFolderBusyError: a live process holds the folder; the message names its pid, host and
-            start time, and the lock file.
+        RunFolderBusyError: a live process holds the folder; the message (:meth:`busy_message`)
+            names its pid, host and start time, and the lock file.
     """
 
-    def __init__(self, folder):
+    def __init__(self, folder, filename: str = LOCK_FILENAME):
         self.folder = Path(folder)
-        self.path = self.folder / LOCK_FILENAME
+        self.path = self.folder / filename
         self.record: Optional[dict] = None
+
+    def busy_message(self, holder: dict) -> str:
+        """Why a process cannot take the lock that ``holder`` (a live process) holds, and what to do."""
+        return (f"The run folder {self.folder} is in use by another run ({describe_holder(holder)}): two runs writing "
+                f"one folder would do the work twice and overwrite each other. Wait for it to end, or give this "
+                f"run another --output-dir. If that process is gone, delete {self.path}.")
+
+    def live_holder(self) -> Optional[dict]:
+        """The record of the live process that holds the lock (its "pid", "host", "started"), or None
+        when there is no lock or it is stale. Reads only."""
+        holder = self._read(self.path)
+        return holder if holder is not None and self._stale(holder) is None else None
 
     def __enter__(self):
         self.acquire()
@@ -109,10 +126,7 @@ class RunLock:
                 continue
             why_stale = self._stale(holder)
             if why_stale is None:
-                raise RunFolderBusyError(
-                    f"The run folder {self.folder} is in use by another run ({_describe(holder)}): two runs writing one folder would do the work twice "
-                    f"and overwrite each other. Wait for it to end, or give this run another --output-dir. If "
-                    f"that process is gone, delete {self.path}.")
+                raise RunFolderBusyError(self.busy_message(holder))
             self._take_over(holder, why_stale)
         raise RunFolderBusyError(f"Could not take the lock {self.path}: other processes keep replacing it.")
 
@@ -127,7 +141,7 @@ class RunLock:
 
     def _create(self, record: dict) -> bool:
         """Publish ``record`` as the lock unless one exists; True when it was published."""
-        temporary = self.folder / f".{LOCK_FILENAME}.{record['token']}"
+        temporary = self.folder / f".{self.path.name}.{record['token']}"
         with atomic_write(str(temporary), "w") as f:
             json.dump(record, f)
         try:
@@ -172,7 +186,7 @@ class RunLock:
     def _take_over(self, holder: Optional[dict], why_stale: str) -> None:
         """Remove the stale lock of ``holder`` (None: an unreadable file); a lock that changed
         since it was read (another process took it over first) is put back."""
-        aside = self.folder / f".{LOCK_FILENAME}.stale-{secrets.token_hex(8)}"
+        aside = self.folder / f".{self.path.name}.stale-{secrets.token_hex(8)}"
         try:
             os.rename(self.path, aside)
         except FileNotFoundError:
@@ -185,6 +199,6 @@ class RunLock:
                 pass
             aside.unlink()
             return
-        whose = _describe(holder) if holder is not None else "an unreadable record"
+        whose = describe_holder(holder) if holder is not None else "an unreadable record"
         print(f"Taking over the stale lock {self.path} ({whose}): {why_stale}.", flush=True)
         aside.unlink()

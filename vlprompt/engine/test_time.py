@@ -159,9 +159,10 @@ class EpisodeLog:
                 f"checked. Delete {osp.dirname(self.header_path)} to start this test-time run from the first image."
             ) from None
         if found != self.header:
-            raise RuntimeError(
-                f"{self.header_path} records the episodes of another run ({found}, expected {self.header}); "
-                f"delete {osp.dirname(self.header_path)} to start this test-time run from the first image."
+            raise RunFolderError(
+                f"{self.header_path} records the episodes of another run (other settings, starting weights or "
+                f"images: {found}, expected {self.header}); rerun with --restart (train.py moves the folder's "
+                f"files aside) or delete {osp.dirname(self.header_path)} to start this test-time run from the first image."
             )
         if not osp.isfile(self.path):
             return empty

@@ -16,9 +16,14 @@ default ``paper``) unless given. Runs write to the reference repositories' folde
 (``--eval-role`` base, new, source or target; vlprompt/engine/eval_scope.py), so methods whose
 inference depends on it (DeAR's INFERENCE auto) need no per-protocol test options. A run
 whose results.json says it completed is skipped, so the same command resumes a grid;
-``--dry-run`` lists what would run.
+``--dry-run`` lists what would run. A grid whose folders hold runs made with other settings
+(other ``--opts``, an edited config file) stops before anything runs, listing them, unless
+``--restart`` starts those runs afresh (vlprompt_app/protocols/settings.py). One runner at a time
+works on an ``--output`` (``OUTPUT/grid.lock``); a run that another process holds is reported as
+held, naming it.
 
-Exit status: 0 when every run completed, 1 when some failed, 2 for bad input.
+Exit status: 0 when every run completed, 1 when some failed or are held by another process, 2 for
+bad input, a grid whose folders hold runs with other settings, or an output another runner holds.
 """
 from __future__ import annotations
 
@@ -29,12 +34,14 @@ from typing import List, Optional, Sequence
 
 from vlprompt.paths import repository_root
 from vlprompt.config import ConfigError
+from vlprompt.engine.run_lock import RunFolderBusyError
 from vlprompt_app.protocols import PROTOCOLS, BenchmarkError, GridSpec, build_grid, load_benchmark
 from vlprompt_app.protocols.benchmark import ProtocolDatasets
 from vlprompt_app.protocols.execute import (
-    Launcher, Progress, SlurmOptions, pending_runs, run_queue, run_sequential, submit_slurm,
+    GridLock, Launcher, Progress, SlurmOptions, pending_runs, run_queue, run_sequential, submit_slurm,
     summarize, wait_for_jobs,
 )
+from vlprompt_app.protocols.settings import changed_runs, refusal, restart
 from vlprompt_app.protocols.benchmark import TRANSFER
 from vlprompt_app.protocols.grid import resolve_method, resolve_methods
 from vlprompt_app.project import import_project_package
@@ -88,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "(e.g. TEST.SPLIT val)")
     grid.add_argument("--dry-run", action="store_true",
                       help="print the pending runs as train.py commands and exit")
+    grid.add_argument("--restart", action="store_true",
+                      help="start afresh the runs whose folders hold a run made with other settings (and the runs "
+                           "that load them): their files are moved into FOLDER/replaced-<date-time>/ (without it, "
+                           "such a grid stops before running anything, listing them)")
 
     execution = parser.add_argument_group("execution")
     execution.add_argument("--backend", choices=BACKENDS, default="sequential",
@@ -222,12 +233,26 @@ def _slurm_options(args, output: str) -> SlurmOptions:
         array_parallelism=args.slurm_array_parallelism, additional=extra)
 
 
-def _print_dry_run(chains, launcher: Launcher) -> None:
+def _print_dry_run(chains, launcher: Launcher, changed) -> None:
+    """The pending runs as commands; with --restart, the changed runs among them (marked)."""
     import shlex
 
-    for run in pending_runs(chains):
+    afresh = {item.run for item in changed}
+    pending = set(pending_runs(chains))
+    for run in [run for chain in chains for run in chain.runs if run in afresh or run in pending]:
         needs = f"   # after {run.requires}" if run.requires else ""
-        print(f"{shlex.join(['python', *launcher.command(run)[1:]])}{needs}")
+        note = "   # started afresh (--restart)" if run in afresh else ""
+        print(f"{shlex.join(['python', *launcher.command(run)[1:]])}{needs}{note}")
+
+
+def _changed(args, chains):
+    """The changed runs (vlprompt_app/protocols/settings.py), or None after printing the refusal
+    when there are some and --restart is not given."""
+    changed = changed_runs(chains, train.run_settings)
+    if changed and not args.restart:
+        print(f"error: {refusal(changed, args.output)}", file=sys.stderr)
+        return None
+    return changed
 
 
 def _submit_with_repo_on_path(chains, launcher: Launcher, options: SlurmOptions) -> list:
@@ -245,6 +270,11 @@ def _submit_with_repo_on_path(chains, launcher: Launcher, options: SlurmOptions)
 
 
 def _execute(args, chains, launcher: Launcher) -> int:
+    changed = _changed(args, chains)
+    if changed is None:
+        return 2
+    for line in restart(changed):
+        print(line, flush=True)
     runs = pending_runs(chains)
     total = sum(len(chain.runs) for chain in chains)
     if not runs:
@@ -303,12 +333,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     launcher = Launcher(str(TRAIN_SCRIPT), in_process=train.run if args.in_process else None,
                         nproc_per_node=args.nproc_per_node)
-    if args.dry_run:
-        _print_dry_run(chains, launcher)
-        return 0
     try:
-        return _execute(args, chains, launcher)
-    except ConfigError as error:  # device slots of the gpus backend
+        if args.dry_run:
+            changed = _changed(args, chains)
+            if changed is None:
+                return 2
+            _print_dry_run(chains, launcher, changed)
+            return 0
+        with GridLock(args.output):  # one runner at a time over an output
+            return _execute(args, chains, launcher)
+    except (ConfigError, RunFolderBusyError) as error:  # a run's arguments, device slots, a held output
         print(f"error: {error}", file=sys.stderr)
         return 2
 

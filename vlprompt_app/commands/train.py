@@ -5,19 +5,23 @@
         --config-file configs/trainers/CoOp/vit_b16_ep50.yaml \
         --output-dir output/oxford_pets/CoOp/seed1 --seed 1 DATASET.NUM_SHOTS 16
 
-Trailing KEY VALUE pairs override the config (merged last, so ``SEED 1`` beats
-``--seed 2``); options come first, and an option given after the first KEY is an error that
-shows the reordered command. Every run knows its evaluation scope (base, new, source or target; see
+Trailing KEY VALUE pairs override the config (merged last, so ``SEED 1`` beats ``--seed 2``);
+options come first, and an option given after the first KEY is an error that shows the reordered
+command. Every run knows its evaluation scope (base, new, source or target; see
 vlprompt/engine/eval_scope.py): ``--eval-role`` / ``TEST.ROLE`` gives it, otherwise it is inferred
-(an ``--eval-only`` run compares its dataset with the one recorded in ``--model-dir``); the
-log prints it and results.json records it. A training run writes its merged config to
-``OUTPUT_DIR/config.yaml``. Bad input (unknown trainer, dataset or config key, wrong value type or
-value, incompatible settings, missing config file or dataset folder, unusable CLIP
-weights, unreadable images, inconsistent labels, corrupt checkpoints or caches, a missing or
-wrong ``--model-dir``, missing or malformed class descriptions, unreadable run-folder files, an
-``OUTPUT_DIR`` another live run holds) ends with one paragraph on stderr and exit status 2, before
-any data is loaded where possible (the trainer's ``preflight`` checks run before it is built). A
-non-finite loss stops training with exit status 3 (see TRAIN.NONFINITE_LOSS).
+(an ``--eval-only`` run compares its dataset with the one recorded in ``--model-dir``); the log
+prints it and results.json records it. A training run writes its merged config to
+``OUTPUT_DIR/config.yaml`` (an evaluation of a ``--model-dir`` to ``eval_config.yaml``). A folder
+that holds checkpoints resumes, if the command asks for the run it records (the rerun rule,
+vlprompt/engine/rerun.py): otherwise the run stops, listing the keys that differ, unless
+``--restart`` moves the folder's files into ``OUTPUT_DIR/replaced-<date-time>/`` first. Bad input
+(unknown trainer, dataset or config key, wrong value type or value, incompatible settings, missing
+config file or dataset folder, unusable CLIP weights, unreadable images, inconsistent labels,
+corrupt checkpoints or caches, a missing or wrong ``--model-dir``, missing or malformed class
+descriptions, unreadable run-folder files, an ``OUTPUT_DIR`` another live run holds or that holds a
+run with other settings) ends with one paragraph on stderr and exit status 2, before any data is
+loaded where possible (the trainer's ``preflight`` checks run before it is built). A non-finite loss
+stops training with exit status 3 (see TRAIN.NONFINITE_LOSS).
 """
 
 import argparse
@@ -114,24 +118,42 @@ def reset_cfg(cfg, args):
         cfg.TEST.ROLE = args.eval_role
 
 
-def setup_cfg(args):
+def merged_config_files(dataset_config_file, config_file, cache=None):
+    """Defaults -> trainer nodes -> dataset YAML -> method YAML, as a new CfgNode.
+
+    ``cache``: a dict keeping the merge of each pair of files for a caller that sets up many runs in
+    one go (the protocol runner comparing a grid's settings): a merge costs tens of milliseconds.
+    """
+    from vlprompt.config import extend_cfg, get_cfg_default, merge_from_file
+
+    key = (dataset_config_file, config_file)
+    if cache is not None and key in cache:
+        return cache[key].clone()
+    cfg = get_cfg_default()
+    extend_cfg(cfg)
+    if dataset_config_file:
+        merge_from_file(cfg, dataset_config_file)
+    if config_file:
+        merge_from_file(cfg, config_file)
+    if cache is not None:
+        cache[key] = cfg.clone()
+    return cfg
+
+
+def setup_cfg(args, file_cache=None):
     """Defaults -> trainer nodes -> dataset YAML -> method YAML -> flags -> overrides, checked;
-    then TEST.ROLE is set to the resolved evaluation scope.
+    then TEST.ROLE is set to the resolved evaluation scope. ``file_cache``: see
+    :func:`merged_config_files`.
 
     Returns:
         (frozen cfg, EvalScope)
     """
-    from vlprompt.config import extend_cfg, get_cfg_default, merge_from_file, merge_from_list
+    from vlprompt.config import merge_from_list
     from vlprompt.engine.config_checks import validate_cfg
     from vlprompt.engine.eval_scope import resolve_eval_scope
 
     import_project()
-    cfg = get_cfg_default()
-    extend_cfg(cfg)
-    if args.dataset_config_file:
-        merge_from_file(cfg, args.dataset_config_file)
-    if args.config_file:
-        merge_from_file(cfg, args.config_file)
+    cfg = merged_config_files(args.dataset_config_file, args.config_file, file_cache)
     reset_cfg(cfg, args)
     merge_from_list(cfg, args.opts)
     check_names(cfg)
@@ -187,12 +209,58 @@ def main(args):
     training = not (args.eval_only or args.no_train)
     if training:
         check_training_cfg(cfg)
+    if args.restart:
+        check_restart(args, cfg)
     model_dir = args.model_dir if args.eval_only else ""
     notes = TRAINER_REGISTRY.get(cfg.TRAINER.NAME).preflight(cfg, training, model_dir)
     # rank 0 holds the folder for a torchrun job; its other processes write only their own logs
     holds_folder = int(os.environ.get("RANK", "0")) == 0
     with RunFolder(cfg.OUTPUT_DIR).lock() if holds_folder else contextlib.nullcontext():
+        notes = [*prepare_folder(args, cfg, training, holds_folder), *notes]
         run_in_folder(args, cfg, scope, training, notes)
+
+
+def evaluates_model_dir(args):
+    """True for an evaluation of another run's model (--eval-only --model-dir): its folder records
+    its settings as eval_config.yaml, not config.yaml (it is not a model itself)."""
+    return bool(args.eval_only and args.model_dir)
+
+
+def run_settings(argv, file_cache=None):
+    """(merged config, whether it evaluates a --model-dir) of train.py's arguments ``argv``, merged
+    as a run merges them (the protocol runner compares them with what run folders record)."""
+    args = build_parser().parse_args(list(argv))
+    cfg, _ = setup_cfg(args, file_cache)
+    return cfg, evaluates_model_dir(args)
+
+
+def check_restart(args, cfg):
+    """ConfigError when --restart contradicts the command: RESUME names a folder to resume from, or the
+    folder to start afresh is the --model-dir being evaluated."""
+    from pathlib import Path
+
+    if cfg.RESUME:
+        raise ConfigError(f"--restart starts {cfg.OUTPUT_DIR} afresh, but RESUME ({cfg.RESUME}) asks to resume "
+                          "from a folder's checkpoints: give one of them.")
+    if evaluates_model_dir(args) and Path(args.model_dir).resolve() == Path(cfg.OUTPUT_DIR).resolve():
+        raise ConfigError(f"--restart would move the model this run evaluates (--model-dir {args.model_dir}) out of "
+                          "its folder, which is also --output-dir: give the evaluation another --output-dir.")
+
+
+def prepare_folder(args, cfg, training, holds_folder):
+    """Before anything is written into ``cfg.OUTPUT_DIR`` (its lock held): with --restart, move what it
+    holds aside (the process holding the folder does); otherwise apply the rerun rule
+    (vlprompt/engine/rerun.py: refuse when the folder holds state of a run with other settings).
+    Returns lines for the log."""
+    from vlprompt.engine.rerun import check_rerun
+    from vlprompt.engine.run_folder import RunFolder
+
+    if not args.restart:
+        return check_rerun(cfg, training, evaluates_model_dir(args))
+    replaced = RunFolder(cfg.OUTPUT_DIR).move_aside() if holds_folder else None
+    if replaced is None:
+        return []
+    return [f'Starting afresh (--restart): the files of the earlier run in "{cfg.OUTPUT_DIR}" were moved into {replaced}']
 
 
 def run_in_folder(args, cfg, scope, training, notes):
@@ -218,10 +286,10 @@ def run_in_folder(args, cfg, scope, training, notes):
     print(f"Evaluation scope: {scope.scope} ({scope.reason})")
     for note in notes:
         print(note)
-    if training or (args.eval_only and not args.model_dir):
+    if training or args.eval_only:
         # An evaluation without --model-dir is the whole model (zero-shot CLIP): its folder is a run
-        # that tools/predict.py and tools/export.py read, as a training run's.
-        RunFolder(cfg.OUTPUT_DIR).write_config(cfg)
+        # that tools/predict.py and tools/export.py read, as a training run's (config.yaml).
+        RunFolder(cfg.OUTPUT_DIR).write_config(cfg, evaluation=evaluates_model_dir(args))
     print("Collecting env info ...")
     print("** System info **")
     print(collect_env_info())
@@ -262,6 +330,9 @@ def build_parser():
     parser.add_argument("--model-dir", type=str, default="", help="load model from this directory for eval-only mode")
     parser.add_argument("--load-epoch", type=int, help="load model weights at this epoch for evaluation")
     parser.add_argument("--no-train", action="store_true", help="do not call trainer.train()")
+    parser.add_argument("--restart", action="store_true",
+                        help="start --output-dir afresh: move the files of the run it holds into "
+                             "OUTPUT_DIR/replaced-<date-time>/ first (a rerun with other settings is refused without it)")
     parser.add_argument("--eval-role", type=str, default="",
                         help="evaluation scope: base, new, source or target (default: inferred; sets TEST.ROLE)")
     parser.add_argument("opts", default=None, nargs=argparse.REMAINDER, help="modify config options using the command line")

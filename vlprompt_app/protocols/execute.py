@@ -2,15 +2,18 @@
 
 A run is skipped only when its ``results.json`` says ``"completed": true``; anything else
 (no folder, a crashed run, a run killed mid-training) is launched again, and train.py
-resumes from the checkpoints it finds. No two runs of the chains may name one output folder
-(:func:`check_one_run_per_folder`, checked by every backend), and train.py holds its folder while
-it runs (``OUTPUT_DIR/run.lock``), so a run started twice (two run_protocol.py commands over one
-grid) fails the second time with a message naming the holder. A failing run never stops the grid: its chain's
-later runs (which need its checkpoint) are marked *blocked*, every other chain goes on, and
-:func:`summarize` lists the failures at the end.
+resumes from the checkpoints it finds (:mod:`vlprompt_app.protocols.settings` first finds the
+runs whose folders hold a run with other settings). No two runs of the chains may name one output
+folder (:func:`check_one_run_per_folder`, checked by every backend). One runner at a time works on
+an output root (:class:`GridLock`, ``OUTPUT/grid.lock``), and train.py holds its folder while it
+runs (``OUTPUT_DIR/run.lock``): a run that another process holds (a train.py started by hand, a
+runner over another output that shares it) is not launched but reported as *held*, naming that
+process. A failing run never stops the grid: its chain's later runs (which need its checkpoint) are
+marked *blocked*, every other chain goes on, and :func:`summarize` lists the failures at the end,
+each with the error it ended with (:func:`error_paragraph`).
 
-Each attempt appends the run's console output (stdout and stderr, tracebacks included) to
-``OUTPUT_DIR/console.txt``; ``log.txt`` stays train.py's own log.
+Each attempt appends the run's console output (stdout and stderr in the order they were written,
+tracebacks included) to ``OUTPUT_DIR/console.txt``; ``log.txt`` stays train.py's own log.
 
 Backends:
 
@@ -28,6 +31,7 @@ import gc
 import os
 import queue
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -38,18 +42,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, TextIO
 
-from vlprompt.engine.run_folder import RESULTS_FILENAME, RunFolder
+from vlprompt.engine.run_folder import CONSOLE_FILENAME, RESULTS_FILENAME, RunFolder
+from vlprompt.engine.run_lock import RunLock, describe_holder
 from vlprompt.paths import repository_root
 from .grid import Chain, Run
 
 __all__ = [
-    "OK", "FAILED", "SKIPPED", "BLOCKED", "Outcome", "Launcher",
-    "SlurmOptions", "is_completed", "check_one_run_per_folder", "pending_runs", "execute_chain", "Progress", "run_sequential",
-    "run_queue", "submit_slurm", "run_chain_job", "wait_for_jobs", "summarize",
+    "GRID_LOCK_FILENAME", "OK", "FAILED", "SKIPPED", "BLOCKED", "HELD", "Outcome", "Launcher",
+    "GridLock", "SlurmOptions", "is_completed", "check_one_run_per_folder", "pending_runs", "error_paragraph",
+    "execute_chain", "Progress", "run_sequential", "run_queue", "submit_slurm", "run_chain_job", "wait_for_jobs",
+    "summarize",
 ]
 
+GRID_LOCK_FILENAME = "grid.lock"
 
-OK, FAILED, SKIPPED, BLOCKED = "ok", "FAILED", "skipped", "blocked"
+OK, FAILED, SKIPPED, BLOCKED, HELD = "ok", "FAILED", "skipped", "blocked", "held"
 
 
 @dataclass(frozen=True)
@@ -58,10 +65,10 @@ class Outcome:
 
     Attributes:
         run: the run.
-        status: OK, FAILED, SKIPPED (already completed) or BLOCKED (the training run it
-            needs did not complete).
+        status: OK, FAILED, SKIPPED (already completed), BLOCKED (the training run it
+            needs did not complete) or HELD (another live process holds its folder).
         seconds: wall time of the attempt (0 when not launched).
-        detail: for FAILED/BLOCKED, one line saying why.
+        detail: for FAILED/BLOCKED/HELD, one paragraph saying why.
         where: the worker that ran it (e.g. "gpu 1"), or "".
     """
 
@@ -75,6 +82,28 @@ class Outcome:
 def is_completed(output_dir) -> bool:
     """True when the run in ``output_dir`` completed (:attr:`RunFolder.completed`)."""
     return RunFolder(output_dir).completed
+
+
+class GridLock(RunLock):
+    """The protocol runner's hold on its output root: ``OUTPUT/grid.lock``, a
+    :class:`~vlprompt.engine.run_lock.RunLock` under another name. While one runner holds it, a
+    second one over the same output refuses at once (:class:`RunFolderBusyError` naming the holder),
+    so that no run is started twice and no two runners append to one console.txt."""
+
+    def __init__(self, output_root):
+        super().__init__(output_root, GRID_LOCK_FILENAME)
+
+    def busy_message(self, holder: dict) -> str:
+        return (f"Another tools/run_protocol.py runs a grid into {self.folder} ({describe_holder(holder)}): two "
+                f"runners over one output would start the same runs twice and write into one {CONSOLE_FILENAME}. Wait for "
+                "it to end and run this command again (completed runs are skipped), or give this grid another --output. "
+                f"If that process is gone, delete {self.path}.")
+
+
+def _held(output_dir) -> Optional[str]:
+    """"held by another process (pid P on host H, started T)" while a live process holds the folder, else None."""
+    holder = RunLock(output_dir).live_holder()
+    return None if holder is None else f"held by another process ({describe_holder(holder)})"
 
 
 def check_one_run_per_folder(chains: Sequence[Chain]) -> None:
@@ -143,7 +172,9 @@ class Launcher:
                                  "use subprocess runs for per-run devices.")
             return _run_in_process(self.in_process, self.train_script, run.argv, console)
         console.flush()
-        return subprocess.run(self.command(run), cwd=self.cwd, env={**os.environ, **env},
+        # unbuffered: stdout and stderr reach the console in the order they are written, so that
+        # an error paragraph is not followed by output buffered before it
+        return subprocess.run(self.command(run), cwd=self.cwd, env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
                               stdout=console, stderr=subprocess.STDOUT).returncode
 
 
@@ -181,13 +212,43 @@ def _release_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def _last_line(path: Path) -> str:
+def error_paragraph(output: str) -> str:
+    """The error a run's console ``output`` ends with, as one line: train.py's "Error: ..." paragraph
+    (bad input), or the exception line of the last traceback (a crash), whichever comes last; else
+    the last line. A line rewritten with carriage returns (a progress bar) counts as its last state;
+    the runner's ``====`` lines are left out."""
+    lines = [line.split("\r")[-1].rstrip() for line in output.split("\n")]
+    lines = [line for line in lines if not line.startswith("==== ")]
+    error = max((i for i, line in enumerate(lines) if line.startswith("Error:")), default=-1)
+    traceback_start = max((i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")),
+                          default=-1)
+    if traceback_start > error:
+        raised = next((i for i in range(traceback_start + 1, len(lines)) if lines[i] and not lines[i][0].isspace()), None)
+        if raised is not None:
+            return lines[raised].strip()
+    if error >= 0:
+        end = next((i for i in range(error, len(lines)) if not lines[i].strip()), len(lines))
+        return " ".join(line.strip() for line in lines[error:end])
+    printed = [line.strip() for line in lines if line.strip()]
+    return printed[-1] if printed else ""
+
+
+def _read_from(path: Path, offset: int) -> str:
     try:
-        lines = [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines()]
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
-    lines = [line for line in lines if line and not line.startswith("====")]
-    return lines[-1] if lines else ""
+
+
+def _exit_reason(status: int) -> str:
+    if status is not None and status < 0:
+        try:
+            return f"killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"killed by signal {-status}"
+    return f"exit status {status}" if status else f'exit status 0 but no "completed" {RESULTS_FILENAME}'
 
 
 def _attempt(run: Run, launcher: Callable, env: Dict[str, str], where: str) -> Outcome:
@@ -200,14 +261,18 @@ def _attempt(run: Run, launcher: Callable, env: Dict[str, str], where: str) -> O
         device = "".join(f"{k}={v} " for k, v in env.items())
         console.write(f"==== {stamp}: {device}train.py {shlex.join(run.argv)}\n")
         console.flush()
+        offset = console.tell()
         status = launcher(run, env, console)
         console.write(f"==== exit status {status}\n")
     seconds = time.time() - started
     if is_completed(output_dir):
         return Outcome(run, OK, seconds, where=where)
-    why = f"exit status {status}" if status else f'exit status 0 but no "completed" {RESULTS_FILENAME}'
-    last = _last_line(console_path)
-    detail = f"{why}: {last}" if last else why
+    held = _held(output_dir) if status == 2 else None  # another process took the folder first
+    if held is not None:
+        return Outcome(run, HELD, seconds, f"{held}; not run here (see {console_path})", where)
+    error = error_paragraph(_read_from(console_path, offset))
+    why = _exit_reason(status)
+    detail = f"{why}: {error}" if error else why
     return Outcome(run, FAILED, seconds, f"{detail} (see {console_path})", where)
 
 
@@ -226,8 +291,11 @@ def execute_chain(chain: Chain, launcher: Callable, env: Optional[Dict[str, str]
         if is_completed(run.output_dir):
             outcome = Outcome(run, SKIPPED, where=where)
         elif run.requires is not None and not is_completed(run.requires):
-            outcome = Outcome(run, BLOCKED, detail=f"not run: {run.requires} did not complete",
-                              where=where)
+            held = _held(run.requires)
+            why = f"is {held}" if held else "did not complete"
+            outcome = Outcome(run, BLOCKED, detail=f"not run: {run.requires} {why}", where=where)
+        elif (held := _held(run.output_dir)) is not None:
+            outcome = Outcome(run, HELD, detail=f"{held}; not run here", where=where)
         else:
             outcome = _attempt(run, launcher, env or {}, where)
         outcomes.append(outcome)
@@ -260,7 +328,7 @@ class Progress:
             timing = f"{outcome.seconds:7.1f}s" if outcome.seconds else " " * 8
             line = (f"[{self.done:>{self._width}}/{self.total}] {outcome.status:<7} {timing}"
                     f"{where} {outcome.run.label}")
-            if outcome.status in (FAILED, BLOCKED):
+            if outcome.status in (FAILED, BLOCKED, HELD):
                 line += f"\n    {outcome.detail}"
             print(line, file=self.stream or sys.stdout, flush=True)
 
@@ -398,17 +466,28 @@ def wait_for_jobs(jobs: Sequence, chains: Sequence[Chain],
 
 
 def summarize(outcomes: Sequence[Outcome], stream: Optional[TextIO] = None) -> int:
-    """Print the counts and every failed or blocked run; return 0 if none, else 1."""
+    """Print the counts and every failed, blocked or held run; return 0 if none, else 1.
+
+    A held run that the process holding it has completed by now is no longer a problem.
+    """
     out = stream or sys.stdout
     counts = {status: sum(o.status == status for o in outcomes)
-              for status in (OK, FAILED, BLOCKED, SKIPPED)}
+              for status in (OK, FAILED, BLOCKED, SKIPPED, HELD)}
+    held = [o for o in outcomes if o.status == HELD]
+    held_done = sum(is_completed(o.run.output_dir) for o in held)
+    held_part = (f", {counts[HELD]} held by another process ({held_done} of them completed there)" if held else "")
     print(f"Finished: {counts[OK]} ok, {counts[FAILED]} failed, {counts[BLOCKED]} blocked "
-          f"(their training run failed), {counts[SKIPPED]} already completed.", file=out)
-    problems = sorted((o for o in outcomes if o.status in (FAILED, BLOCKED)),
+          f"(their training run failed), {counts[SKIPPED]} already completed{held_part}.", file=out)
+    problems = sorted((o for o in outcomes if o.status in (FAILED, BLOCKED)
+                       or (o.status == HELD and not is_completed(o.run.output_dir))),
                       key=lambda o: o.run.label)
     if problems:
         print("Runs that did not complete:", file=out)
         for outcome in problems:
             print(f"  {outcome.status:<7} {outcome.run.label}\n          {outcome.detail}", file=out)
-        print("Fix the cause and run the same command again: completed runs are skipped.", file=out)
+        if any(o.status != HELD for o in problems):
+            print("Fix the cause and run the same command again: completed runs are skipped.", file=out)
+        if any(o.status == HELD for o in problems):
+            print("Held runs are being run by the process named: run the same command again once it has ended.",
+                  file=out)
     return 1 if problems else 0
