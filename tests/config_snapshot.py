@@ -10,6 +10,12 @@ it compactly and exactly:
 * ``"files"``: for every runnable config (``configs/trainers/**/*.yaml`` outside ``_base_``
   folders, and ``configs/datasets/*.yaml``), the merged value of every key the file sets.
 
+A method added after the snapshot was taken is new, not changed: its ``TRAINER.<NODE>`` (a node
+the snapshot's defaults have no key of, ``new_trainer_nodes``) and its configs (a folder
+``configs/trainers/<M>/`` the snapshot has no config of, ``new_method_configs``) are not pinned
+until the snapshot is next written, so a new method is its trainer file and its configs only.
+A new key of a node the snapshot has, and a new config of a method it has, are still changes.
+
 A file's merged config is ``defaults`` updated with its entry. Keys the file sets are stored
 even where they equal the default, so that a later change of a trainer default does not
 silently change a config that pinned the old value. Values are JSON: tuples become lists,
@@ -45,6 +51,32 @@ def shipped_configs(root=ROOT):
     paths = list(root.glob("configs/trainers/**/*.yaml")) + list(root.glob("configs/datasets/*.yaml"))
     relative = (path.relative_to(root) for path in paths)
     return sorted(path.as_posix() for path in relative if BASE_FOLDER not in path.parts)
+
+
+def trainer_node(key):
+    """``TRAINER.<NODE>`` of a dotted key under a trainer node, else None (``TRAINER.NAME``, core keys)."""
+    parts = key.split(".")
+    return ".".join(parts[:2]) if parts[0] == "TRAINER" and len(parts) > 2 else None
+
+
+def new_trainer_nodes(pinned_defaults, keys):
+    """The trainer nodes of ``keys`` of which ``pinned_defaults`` (the snapshot's flat defaults) has no
+    key: the nodes of methods added since the snapshot was taken."""
+    pinned = {trainer_node(key) for key in pinned_defaults}
+    return {trainer_node(key) for key in keys} - pinned - {None}
+
+
+def method_folder(path):
+    """``configs/trainers/<M>`` of a trainer config path, else None (dataset configs)."""
+    parts = path.split("/")
+    return "/".join(parts[:3]) if parts[:2] == ["configs", "trainers"] and len(parts) > 3 else None
+
+
+def new_method_configs(snapshot_files, paths):
+    """The configs among ``paths`` in a method folder of which ``snapshot_files`` has no config: the
+    configs of methods added since the snapshot was taken (sorted)."""
+    pinned = {method_folder(path) for path in snapshot_files}
+    return sorted(path for path in paths if method_folder(path) is not None and method_folder(path) not in pinned)
 
 
 def plain(value):

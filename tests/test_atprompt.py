@@ -10,10 +10,10 @@ from baseline_setup import (  # noqa: F401
 from trainer_checks import assert_config_errors, one_step_changes_only_the_learnable, saved_keys
 
 from trainers.atprompt import ATPromptCLIP, AttributeTokens, load_attribute_words
-from trainers.coop import CoOpCLIP
-from trainers.maple import MaPLeCLIP
 from vlprompt.clip import Plan, ReplaceTokens, Tokenizer
 from vlprompt.config import ConfigError
+from vlprompt.methods.coupled_prompts import MaPLeCLIP
+from vlprompt.methods.text_context import CoOpCLIP
 from vlprompt.synthetic.world import ATTRIBUTES
 
 CLASSNAMES = ["abyssinian", "american bulldog", "bengal"]

@@ -12,15 +12,15 @@ import pytest
 import torch
 from baseline_setup import BASELINES, build_seeded, frozen, learnable, make_cfg, toy_world  # noqa: F401
 
-from trainers.cocoop import CoCoOpCLIP
-from trainers.ivlp import IVLPCLIP
 from trainers.kgcoop import KgCoOpCLIP
-from trainers.maple import MaPLeCLIP
 from trainers.promptsrc import PromptSRCCLIP
 from trainers.vpt import VPTCLIP
 from vlprompt.clip import CLIPRunner, Tokenizer
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file
 from vlprompt.engine import TRAINER_REGISTRY
+from vlprompt.methods.conditional_context import CoCoOpCLIP
+from vlprompt.methods.coupled_prompts import MaPLeCLIP
+from vlprompt.methods.independent_prompts import IVLPCLIP
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKPOINT_NAMES = {

@@ -10,8 +10,8 @@ import pytest
 
 import trainers  # noqa: F401  (registers the trainers)
 from vlprompt_app.benchmarking import per_trainer, trainer_cases
-from vlprompt_app.benchmarking.trainer_cases import CASES, Case
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import CACHED, EVAL_ONLY, KINDS, TEST_TIME, TRAIN, Case
 
 from vlprompt_app.commands import benchmark
 
@@ -22,13 +22,28 @@ def test_every_registered_trainer_has_a_case_with_an_existing_config():
     """Trainers that test files register for themselves (e.g. test_reliability's toy trainer) are not counted."""
     assert "CoOp" in trainer_cases.project_trainers() and "DeAR" in trainer_cases.project_trainers()
     trainer_cases.check_coverage(trainer_cases.project_trainers())
-    for case in CASES:
+    cases = trainer_cases.declared_cases()
+    for case in cases:
         assert case.trainer in TRAINER_REGISTRY, case
         assert os.path.isfile(os.path.join(ROOT, "configs", "trainers", case.config)), case
-        assert case.kind in (trainer_cases.TRAIN, trainer_cases.CACHED, trainer_cases.EVAL_ONLY,
-                             trainer_cases.TEST_TIME)
-    names = [case.name for case in CASES]
+        assert case.kind in KINDS
+    names = [case.name for case in cases]
     assert len(names) == len(set(names))
+    assert {case.trainer for case in cases} == set(trainer_cases.project_trainers())
+
+
+def test_a_case_takes_its_trainer_and_name_from_the_declaring_class():
+    """Declared in the class body: the row is named after the trainer unless it names itself, a
+    subclass does not inherit its parent's rows, and a kind that is not one of KINDS is refused."""
+    coop, = trainer_cases.cases_of("CoOp")
+    assert (coop.trainer, coop.name, coop.config, coop.kind) == ("CoOp", "CoOp", "CoOp/vit_b16_ep50_ctxv1.yaml", TRAIN)
+    assert [(case.trainer, case.name) for case in trainer_cases.cases_of("RAda")] == [
+        ("RAda", "RAda"), ("RAda", "RAda (images)")]
+    assert [case.kind for case in trainer_cases.cases_of("ZeroshotCLIP2")] == [EVAL_ONLY]
+    assert [case.kind for case in trainer_cases.cases_of("LP")] == [CACHED]  # not FT's TRAIN, which LP subclasses
+    assert trainer_cases.cases_of("PromptAlign")[0].kind == TEST_TIME
+    with pytest.raises(ValueError, match="kind 'training' is not one of"):
+        Case("CoOp/vit_b16.yaml", "training")
 
 
 def made_up_times(frozen, train, eval_first, evaluation):
@@ -44,7 +59,7 @@ REFERENCES = {"train": "frozen", "eval first": "frozen", "eval": "frozen"}
 
 
 def test_ratios_are_the_medians_of_the_rounds_on_the_chosen_clock():
-    case = Case("Made up", "CoOp", "CoOp/vit_b16.yaml", trainer_cases.TRAIN, train_target=2.6, official_train=5.2)
+    case = Case("CoOp/vit_b16.yaml", TRAIN, name="Made up", trainer="CoOp", train_target=2.6, official_train=5.2)
     times = made_up_times(frozen=[1.0, 9.0, 2.0], train=[4.0, 5.0, 100.0], eval_first=[3.0, 3.0, 3.0],
                           evaluation=[2.2, 2.0, 2.4])
     fields = per_trainer.timing_fields(case, "cpu", times, COUNTS, REFERENCES)
@@ -66,7 +81,7 @@ def test_ratios_are_the_medians_of_the_rounds_on_the_chosen_clock():
 
 
 def test_the_wall_clock_gives_its_own_ratios():
-    case = Case("Made up", "CoOp", "CoOp/vit_b16.yaml", trainer_cases.TRAIN, train_target=2.6)
+    case = Case("CoOp/vit_b16.yaml", TRAIN, name="Made up", trainer="CoOp", train_target=2.6)
     times = made_up_times(frozen=[1.0], train=[2.0], eval_first=[1.0], evaluation=[1.0])
     times["frozen"]["wall"] = [4.0]  # the wall clock saw another job during the frozen forward
     fields = per_trainer.timing_fields(case, "wall", times, COUNTS, REFERENCES)
@@ -90,13 +105,7 @@ def test_a_registered_trainer_without_a_case_stops_the_benchmark(monkeypatch, ca
     assert benchmark.main(["trainers", "--trainers", "CoOp"]) == 2
     error = capsys.readouterr().err
     assert "without a benchmark case: UncoveredBenchmarkTrainer" in error
-    assert "CASES of vlprompt_app/benchmarking/trainer_cases.py" in error
-
-
-def test_a_case_for_an_unregistered_trainer_is_reported():
-    with pytest.raises(trainer_cases.BenchmarkCoverageError, match="not registered: Gone"):
-        trainer_cases.check_coverage(["CoOp"], [Case("CoOp", "CoOp", "CoOp/vit_b16.yaml", trainer_cases.TRAIN),
-                                                Case("Gone", "Gone", "CoOp/vit_b16.yaml", trainer_cases.TRAIN)])
+    assert "Declare benchmark_cases in the trainer's class body" in error
 
 
 def test_selection_by_trainer_or_case_name():
@@ -123,7 +132,9 @@ def tiny_run(tiny_clip_files, tmp_path_factory):
 def test_json_records_plausible_values(tiny_run):
     report = tiny_run
     records = {record["case"]: record for record in report["results"]}
-    assert list(records) == ["ZeroshotCLIP", "CoOp", "RAda", "RAda (images)", "RAdaTTT"]
+    assert sorted(records) == ["CoOp", "RAda", "RAda (images)", "RAdaTTT", "ZeroshotCLIP"]
+    # in the order the trainers declare them (the registry's)
+    assert list(records) == [case.name for case in trainer_cases.select_cases(["CoOp", "RAda", "ZeroshotCLIP", "RAdaTTT"])]
     assert report["benchmark"] == "trainers"
     assert report["settings"]["classes"] == 6 and report["settings"]["clock"] == "cpu"
     assert report["commit"] and len(report["load_before"]) == 3
@@ -159,7 +170,7 @@ def test_learnable_parameters_are_those_the_trainer_optimises(tiny_run, tmp_path
     records = {record["case"]: record for record in report["results"]}
     settings = dict(report["settings"])
     for name in ("CoOp", "RAda"):
-        case = next(case for case in CASES if case.name == name)
+        case = trainer_cases.case_named(name)
         trainer = trainer_cases.build_trainer(case, settings, str(tmp_path))
         optimised = {id(param): param.numel() for optim in trainer._optims.values() if optim is not None
                      for group in optim.param_groups for param in group["params"]}
@@ -167,7 +178,7 @@ def test_learnable_parameters_are_those_the_trainer_optimises(tiny_run, tmp_path
     assert records["CoOp"]["learnable_params"] == 4 * 32  # 4 context vectors of the tiny text width
     assert records["ZeroshotCLIP"]["learnable_params"] == 0
     # a test-time case counts what an episode tunes (its model's parameters stay frozen): RAda-TTT's generator
-    case = next(case for case in CASES if case.name == "RAdaTTT")
+    case = trainer_cases.case_named("RAdaTTT")
     trainer = trainer_cases.build_trainer(case, settings, str(tmp_path))
     generator = sum(param.numel() for param in trainer.model.mask_generator.parameters())
     assert records["RAdaTTT"]["learnable_params"] == trainer.episode_learnable() == generator > 0
@@ -216,7 +227,7 @@ def test_a_case_measured_in_its_own_process_gives_the_in_process_record(tiny_run
     """The default mode: each case in a fresh process (--worker), its record read back as JSON."""
     report = tiny_run
     in_process = next(record for record in report["results"] if record["case"] == "ZeroshotCLIP")
-    case = next(case for case in CASES if case.name == "ZeroshotCLIP")
+    case = trainer_cases.case_named("ZeroshotCLIP")
     record = per_trainer.run_in_subprocess(case, report["settings"])
     assert "error" not in record, record
     assert set(record) == set(in_process)

@@ -8,10 +8,10 @@ import torch.nn.functional as F
 from baseline_setup import runner_and_tokenizer, toy_pets_cfg, trainer_node
 
 import datasets  # noqa: F401  (registers OxfordPets)
-from trainers.clip_adapter import Adapter, CLIPAdapterCLIP, check_adapter_node
-from trainers.zsclip import TemplateCLIP
 from vlprompt.config import ConfigError
 from vlprompt.engine import build_trainer
+from vlprompt.methods.feature_adapters import Adapter, CLIPAdapterCLIP, check_adapter_node
+from vlprompt.methods.template_head import TemplateCLIP
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, TINY_RESNET_CLIP_CONFIG, write_oxford_pets_tree, write_tiny_clip
 
 CLASSES = ["red star", "blue circle", "green square"]

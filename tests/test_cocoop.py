@@ -4,8 +4,8 @@ import torch
 import torch.nn.functional as F
 from baseline_setup import tiny_node, tiny_runner, toy_world  # noqa: F401
 
-from trainers.cocoop import CoCoOpCLIP
-from trainers.coop import CoOpCLIP
+from vlprompt.methods.conditional_context import CoCoOpCLIP
+from vlprompt.methods.text_context import CoOpCLIP
 
 CLASSNAMES = ["abyssinian", "american bulldog", "bengal", "red star", "cat"]
 TOL = dict(rtol=1e-5, atol=1e-5)

@@ -3,7 +3,7 @@ write there loads on the CPU. Run by tools/gpu_acceptance.py with the other test
 import pytest
 import torch
 
-from vlprompt_app.benchmarking.trainer_cases import CASES, build_trainer, training_batch
+from vlprompt_app.benchmarking.trainer_cases import build_trainer, case_named, training_batch
 from vlprompt_app.gpu_acceptance.parity import tiny_case
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -13,7 +13,7 @@ SETTINGS = {"backbone": "configs/clip/tiny-synthetic-clip.json", "weights": "ran
 
 
 def _case(name):
-    return tiny_case(next(case for case in CASES if case.name == name))
+    return tiny_case(case_named(name))
 
 
 def _batch(trainer, case, generator):

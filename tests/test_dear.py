@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 
 from trainers.dear import DeARCLIP, check_dear_config, deep_head_roles
-from trainers.zsclip import TemplateCLIP
 from vlprompt.clip import CLIPRunner, RunState, Tokenizer, load_clip
 from vlprompt.clip.head_roles import parse_role_map
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default
+from vlprompt.methods.template_head import TemplateCLIP
 
 CLASSES = ["red star", "blue circle", "striped dog"]
 TEMPLATE = "a photo of a {}."

@@ -9,10 +9,10 @@ from baseline_setup import (  # noqa: F401
 )
 from trainer_checks import assert_config_errors, one_step_changes_only_the_learnable
 
-from trainers.coop import CoOpCLIP
 from trainers.dept import DePTCLIP
-from trainers.maple import MaPLeCLIP
 from vlprompt.config import ConfigError
+from vlprompt.methods.coupled_prompts import MaPLeCLIP
+from vlprompt.methods.text_context import CoOpCLIP
 
 CLASSNAMES = ["abyssinian", "american bulldog", "bengal"]
 TOL = dict(rtol=1e-5, atol=1e-5)

@@ -6,7 +6,7 @@ import torch
 from baseline_setup import build_seeded, make_cfg, toy_world  # noqa: F401
 
 from vlprompt_app.benchmarking import mixed_precision
-from vlprompt_app.benchmarking.trainer_cases import CASES
+from vlprompt_app.benchmarking.trainer_cases import case_named
 
 TRAINERS = ("CoOp", "KgCoOp", "IVLP", "MaPLe", "PromptSRC", "VPT")
 
@@ -58,7 +58,7 @@ def test_eval_mode_text_features_follow_the_autocast_state(toy_world, tmp_path):
 def test_moving_the_model_drops_its_frozen_text_targets(tmp_path, name):
     """The frozen-CLIP text targets a training step caches belong to the model's device and dtype:
     moving or casting the model drops them (and the evaluation cache) so they are computed again there."""
-    case = next(case for case in CASES if case.name == name)
+    case = case_named(name)
     trainer = mixed_precision.build_trainer(case, "bf16", "cpu", str(tmp_path))
     labels = torch.arange(2)
     mixed_precision.train_step(case, trainer, 0, mixed_precision.random_images(2, 0, trainer.device), labels)

@@ -16,14 +16,14 @@ from PIL import Image
 from baseline_setup import runner_and_tokenizer, toy_pets_cfg
 
 import datasets  # noqa: F401  (registers OxfordPets)
-from trainers.ft import FineTunedCLIP
 from trainers.l2sp import l2sp_penalty
 from trainers.wiseft import interpolate
-from trainers.zsclip import TemplateCLIP
 from vlprompt.config import ConfigError
 from vlprompt.data.transforms import build_transform
 from vlprompt.engine import build_trainer
 from vlprompt.engine.run_folder import RunFolder
+from vlprompt.methods.template_head import TemplateCLIP
+from vlprompt.methods.zero_shot_head import FineTunedCLIP
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
 from vlprompt.utils import load_checkpoint
 

@@ -90,7 +90,8 @@ def test_official_trees_and_command(tmp_path):
     assert dassl == str(tmp_path / "dassl")
     assert run.official_trees(str(tmp_path / "absent")) == ([], None)
     gpu = run.official_argv(run.GPU_SETTINGS, given, dassl)
-    assert gpu[gpu.index("--methods") + 1:gpu.index("--device")] == list(run.OFFICIAL_METHODS)
+    assert run.official_methods() == ["CoOp", "MaPLe", "MMRL", "PromptSRC"]  # declared by their cost specs
+    assert gpu[gpu.index("--methods") + 1:gpu.index("--device")] == run.official_methods()
     assert gpu[gpu.index("--device") + 1] == "cuda" and gpu[gpu.index("--prec") + 1] == "recipe"
     assert gpu[-2:] == ["--dassl-git", dassl] and gpu.count("--official-git") == 2
     rehearsal = run.official_argv(run.REHEARSAL_SETTINGS, given, dassl)
@@ -158,6 +159,6 @@ def test_the_official_stage_writes_each_method_as_it_is_measured(tmp_path, monke
     monkeypatch.setattr(cost, "measure", measure)
     argv = run.official_argv(run.GPU_SETTINGS, ["KaiyangZhou/CoOp=x"], "d")
     stages.official(str(tmp_path), {"official_argv": argv})
-    assert seen == [(list(run.OFFICIAL_METHODS), "cuda", "recipe")]
+    assert seen == [(run.official_methods(), "cuda", "recipe")]
     report = json.loads((tmp_path / "official.json").read_text())
     assert report["benchmark"] == "official" and [r["case"] for r in report["results"]] == ["CoOp", "MMRL"]

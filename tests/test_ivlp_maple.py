@@ -4,9 +4,9 @@ import torch
 import torch.nn.functional as F
 from baseline_setup import build_seeded, learnable, make_cfg, tiny_node, tiny_runner, toy_world  # noqa: F401
 
-from trainers.ivlp import IVLPCLIP
-from trainers.maple import MaPLeCLIP
 from vlprompt.clip import CLIPRunner, Tokenizer, load_clip, vision_prompt_plan
+from vlprompt.methods.coupled_prompts import MaPLeCLIP
+from vlprompt.methods.independent_prompts import IVLPCLIP
 from vlprompt.testing import TINY_CLIP_CONFIG, write_tiny_clip
 
 CLASSNAMES = ["abyssinian", "american bulldog", "bengal"]

@@ -19,9 +19,10 @@ import pytest
 import torch
 
 from vlprompt_app.benchmarking import mixed_precision
-from vlprompt_app.benchmarking.trainer_cases import CASES, EVAL_ONLY, TEST_TIME
+from vlprompt.engine.benchmark_case import EVAL_ONLY, TEST_TIME
+from vlprompt_app.benchmarking.trainer_cases import declared_cases
 
-CONTRACT_CASES = mixed_precision.contract_cases(CASES)
+CONTRACT_CASES = mixed_precision.contract_cases(declared_cases())
 
 # The largest |autocast logit - fp32 logit| over CLIP's temperature tau (logits are tau times a
 # cosine). fp16 keeps 11 significant bits (unit roundoff 2^-11 = 0.00049) and bf16 8 (2^-8 =
@@ -62,7 +63,6 @@ def test_mixed_precision_contract(case, prec):
         assert record.resume_differences == [], record.resume_differences
 
 
-
 COOP = next(case for case in CONTRACT_CASES if case.name == "CoOp")
 
 
@@ -70,7 +70,7 @@ def test_the_contract_sees_a_lost_scaler_state_and_a_deviceless_tensor(monkeypat
     """The contract can fail: a resume that drops the scaler's state, and a step that adds a
     tensor made without the data's device, are both reported (CoOp at fp16)."""
     from vlprompt.engine.amp import MixedPrecision
-    from trainers.coop import CoOpCLIP
+    from vlprompt.methods.text_context import CoOpCLIP
 
     monkeypatch.setattr(MixedPrecision, "load_state_dict", lambda self, state: None)
     forward = CoOpCLIP.forward

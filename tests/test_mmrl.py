@@ -10,9 +10,10 @@ from baseline_setup import (  # noqa: F401
 )
 from trainer_checks import assert_fusion_and_class_token_inference, one_step_changes_only_the_learnable
 
-from trainers.mmrl import DATASET_SETTINGS, INFERENCE_RULE, MMRLCLIP, check_mmrl_config, dataset_settings
+from trainers.mmrl import DATASET_SETTINGS, INFERENCE_RULE, check_mmrl_config, dataset_settings
 from vlprompt.clip import fill_template
 from vlprompt.config import ConfigError
+from vlprompt.methods.representation_tokens import MMRLCLIP
 
 CLASSNAMES = ["abyssinian", "american_bulldog", "bengal"]
 TEMPLATE = "a photo of a {}, a type of pet."

@@ -230,5 +230,5 @@ def test_bad_config_values_are_config_errors(toy_world, tmp_path, key, value, me
 def test_template_table_and_its_error():
     assert template_for("OxfordPets", "a photo of a {}, a type of pet.") == PETS_PHRASE + " {}."
     assert template_for("Synthetic", "a photo of a {}.") == "a photo of a {}."
-    with pytest.raises(ConfigError, match=r'"MyData".*PROGRAD_TEMPLATES in trainers/prograd.py'):
+    with pytest.raises(ConfigError, match=r'"MyData".*PROGRAD_TEMPLATES in vlprompt/methods/prograd_templates.py'):
         template_for("MyData", "a photo of a {}, a type of thing.")

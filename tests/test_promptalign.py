@@ -6,22 +6,22 @@ import pytest
 import torch
 from baseline_setup import build_seeded, make_cfg, tiny_node, tiny_runner, toy_world, toy_world_cfg  # noqa: F401
 
-from vlprompt_app.commands import promptalign_stats
-from trainers.maple import MaPLeCLIP
 from trainers.promptalign import (
     TokenStatistics, alignment_loss, image_features_and_block_inputs, load_source_statistics, read_run_config,
     recording_plan, statistics_paths, token_statistics,
 )
-from trainers.tpt import PromptTuning
 from vlprompt.clip import vision_prompt_plan
 from vlprompt.config import ConfigError
 from vlprompt.data import DataManager
 from vlprompt.engine import build_trainer
 from vlprompt.engine.run_folder import RunFolder
 from vlprompt.engine.test_time import average_prediction_entropy, entropy_per_view
+from vlprompt.methods.coupled_prompts import MaPLeCLIP
+from vlprompt.methods.prompt_tuning import PromptTuning
+from vlprompt.utils import read_image
+from vlprompt_app.commands import promptalign_stats
 from vlprompt_app.protocols.layout import parse_run_path, source_model_name, ttt_run_dir
 from vlprompt_app.protocols.published import find_published, load_published, published_path
-from vlprompt.utils import read_image
 
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,13 +11,13 @@ import torch
 import torch.nn.functional as F
 from baseline_setup import ROOT, build_seeded, frozen, learnable, make_cfg, toy_world, trainer_node  # noqa: F401
 
-from trainers.ivlp import IVLPCLIP
 from trainers.promptkd import (
     KD_WEIGHTS, distillation_loss, kd_weight, read_teacher_run, resolve_teacher_dir, split_size,
 )
 from vlprompt.clip import CLIPRunner, Tokenizer, load_clip, vision_prompt_plan
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file
 from vlprompt.engine.run_folder import RunFolder
+from vlprompt.methods.independent_prompts import IVLPCLIP
 from vlprompt.utils import load_checkpoint
 
 ALL = ["abyssinian", "american bulldog", "bengal", "boxer", "persian"]

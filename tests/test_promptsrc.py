@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 from baseline_setup import build_seeded, learnable, make_cfg, tiny_node, tiny_runner, toy_world  # noqa: F401
 
-from trainers.promptsrc import TEXT_TARGET_COUNT, GaussianPromptAggregation, PromptSRCCLIP, gpa_weights
+from trainers.promptsrc import TEXT_TARGET_COUNT, PromptSRCCLIP, gpa_weights
 from vlprompt.clip import imagenet_templates
+from vlprompt.methods.prompt_aggregation import GaussianPromptAggregation
 
 CLASSNAMES = ["abyssinian", "american_bulldog", "bengal"]
 TOL = dict(rtol=1e-5, atol=1e-5)

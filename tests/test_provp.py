@@ -11,9 +11,9 @@ from baseline_setup import (  # noqa: F401
 )
 from trainer_checks import assert_config_errors, one_step_changes_only_the_learnable, saved_keys
 
-from trainers.prograd import PROGRAD_TEMPLATES
 from trainers.provp import ProVPCLIP, provp_template, uniform_bound
 from vlprompt.clip import fill_template
+from vlprompt.methods.prograd_templates import PROGRAD_TEMPLATES
 
 CLASSNAMES = ["abyssinian", "american_bulldog", "bengal"]
 TEMPLATE = "a type of pet, a photo of a {}."

@@ -9,11 +9,11 @@ import torch.nn.functional as F
 from baseline_setup import runner_and_tokenizer, toy_pets_cfg, trainer_node
 
 import datasets  # noqa: F401  (registers OxfordPets)
-from trainers.rada import RAdaCLIP, check_rada_node
-from trainers.zsclip import TemplateCLIP
-from trainers.rada_rational import RationalMaskGenerator, mask_regularizer, rational_logits, rational_matrix
 from vlprompt.config import ConfigError
 from vlprompt.engine import build_trainer
+from vlprompt.methods.rada import RAdaCLIP, check_rada_node
+from vlprompt.methods.rada_rational import RationalMaskGenerator, mask_regularizer, rational_logits, rational_matrix
+from vlprompt.methods.template_head import TemplateCLIP
 from vlprompt.testing import TINY_RESNET_CLIP_CONFIG, write_oxford_pets_tree, write_tiny_clip
 
 CLASSES = ["red star", "blue circle", "green square", "golden retriever", "cat"]

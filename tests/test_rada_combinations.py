@@ -8,13 +8,13 @@ import torch.nn.functional as F
 from baseline_setup import runner_and_tokenizer, toy_pets_cfg
 
 import datasets  # noqa: F401  (registers OxfordPets)
-from trainers.ivlp import IVLPCLIP
 from trainers.rada_adapter import RAdaAdapterCLIP
 from trainers.rada_prompt import RAdaPromptCLIP
-from trainers.zsclip import TemplateCLIP
 from vlprompt.clip import fill_template, imagenet_templates
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file
 from vlprompt.engine import build_trainer
+from vlprompt.methods.independent_prompts import IVLPCLIP
+from vlprompt.methods.template_head import TemplateCLIP
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -14,9 +14,9 @@ from torch.optim.lr_scheduler import LambdaLR
 import datasets  # noqa: F401  (registers OxfordPets)
 from trainers.rada_fft import RAdaFFTCLIP
 from vlprompt.engine.fine_tuning import iteration_cosine_schedule
-from trainers.zsclip import TemplateCLIP
 from vlprompt.config import ConfigError
 from vlprompt.engine import build_trainer
+from vlprompt.methods.template_head import TemplateCLIP
 from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
 from vlprompt.utils import load_checkpoint, setup_logger
 from vlprompt.utils.logger import close_logger

@@ -9,16 +9,16 @@ import torch
 import torch.nn.functional as F
 from baseline_setup import runner_and_tokenizer, trainer_node
 
-from trainers.rada import RAdaCLIP, check_rada_node
 from trainers.rada_adapter import RAdaAdapterCLIP
 from trainers.rada_fft import RAdaFFTCLIP
 from trainers.rada_prompt import RAdaPromptCLIP
-from trainers.zsclip import TemplateCLIP
-from trainers.rada_mask_generators import (
+from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file
+from vlprompt.methods.rada import RAdaCLIP, check_rada_node
+from vlprompt.methods.rada_mask_generators import (
     MASK_GENERATOR_REGISTRY, MLPMaskGenerator, StackedRationalMaskGenerator, build_mask_generator,
 )
-from trainers.rada_rational import RationalMaskGenerator
-from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file
+from vlprompt.methods.rada_rational import RationalMaskGenerator
+from vlprompt.methods.template_head import TemplateCLIP
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCALE = torch.tensor(14.3)

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from vlprompt_app.benchmarking import backbone_families, mixed_precision
-from vlprompt_app.benchmarking.trainer_cases import CASES, EVAL_ONLY, TEST_TIME
+from vlprompt.engine.benchmark_case import EVAL_ONLY, TEST_TIME
+from vlprompt_app.benchmarking.trainer_cases import declared_cases
 
-CONTRACT_CASES = mixed_precision.contract_cases(CASES)
+CONTRACT_CASES = mixed_precision.contract_cases(declared_cases())
 NEW_FAMILIES = tuple(family for family in backbone_families.FAMILIES if family != "openai")  # openai: the contract's
 # (trainer, family): why it refuses; the README's "Other backbones" lists the same.
 REFUSALS = {}

@@ -1,19 +1,11 @@
-"""Method trainers; importing this package registers them all."""
-from . import coop, zsclip  # noqa: F401
-from . import cocoop, ivlp, kgcoop, maple, promptsrc, vpt  # noqa: F401
-from . import dear  # noqa: F401
-from . import prograd  # noqa: F401
-from . import tcp  # noqa: F401
-from . import mma  # noqa: F401
-from . import dept  # noqa: F401
-from . import mmrl, mmrlpp  # noqa: F401
-from . import provp  # noqa: F401
-from . import atprompt  # noqa: F401
-from . import skip_tuning  # noqa: F401
-from . import flyp  # noqa: F401
-from . import tac  # noqa: F401
-from . import clip_adapter, rada, rada_adapter, rada_fft, rada_prompt, rada_ttt  # noqa: F401
-from . import promptkd  # noqa: F401
-from . import tpt  # noqa: F401
-from . import promptalign  # noqa: F401
-from . import ft, l2sp, lp, lpft, wiseft  # noqa: F401
+"""Method trainers, one module per method; importing this package registers them all.
+
+Every module of this folder is imported, in the order of their names: a new method is a new
+file (and its configs), with no list to extend. Names of the trainers are also read from the
+source without importing it (``vlprompt_app.project.registered_trainer_names``).
+"""
+import importlib
+import pkgutil
+
+for _module in sorted(info.name for info in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_module}")

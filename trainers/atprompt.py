@@ -59,13 +59,13 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip import InsertTokens, Plan, PromptedCLIP, ReplaceTokens
 from vlprompt.config import ConfigError, check_choice, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import TRAIN, Case
+from vlprompt.methods.coupled_prompts import MaPLeCLIP, check_maple_cfg
+from vlprompt.methods.text_context import CoOpCLIP
 from vlprompt.paths import repository_root
 
-from .coop import CoOp, CoOpCLIP
-from .maple import MaPLe, MaPLeCLIP
-
-# TRAINER.ATPROMPT.BASE -> (base trainer, whose check_cfg validates the base node; base model; its node).
-BASES = {"CoOp": (CoOp, CoOpCLIP, "COOP"), "MaPLe": (MaPLe, MaPLeCLIP, "MAPLE")}
+# TRAINER.ATPROMPT.BASE -> (the check of the base node, None: CoOp's has none; base model; its node).
+BASES = {"CoOp": (None, CoOpCLIP, "COOP"), "MaPLe": (check_maple_cfg, MaPLeCLIP, "MAPLE")}
 ATTRIBUTE_INIT_STD = 0.01
 
 
@@ -225,6 +225,13 @@ class ATPrompt(ClipTrainer):
     """ATPrompt trainer; the whole model ("ATPrompt": the base method's learnable part and the
     attributes' soft tokens) is registered and checkpointed."""
 
+    # The attribute words are per dataset: the benchmark's stand-in classes take ImageNet's ("color", "shape").
+    benchmark_cases = (
+        Case("ATPrompt/vit_b16.yaml", TRAIN, opts=("DATASET.NAME", "ImageNet")),
+        Case("ATPrompt/vit_b16_maple.yaml", TRAIN, name="ATPrompt+MaPLe", opts=("DATASET.NAME", "ImageNet"),
+             synthetic_opts=("TRAINER.ATPROMPT.BASE", "MaPLe", "TRAINER.MAPLE.PROMPT_DEPTH", "3")),
+    )
+
     def check_cfg(self, cfg):
         node = cfg.TRAINER.ATPROMPT
         check_choice("TRAINER.ATPROMPT.BASE", node.BASE, list(BASES))
@@ -235,7 +242,9 @@ class ATPrompt(ClipTrainer):
                 "ATPrompt puts the class name at the end of its prompt: TRAINER.COOP.CLASS_TOKEN_POSITION must "
                 f"be 'end', got {cfg.TRAINER.COOP.CLASS_TOKEN_POSITION!r}."
             )
-        BASES[node.BASE][0].check_cfg(self, cfg)  # the base node (prompt sizes, init phrase)
+        check_base = BASES[node.BASE][0]
+        if check_base is not None:
+            check_base(cfg)  # the base node (prompt sizes, init phrase)
 
     def build_model(self):
         clip, tokenizer = self.build_clip()

@@ -5,25 +5,18 @@ adapts the image feature and is blended with it, f' = (1 - a) f + a A(f) (residu
 a = 0.2 in the paper); the class text features can get their own adapter the same way
 (TEXT_RATIO; 0 = none, CLIP-Adapter's best setting and the RAda repository's default).
 logits = tau * cos(f', t'); loss = cross-entropy. The image encoder is frozen, so the
-configs train on cached image features. ``FeatureAdapters`` is shared with RAdaAdapter.
+configs train on cached image features.
+
+The adapters and the model (``CLIPAdapterCLIP``) are the feature-adapter family
+(vlprompt/methods/feature_adapters.py), which RAdaAdapter extends.
 """
-import torch.nn.functional as F
-from torch import nn
 from yacs.config import CfgNode as CN
 
 from vlprompt.clip.templates import DEFAULT_TEMPLATE, check_template
-from vlprompt.config import ConfigError, register_cfg_extension
+from vlprompt.config import register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-
-from .zsclip import TemplateCLIP
-
-
-def add_adapter_keys(node, image_ratio, text_ratio, zero_init):
-    """Add the adapter keys with the given defaults to a trainer node."""
-    node.REDUCTION = 4  # bottleneck D -> D / REDUCTION -> D
-    node.IMAGE_RATIO = image_ratio  # a in f' = (1 - a) f + a A(f); 0 = no image adapter
-    node.TEXT_RATIO = text_ratio  # the same for the class text features
-    node.ZERO_INIT = zero_init  # second layer starts at zero (no ReLU after it): f' = (1 - a) f at step 0
+from vlprompt.engine.benchmark_case import CACHED, Case
+from vlprompt.methods.feature_adapters import CLIPAdapterCLIP, add_adapter_keys, check_adapter_node
 
 
 @register_cfg_extension
@@ -34,94 +27,11 @@ def add_clip_adapter_config(cfg):
     add_adapter_keys(cfg.TRAINER.CLIPADAPTER, image_ratio=0.2, text_ratio=0.0, zero_init=False)
 
 
-def check_adapter_node(node, name):
-    """Raise ConfigError for invalid adapter keys of ``node``."""
-    if node.REDUCTION < 1:
-        raise ConfigError(f"{name}.REDUCTION must be >= 1, got {node.REDUCTION}.")
-    for key in ("IMAGE_RATIO", "TEXT_RATIO"):
-        if not 0.0 <= node[key] <= 1.0:
-            raise ConfigError(f"{name}.{key} must be in [0, 1], got {node[key]}.")
-    if node.IMAGE_RATIO == 0 and node.TEXT_RATIO == 0:
-        raise ConfigError(f"{name}: IMAGE_RATIO and TEXT_RATIO are both 0, so there is nothing to train.")
-
-
-class Adapter(nn.Module):
-    """out = (1 - ratio) x + ratio * A(x), A(x) = ReLU(W2 ReLU(W1 x)), W1: [D / r, D], W2: [D, D / r].
-
-    With ``zero_init``, W2 starts at zero and the last ReLU is left out, A(x) = W2 ReLU(W1 x):
-    the adapter then only rescales x at step 0 (nothing changes after normalisation) and still
-    learns. Behind a ReLU a zero layer would get no gradient at all (ReLU'(0) = 0), which is why
-    the official RAda + Adapter code, which keeps it, never updates its adapters.
-
-    Args:
-        dim: D. reduction: r. ratio: the residual ratio. zero_init: see above.
-    """
-
-    def __init__(self, dim, reduction, ratio, zero_init):
-        super().__init__()
-        if dim // reduction < 1:
-            raise ConfigError(f"REDUCTION {reduction} leaves no hidden unit for features of size {dim}.")
-        self.ratio = ratio
-        self.zero_init = zero_init
-        self.down = nn.Linear(dim, dim // reduction, bias=False)
-        self.up = nn.Linear(dim // reduction, dim, bias=False)
-        if zero_init:
-            nn.init.zeros_(self.up.weight)
-
-    def forward(self, x):
-        adapted = self.up(F.relu(self.down(x)))
-        if not self.zero_init:
-            adapted = F.relu(adapted)
-        return (1 - self.ratio) * x + self.ratio * adapted
-
-
-class FeatureAdapters(nn.Module):
-    """The image adapter and the optional text adapter of a node (``add_adapter_keys``).
-
-    Attributes:
-        image, text: Adapter or None (ratio 0).
-    """
-
-    def __init__(self, dim, node):
-        super().__init__()
-        self.image = Adapter(dim, node.REDUCTION, node.IMAGE_RATIO, node.ZERO_INIT) if node.IMAGE_RATIO else None
-        self.text = Adapter(dim, node.REDUCTION, node.TEXT_RATIO, node.ZERO_INIT) if node.TEXT_RATIO else None
-
-    def forward(self, image_features, text_features):
-        """Normalised adapted features ([B, D], [K, D]) from features [B, D] and [K, D]."""
-        if self.image is not None:
-            image_features = self.image(image_features)
-        if self.text is not None:
-            text_features = self.text(text_features)
-        return F.normalize(image_features, dim=-1), F.normalize(text_features, dim=-1)
-
-
-class CLIPAdapterCLIP(TemplateCLIP):
-    """Frozen CLIP with CLIP-Adapter's feature adapters.
-
-    Args:
-        clip: CLIPRunner (frozen). tokenizer: Tokenizer. classnames: K names.
-        templates: sentence templates. node: cfg.TRAINER.CLIPADAPTER.
-    """
-
-    def __init__(self, clip, tokenizer, classnames, templates, node):
-        super().__init__(clip, tokenizer, classnames, templates)
-        self.adapters = FeatureAdapters(clip.text.output_dim, node)
-
-    def forward_features(self, image_features):
-        return self.cosine_logits(*self.adapters(image_features, self.class_text_features()))
-
-    def loss_features(self, image_features, labels):
-        logits = self.forward_features(image_features)
-        return F.cross_entropy(logits, labels), logits, {}
-
-    def loss(self, images, labels):
-        return self.loss_features(self.encode_image_features(images), labels)
-
-
 @TRAINER_REGISTRY.register()
 class CLIPAdapter(ClipTrainer):
     """CLIP-Adapter; the checkpointed module holds the adapters."""
+
+    benchmark_cases = (Case("CLIPAdapter/vit_b16.yaml", CACHED),)
 
     frozen_image_encoder = True
 

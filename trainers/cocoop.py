@@ -10,122 +10,25 @@ batch; the reference first builds all their embeddings, [B, C, 77, 512]). Here t
 built and encoded in chunks of at most TRAINER.COCOOP.TEXT_CHUNK_SIZE (image, class)
 prompts, and in training a chunked pass is recomputed during the backward pass, so the
 memory is bounded by the chunk, not by B x C. Results do not depend on the chunk size.
+
+The model (``CoCoOpCLIP``: the context, the meta-net and the chunked encoding) and its node
+``TRAINER.COCOOP`` are the conditional-context family (vlprompt/methods/conditional_context.py),
+which TPT also tunes.
 """
-from collections import OrderedDict
-
-import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.utils.checkpoint import checkpoint
-from yacs.config import CfgNode as CN
-
-from vlprompt.clip import PromptedCLIP, TextContext
-from vlprompt.config import check_range, register_cfg_extension
+from vlprompt.config import check_range
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-
-
-@register_cfg_extension
-def add_cocoop_config(cfg):
-    cfg.TRAINER.COCOOP = CN()
-    cfg.TRAINER.COCOOP.N_CTX = 16  # number of context vectors (ignored when CTX_INIT is set)
-    cfg.TRAINER.COCOOP.CTX_INIT = ""  # init phrase, e.g. "a photo of a" (n := its number of words)
-    cfg.TRAINER.COCOOP.PREC = "fp16"  # fp16 = autocast with fp32 master weights on CUDA
-    cfg.TRAINER.COCOOP.TEXT_CHUNK_SIZE = 256  # max (image, class) prompts per text-encoder call
-
-
-class ConditionalContext(TextContext):
-    """CoOp's context plus the meta-net that shifts it per image.
-
-    Args:
-        text_tower, tokenizer, classnames, n_ctx, ctx_init: as TextContext ("coop" mode).
-        feature_dim: dimension E of CLIP's image features (input of the meta-net).
-
-    Attributes:
-        ctx: Parameter [n, D].
-        meta_net: linear1 (E -> E/16), ReLU, linear2 (E/16 -> D).
-    """
-
-    def __init__(self, text_tower, tokenizer, classnames, n_ctx, ctx_init, feature_dim):
-        super().__init__(text_tower, tokenizer, classnames, n_ctx=n_ctx, ctx_init=ctx_init)
-        hidden = feature_dim // 16
-        self.meta_net = nn.Sequential(OrderedDict([
-            ("linear1", nn.Linear(feature_dim, hidden)),
-            ("relu", nn.ReLU(inplace=True)),
-            ("linear2", nn.Linear(hidden, text_tower.width)),
-        ]))
-
-    def conditioned(self, image_features):
-        """Per-image contexts [B, n, D] from normalised image features [B, E]."""
-        return self.ctx.unsqueeze(0) + self.meta_net(image_features).unsqueeze(1)
-
-    def pair_embeddings(self, contexts, classes):
-        """Prompt embeddings [N, L, D] of N (context, class) pairs.
-
-        Args:
-            contexts: [N, n, D], one context per pair.
-            classes: [N] class indices.
-        """
-        contexts = contexts.to(self.token_prefix.dtype)
-        return torch.cat([self.token_prefix[classes], contexts, self.token_suffix[classes]], dim=1)
-
-
-class CoCoOpCLIP(PromptedCLIP):
-    """Frozen CLIP with CoCoOp's image-conditional text context.
-
-    Args:
-        clip: CLIPRunner. tokenizer: Tokenizer. classnames: C names.
-        node: cfg.TRAINER.COCOOP.
-    """
-
-    def __init__(self, clip, tokenizer, classnames, node):
-        super().__init__(clip)
-        self.prompt_learner = ConditionalContext(
-            clip.text, tokenizer, classnames, n_ctx=node.N_CTX, ctx_init=node.CTX_INIT,
-            feature_dim=clip.text.output_dim,  # image and text features share CLIP's embedding
-        )
-        self.chunk_size = node.TEXT_CHUNK_SIZE
-
-    def forward(self, images):
-        image_features = F.normalize(self.clip.encode_image(images), dim=-1)
-        contexts = self.prompt_learner.conditioned(image_features)
-        return self.logit_scale * self.conditional_similarities(image_features, contexts)
-
-    def conditional_similarities(self, image_features, contexts):
-        """cos(f_b, text(contexts_b, c)) for all images b and classes c: [B, C].
-
-        The B x C prompts are encoded ``chunk_size`` at a time, class by class from the
-        shortest sentence to the longest, so that a chunk's text pass (which computes
-        positions up to its longest sentence) holds sentences of similar lengths. When
-        training needs more than one chunk, each chunk's text pass is recomputed in the
-        backward pass instead of being kept (activation checkpointing), so training
-        memory is bounded by the chunk too; the gradients are the same.
-        """
-        num_images, num_classes = image_features.shape[0], self.prompt_learner.num_classes
-        by_length = self.prompt_learner.eot.argsort(stable=True)
-        first_pair = torch.arange(num_images, device=image_features.device) * num_classes
-        pairs = (by_length.unsqueeze(1) + first_pair).flatten()  # index image * C + class, class-major
-        chunks = pairs.split(self.chunk_size)
-        recompute = torch.is_grad_enabled() and len(chunks) > 1
-        similarities = []
-        for chunk in chunks:
-            images, classes = chunk // num_classes, chunk % num_classes
-            if recompute:
-                text = checkpoint(self.encode_pairs, contexts[images], classes, use_reentrant=False)
-            else:
-                text = self.encode_pairs(contexts[images], classes)
-            similarities.append((image_features[images] * F.normalize(text, dim=-1)).sum(dim=-1))
-        similarities = torch.cat(similarities)
-        return similarities.new_empty(pairs.shape).index_copy(0, pairs, similarities).view(num_images, num_classes)
-
-    def encode_pairs(self, contexts, classes):
-        """Text features [N, E] of N (context [N, n, D], class [N]) prompts."""
-        prompts = self.prompt_learner
-        return self.clip.text(embeddings=prompts.pair_embeddings(contexts, classes), eot=prompts.eot[classes]).features
+from vlprompt.engine.benchmark_case import TRAIN, Case
+from vlprompt.methods.conditional_context import CoCoOpCLIP
 
 
 @TRAINER_REGISTRY.register()
 class CoCoOp(ClipTrainer):
     """CoCoOp trainer; the checkpointed module is the prompt learner (context + meta-net)."""
+
+    benchmark_cases = (
+        Case("CoCoOp/vit_b16_c4_ep10_batch1_ctxv1.yaml", TRAIN, batch=1, train_target=8.5, eval_target=4.0,
+             official_train=17.0, official_eval="8"),
+    )
 
     def check_cfg(self, cfg):
         node = cfg.TRAINER.COCOOP

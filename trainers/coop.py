@@ -8,57 +8,23 @@ Compared by running KaiyangZhou/CoOp @ ff61507c (Dassl.pytorch @ c61a1b57), its 
 fp32, on a seeded random ViT-B/16 and a context at 10x its init std: logits and one batch's CE
 agree (tools/official_equivalence.py, fixture tests/fixtures/official/coop.json,
 tests/test_fidelity.py; the relative max differences are in docs/fidelity.md).
+
+The model (``CoOpCLIP``) and its node ``TRAINER.COOP`` are the text-context family
+(vlprompt/methods/text_context.py), which other methods build on.
 """
-import torch.nn.functional as F
-from yacs.config import CfgNode as CN
-
-from vlprompt.clip import PromptedCLIP, TextContext
-from vlprompt.config import register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-
-
-
-@register_cfg_extension
-def add_coop_config(cfg):
-    cfg.TRAINER.COOP = CN()
-    cfg.TRAINER.COOP.N_CTX = 16  # number of context vectors
-    cfg.TRAINER.COOP.CSC = False  # class-specific context
-    cfg.TRAINER.COOP.CTX_INIT = ""  # init phrase, e.g. "a photo of a"
-    cfg.TRAINER.COOP.PREC = "fp16"  # fp16 = autocast with fp32 master weights on CUDA
-    cfg.TRAINER.COOP.CLASS_TOKEN_POSITION = "end"  # end, middle or front
-
-
-class CoOpCLIP(PromptedCLIP):
-    """Frozen CLIP with CoOp's learnable text context.
-
-    Args:
-        clip: CLIPRunner. tokenizer: Tokenizer. classnames: C names.
-        node: cfg.TRAINER.COOP.
-    """
-
-    def __init__(self, clip, tokenizer, classnames, node):
-        super().__init__(clip)
-        self.prompt_learner = TextContext(
-            clip.text, tokenizer, classnames, n_ctx=node.N_CTX, ctx_init=node.CTX_INIT,
-            class_specific=node.CSC, class_token_position=node.CLASS_TOKEN_POSITION,
-        )
-
-    def compute_text_features(self):
-        prompts = self.prompt_learner
-        return self.clip.text(embeddings=prompts(), eot=prompts.eot).features
-
-    def unnormalised_image_features(self, images):
-        """Image features [B, E] before L2 normalisation (CoOp does not prompt the image tower)."""
-        return self.clip.encode_image(images)
-
-    def forward(self, images):
-        image_features = F.normalize(self.unnormalised_image_features(images), dim=-1)
-        return self.cosine_logits(image_features, self.class_text_features())
+from vlprompt.engine.benchmark_case import OFFICIAL_EVAL, TRAIN, Case
+from vlprompt.methods.text_context import CoOpCLIP
 
 
 @TRAINER_REGISTRY.register()
 class CoOp(ClipTrainer):
     """CoOp trainer; the checkpointed module is the prompt learner (the context)."""
+
+    benchmark_cases = (
+        Case("CoOp/vit_b16_ep50_ctxv1.yaml", TRAIN, train_target=2.6, official_train=5.2,
+             official_eval=OFFICIAL_EVAL),
+    )
 
     exports_class_text_features = True
 

@@ -39,6 +39,7 @@ from vlprompt.clip.head_roles import HeadRole, role_attention_mask
 from vlprompt.clip.role_map_registry import MissingRoleMapError, find_role_map
 from vlprompt.config import ConfigError, check_choice, check_range, get_cfg_default, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.option_rules import ScopeRule
 
 MASK_STRATEGIES = ("role", "all_generalization", "all_mixed", "random_shuffle")
@@ -338,6 +339,8 @@ class DeARCLIP(PromptedCLIP):
 @TRAINER_REGISTRY.register()
 class DeAR(ClipTrainer):
     """DeAR trainer; the checkpointed module ("prompt_learner") holds P0, T0, W_attr and a."""
+
+    benchmark_cases = (Case("DeAR/vit_b16_base2new.yaml", TRAIN, train_target=2.2),)
 
     vit_required_for = "attribute tokens and per-head masks"
 

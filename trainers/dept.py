@@ -67,17 +67,17 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip import PromptedCLIP
 from vlprompt.config import ConfigError, check_choice, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.fine_tuning import classifier_rows
 from vlprompt.engine.option_rules import AUTO, ScopeRule
 from vlprompt.engine.eval_scope import eval_scope
 from vlprompt.engine.run_folder import RunFolder
+from vlprompt.methods.coupled_prompts import MaPLeCLIP, check_maple_cfg
+from vlprompt.methods.text_context import CoOpCLIP
 from vlprompt.utils import load_checkpoint
 
-from .coop import CoOp, CoOpCLIP
-from .maple import MaPLe, MaPLeCLIP
-
-# TRAINER.DEPT.BASE -> (base trainer, whose check_cfg validates the base node; base model; its node).
-BASES = {"CoOp": (CoOp, CoOpCLIP, "COOP"), "MaPLe": (MaPLe, MaPLeCLIP, "MAPLE")}
+# TRAINER.DEPT.BASE -> (the check of the base node, None: CoOp's has none; base model; its node).
+BASES = {"CoOp": (None, CoOpCLIP, "COOP"), "MaPLe": (check_maple_cfg, MaPLeCLIP, "MAPLE")}
 INFERENCE_RULE = ScopeRule("TRAINER.DEPT.INFERENCE", base="fused", new="sim", source="fused", target="sim")
 HEAD_SCOPES = ("base", "source")  # scopes that score the training classes, which the head knows
 TARGET_FUSIONS = ("upstream", "off")  # TRAINER.DEPT.TARGET_FUSION (module docstring)
@@ -190,6 +190,11 @@ class DePT(ClipTrainer):
     """DePT trainer; the whole model ("DePT": the base method's learnable part, FiLM and head)
     is registered with two parameter groups."""
 
+    benchmark_cases = (
+        Case("DePT/vit_b16_maple.yaml", TRAIN),
+        Case("DePT/vit_b16_coop.yaml", TRAIN, name="DePT+CoOp", synthetic_opts=("TRAINER.DEPT.BASE", "CoOp")),
+    )
+
     def check_cfg(self, cfg):
         node = cfg.TRAINER.DEPT
         check_choice("TRAINER.DEPT.BASE", node.BASE, list(BASES))
@@ -205,8 +210,9 @@ class DePT(ClipTrainer):
                 "classes: use INFERENCE auto or sim (auto with TARGET_FUSION upstream fuses a target whose "
                 "classes are all among the head's)."
             )
-        base_trainer = BASES[node.BASE][0]
-        base_trainer.check_cfg(self, cfg)  # the base node (prompt sizes, init phrase)
+        check_base = BASES[node.BASE][0]
+        if check_base is not None:
+            check_base(cfg)  # the base node (prompt sizes, init phrase)
 
     def build_model(self):
         clip, tokenizer = self.build_clip()

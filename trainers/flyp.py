@@ -75,6 +75,7 @@ from vlprompt.config import check_range, register_cfg_extension
 from vlprompt.data.data_manager import SeededItems, SeededSampler
 from vlprompt.data.samplers import SeededEpochs
 from vlprompt.engine import TRAINER_REGISTRY
+from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.distributed import all_gather_rows, dataset_wrapper, epoch_seed, item_seeded_loader
 from vlprompt.engine.fine_tuning import FullFineTuningTrainer, add_fine_tuning_keys
 from vlprompt.optim import build_optimizer
@@ -242,10 +243,20 @@ class FLYPCLIP(PromptedCLIP):
         return image_features, text_features, self.logit_scale.float()
 
 
+def benchmark_template_keys(trainer, batch_size):
+    """What the training loader adds to a cost-benchmark batch (its case's ``batch_keys``): each image's
+    caption template index [B], cycling over the T templates."""
+    return {"template": torch.arange(batch_size) % len(trainer.model.token_ids)}
+
+
 @TRAINER_REGISTRY.register()
 class FLYP(FullFineTuningTrainer):
     """FLYP trainer; the checkpointed module ("FLYP") is the whole CLIP. Runs as one process or
     under torchrun (see "Parallelism" above)."""
+
+    # The loader gives each image one of its templates (80 in vit_b16.yaml; the step encodes B
+    # captions and B images).
+    benchmark_cases = (Case("FLYP/vit_b16.yaml", TRAIN, batch_keys=benchmark_template_keys),)
 
     node_name = "FLYP"
 

@@ -18,9 +18,9 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip import CLASS_TOKEN_POSITIONS, fill_template
 from vlprompt.config import check_choice, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.option_rules import DatasetRule
-
-from .coop import CoOpCLIP
+from vlprompt.methods.text_context import CoOpCLIP
 
 # Where the knowledge target's sentence differs from the dataset's zero-shot template (other
 # datasets: their own template).
@@ -74,6 +74,8 @@ class KgCoOpCLIP(CoOpCLIP):
 @TRAINER_REGISTRY.register()
 class KgCoOp(ClipTrainer):
     """KgCoOp trainer; the checkpointed module is the prompt learner (the context)."""
+
+    benchmark_cases = (Case("KgCoOp/vit_b16_ep100_ctxv1.yaml", TRAIN),)
 
     exports_class_text_features = True
 

@@ -1,7 +1,7 @@
 """L2-SP (Li et al., ICML 2018): fine-tuning with a penalty towards the pretrained weights instead
 of weight decay (FLYP's and RAda's Table 1 row "L2-SP"); no official code was read.
 
-The model is FT's (trainers/ft.py), trained end to end like FT; the loss adds
+The model is FT's (vlprompt/methods/zero_shot_head.py), trained end to end like FT; the loss adds
 
     Ω(w) = ALPHA / 2 * ||w_S - w_S⁰||² + BETA / 2 * ||w_head||²,
 
@@ -18,8 +18,8 @@ from yacs.config import CfgNode as CN
 
 from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
-
-from .ft import FT, add_ft_keys
+from vlprompt.engine.benchmark_case import TRAIN, Case
+from vlprompt.methods.zero_shot_head import ZeroShotHeadTrainer, add_ft_keys
 
 
 @register_cfg_extension
@@ -39,8 +39,10 @@ def l2sp_penalty(encoder_params, anchors, head_params, alpha, beta):
 
 
 @TRAINER_REGISTRY.register()
-class L2SP(FT):
+class L2SP(ZeroShotHeadTrainer):
     """FT with the L2-SP penalty (term "l2sp" in the logged summary)."""
+
+    benchmark_cases = (Case("L2SP/vit_b16.yaml", TRAIN, opts=("TRAINER.L2SP.TEMPLATE_ENSEMBLE", "False")),)
 
     node_name = "L2SP"
 

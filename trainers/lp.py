@@ -1,8 +1,8 @@
 """LP: linear probing of CLIP with the zero-shot head (WiSE-FT's "--freeze-encoder" fine-tuning;
 FLYP's and RAda's Table 1 row "LP").
 
-The model is FT's (trainers/ft.py: head W₀ = exp(logit_scale) * zero-shot weights, bias 0, on
-normalised image features); the image encoder stays frozen and only the head (weight and bias)
+The model is FT's (vlprompt/methods/zero_shot_head.py: head W₀ = exp(logit_scale) * zero-shot
+weights, bias 0, on normalised image features); the image encoder stays frozen and only the head (weight and bias)
 trains, with cross-entropy. As upstream (mlfoundations/wise-ft @ 58b7a4b3, src/models/finetune.py
 with --freeze-encoder, src/datasets/common.py get_features), the head trains on image features
 computed once: the configs enable FEATURE_CACHE, and the training images take the evaluation
@@ -16,8 +16,8 @@ from yacs.config import CfgNode as CN
 
 from vlprompt.config import register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
-
-from .ft import FT, add_ft_keys
+from vlprompt.engine.benchmark_case import CACHED, Case
+from vlprompt.methods.zero_shot_head import ZeroShotHeadTrainer, add_ft_keys
 
 
 @register_cfg_extension
@@ -27,8 +27,11 @@ def add_lp_config(cfg):
 
 
 @TRAINER_REGISTRY.register()
-class LP(FT):
+class LP(ZeroShotHeadTrainer):
     """Linear probe; the checkpointed module holds the head."""
+
+    # On cached features; the head from one template (as FT's case).
+    benchmark_cases = (Case("LP/vit_b16.yaml", CACHED, opts=("TRAINER.LP.TEMPLATE_ENSEMBLE", "False")),)
 
     node_name = "LP"
     supports_distributed = False

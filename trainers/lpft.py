@@ -1,7 +1,7 @@
 """LP-FT (Kumar et al., ICLR 2022): linear probing, then fine-tuning of everything from the probed
 head (FLYP's and RAda's Table 1 row "LP-FT"); no official code was read.
 
-The model is FT's (trainers/ft.py). Two stages of one trainer, chained by tools/run_protocol.py
+The model is FT's (vlprompt/methods/zero_shot_head.py). Two stages of one trainer, chained by tools/run_protocol.py
 as the staged method LPFT:vit_b16_stage1@5:vit_b16_stage2 (stage 2 starts from stage 1's epoch-5
 checkpoint through MODEL.INIT_WEIGHTS, as RAdaFFT):
 
@@ -17,9 +17,9 @@ from yacs.config import CfgNode as CN
 
 from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
+from vlprompt.engine.benchmark_case import TRAIN, Case
+from vlprompt.methods.zero_shot_head import ZeroShotHeadTrainer, add_ft_keys
 from vlprompt.run_layout import epoch_checkpoint_name
-
-from .ft import FT, add_ft_keys
 
 
 @register_cfg_extension
@@ -30,8 +30,13 @@ def add_lpft_config(cfg):
 
 
 @TRAINER_REGISTRY.register()
-class LPFT(FT):
+class LPFT(ZeroShotHeadTrainer):
     """LP-FT; the checkpointed module holds the head (stage 1), or image encoder and head (stage 2)."""
+
+    benchmark_cases = (
+        Case("LPFT/vit_b16_stage2.yaml", TRAIN, opts=("TRAINER.LPFT.TEMPLATE_ENSEMBLE", "False"),
+             synthetic="LPFT/synthetic_stage2.yaml"),
+    )
 
     node_name = "LPFT"
 

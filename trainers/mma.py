@@ -56,6 +56,7 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip import Plan, PromptedCLIP, fill_template, tower_depths
 from vlprompt.config import ConfigError, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import TRAIN, Case
 
 
 @register_cfg_extension
@@ -178,6 +179,8 @@ class MMACLIP(PromptedCLIP):
 @TRAINER_REGISTRY.register()
 class MMA(ClipTrainer):
     """MMA trainer; the checkpointed module is ``adapter_learner`` (all adapters)."""
+
+    benchmark_cases = (Case("MMA/vit_b16_ep5.yaml", TRAIN),)
 
     def check_cfg(self, cfg):
         node, backbone = cfg.TRAINER.MMA, cfg.MODEL.BACKBONE.NAME

@@ -2,7 +2,7 @@
 
 MMRL (trainers/mmrl.py) with three changes; everything else (R, the towers' token placement,
 f_cls, t_c, the logits, the loss and the scope-dependent inference) is MMRL's, shared through
-:class:`trainers.mmrl.MMRLCLIP`.
+the representation-tokens family (:class:`vlprompt.methods.representation_tokens.MMRLCLIP`).
 
 1. Shared residual representation aligners (SRRA, RES_LORA_DIM = r = 4). For each tower one
    shared weight W [D, d_r] (from one random Linear(d_r, D)), and per representation layer l
@@ -66,10 +66,12 @@ from yacs.config import CfgNode as CN
 
 from vlprompt.config import ConfigError, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
+from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.option_rules import DatasetRule, ScopeRule
 from vlprompt.engine.eval_scope import eval_scope
-
-from .mmrl import MMRL, MMRLCLIP, SharedRepresentation, check_representation_config
+from vlprompt.methods.representation_tokens import (
+    MMRLCLIP, RepresentationTokensTrainer, SharedRepresentation, check_representation_config,
+)
 
 KEY = "TRAINER.MMRLPP"
 INFERENCE_RULE = ScopeRule(f"{KEY}.INFERENCE", base="fusion", new="cls", source="fusion", target="cls")
@@ -234,7 +236,8 @@ class ResidualRepresentationLearner(SharedRepresentation):
 
 class MMRLppCLIP(MMRLCLIP):
     """Frozen CLIP with MMRL++'s representation tokens; ``node`` is cfg.TRAINER.MMRLPP with BETA
-    resolved (:func:`resolved_node`); other arguments as :class:`trainers.mmrl.MMRLCLIP`."""
+    resolved (:func:`resolved_node`); other arguments as
+    :class:`vlprompt.methods.representation_tokens.MMRLCLIP`."""
 
     NAME, KEY = "MMRL++", KEY
 
@@ -250,9 +253,12 @@ class MMRLppCLIP(MMRLCLIP):
 
 
 @TRAINER_REGISTRY.register()
-class MMRLpp(MMRL):
+class MMRLpp(RepresentationTokensTrainer):
     """MMRL++ trainer; the checkpointed module ("representation") holds R, the aligners and the
     projection residual (β is a setting, not a weight)."""
+
+    # β and λ are per dataset: the benchmark's stand-in classes take the Pets ones.
+    benchmark_cases = (Case("MMRLpp/vit_b16.yaml", TRAIN, opts=("DATASET.NAME", "OxfordPets")),)
 
     model_class = MMRLppCLIP
     inference_rule = INFERENCE_RULE

@@ -54,32 +54,15 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip import CLASS_TOKEN_POSITIONS, fill_template
 from vlprompt.config import ConfigError, check_choice, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.option_rules import DatasetRule
+from vlprompt.methods.prograd_templates import PROGRAD_TEMPLATES
+from vlprompt.methods.text_context import CoOpCLIP
 from vlprompt.metrics import compute_accuracy
 
-from .coop import CoOpCLIP
-
-# ProGrad's templates (class name last), for the prompt initialisation and the zero-shot teacher.
-PROGRAD_TEMPLATES = {
-    "OxfordPets": "a type of pet, a photo of a {}.",
-    "OxfordFlowers": "a type of flower, a photo of a {}.",
-    "FGVCAircraft": "a type of aircraft, a photo of a {}.",
-    "DescribableTextures": "a texture of {}.",
-    "EuroSAT": "a centered satellite photo of {}.",
-    "StanfordCars": "a photo of a {}.",
-    "Food101": "a type of food, a photo of {}.",
-    "SUN397": "a photo of a {}.",
-    "Caltech101": "a photo of a {}.",
-    "UCF101": "a photo of a person doing {}.",
-    "ImageNet": "a photo of a {}.",
-    "ImageNetSketch": "a photo of a {}.",
-    "ImageNetV2": "a photo of a {}.",
-    "ImageNetA": "a photo of a {}.",
-    "ImageNetR": "a photo of a {}.",
-}
 # A dataset outside the table takes its own template (no config option sets ProGrad's).
 TEMPLATE_RULE = DatasetRule("ProGrad's template", PROGRAD_TEMPLATES, default="", option=False, fallback="template",
-                            source="trainers.prograd.PROGRAD_TEMPLATES")
+                            source="vlprompt.methods.prograd_templates.PROGRAD_TEMPLATES")
 
 
 @register_cfg_extension
@@ -126,7 +109,7 @@ def template_for(dataset_name, dataset_template):
     if not template.endswith(" {}."):
         raise ConfigError(
             f'ProGrad needs a template ending with " {{}}." for dataset "{dataset_name}", got "{template}": '
-            "add one to PROGRAD_TEMPLATES in trainers/prograd.py."
+            "add one to PROGRAD_TEMPLATES in vlprompt/methods/prograd_templates.py."
         )
     return template
 
@@ -193,6 +176,8 @@ def _without_init(node):
 @TRAINER_REGISTRY.register()
 class ProGrad(ClipTrainer):
     """ProGrad trainer; the checkpointed module is the prompt learner (the context)."""
+
+    benchmark_cases = (Case("ProGrad/vit_b16_ep100.yaml", TRAIN),)
 
     exports_class_text_features = True
 

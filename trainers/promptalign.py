@@ -19,8 +19,9 @@ the prediction of the test view. Upstream's weight is DISTR_LOSS_W / (ALIGN_LAYE
 ALIGN_LAYER_FROM) = 100 / 3 while its loop ``range(ALIGN_LAYER_FROM, ALIGN_LAYER_TO − 1)`` covers
 layers 0 and 1 only: ALIGN_WEIGHT 100/3 and ALIGN_LAYERS [0, 1] here.
 
-Built on TPT's episode (trainers/tpt.py, PromptTuning "maple"): AlignedPromptTuning only adds the
-alignment term to its loss, so with ALIGN_WEIGHT 0 its step is MaPLe+TPT's. Config:
+Built on TPT's episode (vlprompt/methods/prompt_tuning.py, PromptTuning "maple"):
+AlignedPromptTuning only adds the alignment term to its loss, so with ALIGN_WEIGHT 0 its step is
+MaPLe+TPT's. Config:
 TRAINER.TPT (views, selection, steps, lr: ``PROMPT`` "maple"), TRAINER.MAPLE (the source prompts' sizes),
 TRAINER.PROMPTALIGN (PREC, the alignment and where the source statistics come from).
 
@@ -50,17 +51,17 @@ import os.path as osp
 import torch
 from yacs.config import CfgNode as CN
 
-from vlprompt.clip import MapTokens, check_prompt_sizes, vision_prompt_plan
+from vlprompt.clip import CLIPRunner, MapTokens, check_prompt_sizes, load_clip, vision_prompt_plan
 from vlprompt.config import (
     ConfigError, check_range, register_cfg_extension,
 )
 from vlprompt.data import DataManager, build_data_loader
 from vlprompt.engine import TRAINER_REGISTRY
+from vlprompt.engine.benchmark_case import TEST_TIME, Case
 from vlprompt.engine.run_folder import RunFolder
 from vlprompt.fileio import atomic_write
-
-from .maple import MaPLeCLIP
-from .tpt import TPT, PromptTuning
+from vlprompt.methods.coupled_prompts import MaPLeCLIP
+from vlprompt.methods.prompt_tuning import PromptTuning, PromptTuningTrainer
 
 STATISTICS_DIRNAME = "promptalign_stats"  # in the source run folder
 MEANS_FILENAME = "vis_means.pt"
@@ -320,13 +321,30 @@ class AlignedPromptTuning(PromptTuning):
         return super().maple_episode(views)
 
 
+def stand_in_statistics_options(settings, output_dir):
+    """The cost benchmark's source statistics (its case's ``prepare``): zero means and unit variances (the
+    step's cost does not depend on their values) of the benchmark's backbone with MaPLe's 2 prompt tokens
+    (PromptAlign/vit_b16.yaml); returns its VIS_MEANS / VIS_VARS overrides."""
+    clip_model, _ = load_clip(settings["backbone"], settings["weights"], device="cpu")
+    visual = CLIPRunner(clip_model).visual
+    shape = (visual.num_layers, visual.positional_embedding.shape[0] + 2, visual.width)
+    paths = osp.join(output_dir, "promptalign_means.pt"), osp.join(output_dir, "promptalign_vars.pt")
+    write_source_statistics(torch.zeros(shape), torch.ones(shape), *paths)
+    return ("TRAINER.PROMPTALIGN.VIS_MEANS", paths[0], "TRAINER.PROMPTALIGN.VIS_VARS", paths[1])
+
+
 @TRAINER_REGISTRY.register()
-class PromptAlign(TPT):
+class PromptAlign(PromptTuningTrainer):
     """PromptAlign: TPT on a MaPLe run (TRAINER.TPT.PROMPT "maple", ``--model-dir``) plus the alignment.
 
     The model is registered as MaPLe's ("MultiModalPromptLearner"), so a MaPLe run's checkpoint loads;
     every prompt-learner parameter (T_k, F_k) is tuned and reset per image.
     """
+
+    # MaPLe+TPT's episode plus the alignment, on stand-in source statistics.
+    benchmark_cases = (
+        Case("PromptAlign/vit_b16.yaml", TEST_TIME, batch=1, eval_target=None, prepare=stand_in_statistics_options),
+    )
 
     # Why tools/export.py refuses this method (vlprompt_app.export reads it).
     export_refusal = ("every prediction reads the source run's token statistics (its promptalign_stats/ folder, "

@@ -101,12 +101,13 @@ from vlprompt.config import (
 from vlprompt.data import DataManager
 from vlprompt.data.checks import check_images
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.option_rules import DatasetRule
 from vlprompt.engine.run_folder import CONFIG_FILENAME, RESULTS_FILENAME, RunFolder
+from vlprompt.methods.independent_prompts import IVLPCLIP
 from vlprompt.paths import repository_root
 from vlprompt.utils import load_checkpoint, save_checkpoint
 
-from .ivlp import IVLPCLIP
 
 # DATASET.NAME -> KD weight w of upstream's scripts/promptkd/base2new_train.sh.
 KD_WEIGHTS = {
@@ -118,7 +119,6 @@ KD_WEIGHT_RULE = DatasetRule("TRAINER.PROMPTKD.KD_WEIGHT", KD_WEIGHTS, source="t
 TEACHER_TRAINER = "PromptSRC"
 TEACHER_MODEL_NAME = "VLPromptLearner"  # the model name PromptSRC registers (its checkpoint folder)
 TEACHER_DIR_FIELDS = ("dataset", "name", "seed")
-
 
 
 @register_cfg_extension
@@ -486,6 +486,16 @@ class PromptKDCLIP(PromptedCLIP):
         return self.weight * kd, logits, {"kd": kd.detach()}
 
 
+def stand_in_teacher_options(settings, output_dir):
+    """The cost benchmark's teacher (its case's ``prepare``): a stand-in PromptSRC run of the benchmark's
+    backbone (untrained prompts; the step's cost does not depend on their values); returns its
+    TEACHER_DIR override."""
+    size = (settings["image_size"], settings["image_size"])
+    folder = write_stand_in_teacher(osp.join(output_dir, "promptkd_teacher"), settings["backbone"],
+                                    settings["weights"], size, "OxfordPets")
+    return ("TRAINER.PROMPTKD.TEACHER_DIR", folder)
+
+
 @TRAINER_REGISTRY.register()
 class PromptKD(ClipTrainer):
     """PromptKD trainer; the student (prompts, projector) is registered as "VLPromptLearner", as upstream.
@@ -494,6 +504,14 @@ class PromptKD(ClipTrainer):
         teacher_run: TeacherRun. train_classnames: the classes the student trains against
             (all classes with TRANSDUCTIVE, else the run's own).
     """
+
+    # The KD weight is per dataset and the teacher a PromptSRC run of that dataset: the benchmark's
+    # stand-in classes take the Pets weight, the teacher is PromptSRC with untrained prompts on the
+    # same backbone.
+    benchmark_cases = (
+        Case("PromptKD/vit_b16_c2_ep20_batch8_4+4ctx.yaml", TRAIN, opts=("DATASET.NAME", "OxfordPets"),
+             prepare=stand_in_teacher_options),
+    )
 
     vit_required_for = "deep vision prompts"
 

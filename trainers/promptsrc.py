@@ -21,8 +21,10 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip import fill_template, imagenet_templates
 from vlprompt.config import ConfigError, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import OFFICIAL_EVAL, TRAIN, Case
+from vlprompt.methods.independent_prompts import IVLPCLIP, check_vl_prompt_config
+from vlprompt.methods.prompt_aggregation import GaussianPromptAggregation
 
-from .ivlp import IVLPCLIP, check_vl_prompt_config
 
 TEXT_TARGET_COUNT = 60
 """The reference's text targets use CLIP's 80 ImageNet templates without the last 20."""
@@ -107,42 +109,14 @@ def gpa_weights(max_epoch, mean, std):
     return density / total if total > 0 else None
 
 
-class GaussianPromptAggregation:
-    """Running sum over epochs of w_e x (learnable tensors).
-
-    Args:
-        weights: w_e for epochs 1..E (``gpa_weights``).
-
-    Attributes:
-        total: {name: tensor} running sum (None before the first epoch).
-        epochs: 0-based indices of the epochs added so far.
-    """
-
-    def __init__(self, weights):
-        self.weights = weights
-        self.total = None
-        self.epochs = []
-
-    def add(self, epoch, tensors):
-        """Add w_(epoch+1) x tensors ({name: tensor}) for the 0-based ``epoch``."""
-        weight = float(self.weights[epoch])
-        weighted = {name: weight * tensor.detach().clone() for name, tensor in tensors.items()}
-        if self.total is None:
-            self.total = weighted
-        else:
-            self.total = {name: self.total[name] + weighted[name] for name in self.total}
-        self.epochs.append(epoch)
-
-    def state_dict(self):
-        return {"epochs": list(self.epochs), "total": self.total}
-
-    def load_state_dict(self, state):
-        self.epochs, self.total = list(state["epochs"]), state["total"]
-
-
 @TRAINER_REGISTRY.register()
 class PromptSRC(ClipTrainer):
     """PromptSRC trainer; the whole model is registered (as the reference) under "VLPromptLearner"."""
+
+    benchmark_cases = (
+        Case("PromptSRC/vit_b16_c2_ep20_batch4_4+4ctx.yaml", TRAIN, train_target=4.0, official_train=8.0,
+             official_eval=OFFICIAL_EVAL),
+    )
 
     def check_cfg(self, cfg):
         check_vl_prompt_config(cfg, "PROMPTSRC")

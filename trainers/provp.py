@@ -21,7 +21,7 @@ With N <= 4 the re-mixed positions 1..N are the first N patch tokens and P_0 is 
 upstream.
 
 Logits z = s·f̂_p·t̂ᵀ [B, C], s = exp(logit_scale) (100), t the frozen CLIP text features of
-ProGrad's per-dataset template (``trainers.prograd.PROGRAD_TEMPLATES``, equal to upstream's
+ProGrad's per-dataset template (``vlprompt.methods.prograd_templates``, equal to upstream's
 table; other datasets use their own ``template``), computed once.
 
 Loss (per batch of B images):
@@ -71,13 +71,13 @@ from vlprompt.clip import check_prompt_sizes
 from vlprompt.clip.templates import dataset_template
 from vlprompt.config import check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.option_rules import DatasetRule
-
-from .prograd import PROGRAD_TEMPLATES
+from vlprompt.methods.prograd_templates import PROGRAD_TEMPLATES
 
 # ProGrad's table is upstream's; a dataset outside it takes its own template.
 TEMPLATE_RULE = DatasetRule("ProVP's template", PROGRAD_TEMPLATES, default="", option=False, fallback="template",
-                            source="trainers.prograd.PROGRAD_TEMPLATES")
+                            source="vlprompt.methods.prograd_templates.PROGRAD_TEMPLATES")
 # Upstream inserts the first layer's prompts only when there are more than this many.
 MAX_TOKENS_WITHOUT_INSERTION = 4
 
@@ -214,6 +214,8 @@ def check_provp_config(cfg):
 @TRAINER_REGISTRY.register()
 class ProVP(ClipTrainer):
     """ProVP-Ref trainer; the checkpointed module ("prompt_learner") holds P."""
+
+    benchmark_cases = (Case("ProVP/vit_b16_b2n_ep100.yaml", TRAIN),)
 
     vit_required_for = "prompts of the image tower's blocks"
 

@@ -2,24 +2,24 @@
 generator trained jointly on frozen encoders.
 
 The image feature and the class text features pass through residual bottleneck adapters
-(:mod:`trainers.clip_adapter`), are normalised, and RAda masks their rational matrix;
+(:mod:`vlprompt.methods.feature_adapters`), are normalised, and RAda masks their rational matrix;
 loss = CE + ALPHA * L_mask. Defaults follow the official code's combination (khufia/RAda,
 ``eft/trainers/clip_adapter.py``, trainer CLIP_ADAPTER; ``eft/trainers/adapter_mask.py`` has no
 mask generator): adapters on both features, second layer zero-initialised, f' = f + A(f)
 (ratio 0.5 up to normalisation), so at step 0 the model is zero-shot CLIP; unlike the official
 code, the zero-initialised adapter has no ReLU after its last layer, so it can learn (see
-``trainers.clip_adapter.Adapter``). The official mask loss is MASK_LOSS "mse" with the global
-softmax (configs/trainers/RAdaAdapter/vit_b16_base2new.yaml); the paper's L2 and row softmax
-are vit_b16_base2new_paper.yaml. The image encoder is frozen: training reads cached features.
+``vlprompt.methods.feature_adapters.Adapter``). The official mask loss is MASK_LOSS "mse" with
+the global softmax (configs/trainers/RAdaAdapter/vit_b16_base2new.yaml); the paper's L2 and row
+softmax are vit_b16_base2new_paper.yaml. The image encoder is frozen: training reads cached features.
 """
 from yacs.config import CfgNode as CN
 
 from vlprompt.clip.templates import DEFAULT_TEMPLATE
 from vlprompt.config import register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
-
-from .clip_adapter import CLIPAdapterCLIP, add_adapter_keys, check_adapter_node
-from .rada import add_generator_keys, add_mask_loss_keys, build_rational_adapter, check_rada_node
+from vlprompt.engine.benchmark_case import CACHED, Case
+from vlprompt.methods.feature_adapters import CLIPAdapterCLIP, add_adapter_keys, check_adapter_node
+from vlprompt.methods.rada import add_generator_keys, add_mask_loss_keys, build_rational_adapter, check_rada_node
 
 
 @register_cfg_extension
@@ -59,6 +59,8 @@ class RAdaAdapterCLIP(CLIPAdapterCLIP):
 class RAdaAdapter(ClipTrainer):
     """RAda + Adapter; the mask generator and the adapters are checkpointed separately (a RAdaTTT
     run can start from this mask generator)."""
+
+    benchmark_cases = (Case("RAdaAdapter/vit_b16_base2new.yaml", CACHED),)
 
     frozen_image_encoder = True
 

@@ -27,13 +27,13 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip import PromptedCLIP
 from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
+from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.fine_tuning import FullFineTuningTrainer, add_fine_tuning_keys
+from vlprompt.methods.rada import add_generator_keys, add_mask_loss_keys, build_rational_adapter, check_rada_node
 from vlprompt.metrics import compute_accuracy
 from vlprompt.optim import build_optimizer
 from vlprompt.run_layout import epoch_checkpoint_name
 from vlprompt.utils import count_num_param, load_pretrained_weights
-
-from .rada import add_generator_keys, add_mask_loss_keys, build_rational_adapter, check_rada_node
 
 
 @register_cfg_extension
@@ -102,6 +102,14 @@ class RAdaFFTCLIP(PromptedCLIP):
 class RAdaFFT(FullFineTuningTrainer):
     """RAda / RAda-FT (stage 1 / stage 2); the checkpointed module is the whole model's
     trained part (mask generator; plus image encoder and classifier in stage 2)."""
+
+    # The classifier's initialisation (80 templates or one) does not change the step's cost.
+    benchmark_cases = (
+        Case("RAdaFFT/vit_b16_stage2.yaml", TRAIN, opts=("TRAINER.RADAFFT.TEMPLATE_ENSEMBLE", "False"),
+             synthetic="RAdaFFT/synthetic_stage2.yaml"),
+        Case("RAdaFFT/vit_b16_stage1.yaml", TRAIN, name="RAdaFFT stage 1", opts=("TRAINER.RADAFFT.TEMPLATE_ENSEMBLE", "False"),
+             synthetic="RAdaFFT/synthetic_stage1.yaml"),
+    )
 
     node_name = "RADAFFT"
     classifier_keys = ("classifier.weight",)

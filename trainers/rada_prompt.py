@@ -3,8 +3,8 @@ generator trained jointly on frozen encoders.
 
 Follows the official ``PromptRAda`` trainer (khufia/RAda, ``eft/trainers/prompt_rada.py``,
 built on the PromptSRC code base): image and class features come from the prompted towers of
-:mod:`trainers.ivlp` (2 + 2 context tokens, depth 9 by default); each class feature is then
-averaged with the frozen CLIP's template-ensemble feature of that class,
+IVLP (:mod:`vlprompt.methods.independent_prompts`; 2 + 2 context tokens, depth 9 by default);
+each class feature is then averaged with the frozen CLIP's template-ensemble feature of that class,
 
     t_c = normalise((1 - w) t_c^prompt + w t~_c),   w = FROZEN_TEXT_WEIGHT (official: 0.5),
 
@@ -22,9 +22,10 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip import fill_template, imagenet_templates
 from vlprompt.config import check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import TRAIN, Case
+from vlprompt.methods.independent_prompts import IVLPCLIP, check_vl_prompt_config
+from vlprompt.methods.rada import add_generator_keys, add_mask_loss_keys, build_rational_adapter, check_rada_node
 
-from .ivlp import IVLPCLIP, check_vl_prompt_config
-from .rada import add_generator_keys, add_mask_loss_keys, build_rational_adapter, check_rada_node
 
 SENTENCES_PER_PASS = 1024
 
@@ -98,6 +99,8 @@ class RAdaPromptCLIP(IVLPCLIP):
 class RAdaPrompt(ClipTrainer):
     """RAda + Prompt; the whole model's learned tensors (prompts and mask generator) are
     registered under IVLP's name "VLPromptLearner"."""
+
+    benchmark_cases = (Case("RAdaPrompt/vit_b16_c2_ep20_batch4_4+4ctx.yaml", TRAIN),)
 
     def check_cfg(self, cfg):
         check_vl_prompt_config(cfg, "RADAPROMPT")

@@ -25,11 +25,11 @@ from yacs.config import CfgNode as CN
 from vlprompt.clip.templates import DEFAULT_TEMPLATE
 from vlprompt.config import register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
+from vlprompt.engine.benchmark_case import TEST_TIME, Case
 from vlprompt.engine.test_time import (
     TestTimeTrainer, add_episode_keys, average_prediction_entropy, episode_optimizer, select_confident,
 )
-
-from .rada import RAdaCLIP, add_generator_keys, check_rada_node
+from vlprompt.methods.rada import RAdaCLIP, add_generator_keys, check_rada_node
 
 
 @register_cfg_extension
@@ -44,6 +44,8 @@ def add_rada_ttt_config(cfg):
 @TRAINER_REGISTRY.register()
 class RAdaTTT(TestTimeTrainer):
     """RAda test-time training; the mask generator is registered (loadable from a RAda run)."""
+
+    benchmark_cases = (Case("RAdaTTT/vit_b16.yaml", TEST_TIME, batch=1, eval_target=None),)
 
     episode_node = "RADATTT"
 

@@ -85,6 +85,7 @@ from vlprompt.clip.templates import check_template
 from vlprompt.config import ConfigError, check_choice, check_range, register_cfg_extension
 from vlprompt.data.data_manager import build_data_loader
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.option_rules import AUTO, DatasetRule
 from vlprompt.optim import build_lr_scheduler, build_optimizer
 from vlprompt.utils import count_num_param, get_rng_state, load_pretrained_weights, set_rng_state
@@ -351,6 +352,10 @@ def epoch_divisor(node, dataset):
 class SkipTuning(ClipTrainer):
     """Skip Tuning trainer; the checkpointed module ("SkipTuning") is the model, whose saved state
     is its tuned parameters only. Each epoch trains on a fresh cache of block-S image states."""
+
+    # The step starts from images: the frozen lower blocks (what the per-epoch cache costs per image),
+    # then the tuned upper blocks with the class-wise skip.
+    benchmark_cases = (Case("SkipTuning/vit_b16_bs4.yaml", TRAIN),)
 
     vit_required_for = "its tuned upper blocks read cached block inputs"
 

@@ -72,8 +72,9 @@ from vlprompt.data.descriptions import (
     DescriptionsError, check_descriptions_file, descriptions_file, read_class_descriptions,
 )
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import TRAIN, Case
+from vlprompt.methods.prompt_aggregation import GaussianPromptAggregation
 
-from .promptsrc import GaussianPromptAggregation
 
 SENTENCES_PER_PASS = 1024
 KMEANS_MAX_ITERATIONS = 300
@@ -349,9 +350,19 @@ def descriptions_folder(cfg):
     return os.path.expanduser(folder or os.path.join(cfg.DATASET.ROOT, "descriptions"))
 
 
+def fit_stand_in_descriptions(trainer):
+    """The cost benchmark's ``before_train`` step (its case's ``after_build``), with one description per
+    stand-in class ("a photo of a class number i.")."""
+    descriptions = [[f"a photo of a {name}."] for name in trainer.classnames]
+    trainer.model.fit_descriptions(descriptions, torch.Generator().manual_seed(0))
+
+
 @TRAINER_REGISTRY.register()
 class TAC(ClipTrainer):
     """TAC trainer; the whole model is registered (as upstream) under "VLPromptLearner"."""
+
+    # The step encodes the 4 augmented views of each image and the un-augmented image.
+    benchmark_cases = (Case("TAC/basetonovel.yaml", TRAIN, after_build=fit_stand_in_descriptions),)
 
     vit_required_for = "cluster and prompt tokens"
 

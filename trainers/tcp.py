@@ -54,6 +54,7 @@ from vlprompt.clip import Plan, PromptedCLIP, ReplaceTokens, TextContext, fill_t
 from vlprompt.clip.templates import check_template
 from vlprompt.config import ConfigError, check_range, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.option_rules import DatasetRule
 
 # DATASET.NAME -> (text after the context, knowledge template); "{}" is the class name.
@@ -203,6 +204,9 @@ def tcp_templates(cfg):
 @TRAINER_REGISTRY.register()
 class TCP(ClipTrainer):
     """TCP trainer; the checkpointed module is the prompt learner (ctx and meta-net)."""
+
+    # TCP's templates are per dataset: the benchmark's stand-in classes take the Pets ones.
+    benchmark_cases = (Case("TCP/vit_b16_ep100_ctxv1.yaml", TRAIN, opts=("DATASET.NAME", "OxfordPets")),)
 
     def check_cfg(self, cfg):
         node, backbone = cfg.TRAINER.TCP, cfg.MODEL.BACKBONE.NAME

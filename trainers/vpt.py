@@ -14,6 +14,7 @@ from vlprompt.clip import (
 )
 from vlprompt.config import register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
+from vlprompt.engine.benchmark_case import TRAIN, Case
 
 
 @register_cfg_extension
@@ -61,6 +62,8 @@ class VPTCLIP(PromptedCLIP):
 @TRAINER_REGISTRY.register()
 class VPT(ClipTrainer):
     """VPT trainer; the whole model is registered (as the reference) under "prompt_learner"."""
+
+    benchmark_cases = (Case("VPT/vit_b16_c2_ep5_batch4_4.yaml", TRAIN),)
 
     def check_cfg(self, cfg):
         check_prompt_sizes(cfg, "VPT", vision=("PROMPT_DEPTH_VISION", "N_CTX_VISION"))

@@ -2,7 +2,7 @@
 model (mlfoundations/wise-ft @ 58b7a4b3, src/wise_ft.py).
 
 With θ_zs the zero-shot model (pretrained image encoder + zero-shot head, FT's model of
-trainers/ft.py as built) and θ_ft a fine-tuned one, every trained weight (image encoder, head
+vlprompt/methods/zero_shot_head.py as built) and θ_ft a fine-tuned one, every trained weight (image encoder, head
 weight and bias) is
 
     θ_α = (1 - α) θ_zs + α θ_ft,
@@ -26,10 +26,10 @@ from yacs.config import CfgNode as CN
 
 from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
+from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.distributed import is_main_process
 from vlprompt.engine.run_folder import RunFolder
-
-from .ft import FT, add_ft_keys
+from vlprompt.methods.zero_shot_head import ZeroShotHeadTrainer, add_ft_keys
 
 FINE_TUNED_FOLDERS = ("FT", "LPFT", "L2SP")  # --model-dir folders of other FT-model trainers
 
@@ -52,8 +52,10 @@ def interpolate(theta_zs, theta_ft, alpha):
 
 
 @TRAINER_REGISTRY.register()
-class WiSEFT(FT):
+class WiSEFT(ZeroShotHeadTrainer):
     """FT training; evaluation of the weight-space ensemble with the zero-shot model."""
+
+    benchmark_cases = (Case("WiSEFT/vit_b16.yaml", TRAIN, opts=("TRAINER.WISEFT.TEMPLATE_ENSEMBLE", "False")),)
 
     node_name = "WISEFT"
 

@@ -194,6 +194,9 @@ class SimpleTrainer(EvaluationMixin, TrainerBase):
     # built from the class names, as base-to-novel's new classes); vlprompt_app.predict refuses
     # other class names with this reason.
     unseen_classes_refusal = ""
+    # The cost benchmark's cases of this trainer (vlprompt.engine.benchmark_case.Case); every trainer
+    # of trainers/ declares its own in its class body (the application collects them from the registry).
+    benchmark_cases = ()
 
     def __init__(self, cfg):
         super().__init__()

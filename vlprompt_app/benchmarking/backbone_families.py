@@ -26,9 +26,10 @@ import torch
 from vlprompt.clip import UnsupportedBackboneError
 from vlprompt.config import ConfigError
 from vlprompt.engine import TRAINER_REGISTRY
+from vlprompt.engine.benchmark_case import EVAL_ONLY, TEST_TIME
 from vlprompt.testing import FAMILY_TEST_CONFIGS, write_family_clip
 from vlprompt_app.benchmarking import mixed_precision
-from vlprompt_app.benchmarking.trainer_cases import EVAL_ONLY, TEST_TIME, SyntheticClasses
+from vlprompt_app.benchmarking.trainer_cases import SyntheticClasses
 
 __all__ = ["FAMILIES", "FAMILY_OPTS", "family_backbones", "check_family"]
 

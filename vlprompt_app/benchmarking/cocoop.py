@@ -55,7 +55,7 @@ def worker(job):
     """One measurement in this process: ``job`` holds the settings, ``chunk``, ``config``,
     ``weights`` and ``logits`` (where the logits or gradient are saved); returns the record."""
     import_project_package("trainers")
-    from trainers.cocoop import CoCoOpCLIP
+    from vlprompt.methods.conditional_context import CoCoOpCLIP
     from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
     from vlprompt.config import extend_cfg, get_cfg_default
 

@@ -1,8 +1,8 @@
 """The mixed-precision contract of every trainer: two training steps, an evaluation and a resume
 under autocast, measured against the same trainer in fp32.
 
-Each case of ``trainer_cases.CASES`` (one per registered trainer at least, so a new trainer is
-covered once it has its case) is built through its own class from its synthetic-benchmark config
+Each case the trainers declare (``trainer_cases.declared_cases``: one per registered trainer at
+least, so a new trainer is covered once its class declares its case) is built through its own class from its synthetic-benchmark config
 (``Case.synthetic_config``: the tiny synthetic CLIP, 32 px), with a few stand-in classes instead
 of a dataset, at ``TRAINER.<NAME>.PREC`` fp16 (autocast with a GradScaler) or bf16 (autocast, no
 scaler); on the CPU ``TRAIN.CPU_AUTOCAST`` turns autocast on. ``check_case`` then measures, on
@@ -41,9 +41,8 @@ from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.amp import MixedPrecision, precision_key
 from vlprompt.paths import repository_root
 from vlprompt_app.benchmarking.device_placement import DevicelessTensorCheck
-from vlprompt_app.benchmarking.trainer_cases import (
-    CACHED, EVAL_ONLY, TEST_TIME, SyntheticClasses, training_batch,
-)
+from vlprompt.engine.benchmark_case import CACHED, EVAL_ONLY, TEST_TIME
+from vlprompt_app.benchmarking.trainer_cases import SyntheticClasses, training_batch
 
 ROOT = str(repository_root())
 SYNTHETIC_CLIP = osp.join(ROOT, "configs", "clip", "tiny-synthetic-clip.json")

@@ -54,9 +54,9 @@ import torch
 from vlprompt_app.benchmarking.measure import clocks, current_rss_mib, peak_memory_mib, reset_peak_memory
 from vlprompt_app.benchmarking.report import format_table
 from vlprompt_app.benchmarking.trainer_cases import (
-    CACHED, CASES, TEST_TIME, TRAIN, build_trainer, case_batch, check_coverage, project_trainers, select_cases,
-    training_batch,
+    build_trainer, case_batch, case_named, check_coverage, project_trainers, select_cases, training_batch,
 )
+from vlprompt.engine.benchmark_case import CACHED, TEST_TIME, TRAIN
 from vlprompt.paths import repository_root
 from vlprompt_app.project import import_project_package
 
@@ -381,7 +381,7 @@ def worker(argv):
     """``python -m vlprompt_app.benchmarking.per_trainer CASE SETTINGS_JSON``: prints the case's record as JSON."""
     name, settings = argv
     import_project_package("trainers")
-    case = next(case for case in CASES if case.name == name)
+    case = case_named(name)
     print(json.dumps(measure_case(case, json.loads(settings))))
 
 

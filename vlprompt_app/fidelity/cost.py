@@ -5,7 +5,7 @@ For every method of vlprompt_app/fidelity/methods/ with a ``CostSpec`` (or ``--m
 processes, each timing in interleaved rounds (median of ``--rounds`` after ``--warmup`` untimed ones) its training step
 and its unit, a frozen CLIP image forward of the same batch without autograd:
 
-* ours: the method's trainer (its case in vlprompt_app/benchmarking/trainer_cases.py, built through
+* ours: the method's trainer (the benchmark case its trainer declares, built through
   its own class from its config file with the cost spec's ``our_nodes`` set over it, fp32): the unit is
   ``encode_image_plain``; the step is ``set_model_mode("train")`` and ``forward_backward`` of the
   batch (forward, loss, backward, optimizer step on the trainable parameters of its recipe), as
@@ -304,14 +304,15 @@ def _set_official_train_cfg(cfg, values):
 
 def our_side(workdir, method):
     """Our trainer's step and the frozen CLIP forward (run in the subprocess)."""
-    from vlprompt_app.benchmarking.trainer_cases import CACHED, CASES, TEST_TIME, build_trainer
+    from vlprompt.engine.benchmark_case import CACHED, TEST_TIME
+    from vlprompt_app.benchmarking.trainer_cases import build_trainer, case_named
     from vlprompt_app.project import import_project_package
 
     import_project_package("trainers")
     settings, images, labels = _side_inputs(workdir, method)
     spec = METHODS[method]
     cost = spec.cost
-    case = {case.name: case for case in CASES}[cost.case or method]
+    case = case_named(cost.case or method)
     nodes = cost.our_nodes if cost.our_nodes is not None else {f"TRAINER.{case.trainer.upper()}": spec.our_node}
     keep_config_prec = settings["prec"] == "recipe"
     opts = [item for node, values in nodes.items() for key, value in values.items()

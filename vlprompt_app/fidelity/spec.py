@@ -111,7 +111,7 @@ class CostSpec:
         views: a test-time method's views of one test image (its episode is the unit).
         plain_design: the design dict under which the official clip package's ``build_model``
             gives the unprompted CLIP timed as the official frozen unit (IVLP-derived packages).
-        case: our case in vlprompt_app/benchmarking/trainer_cases.py (default the method's name).
+        case: the name of the benchmark case our trainer declares (default the method's name).
         our_nodes: {our config node: values} set over the case's config (default
             {"TRAINER.<the case's trainer>": the spec's our_node}).
         our_prepare(workdir, image size): files our trainer reads; returns more KEY VALUE options.
@@ -119,6 +119,8 @@ class CostSpec:
         official_prec: the official recipe's TRAINER.<X>.PREC (what its train.py or config sets),
             set on the official side by ``--prec recipe`` (ours then keeps its config file's).
         recipe_only: the official step runs only in ``official_prec`` (``--prec fp32`` is refused).
+        gpu_acceptance: measured by the official stage of the GPU acceptance run (``tools/gpu_acceptance.py
+            run``), both sides on the device in their recipes' precision.
     """
     trainer: Optional[str] = None
     train_cfg: Mapping[str, Any] = field(default_factory=dict)
@@ -134,6 +136,7 @@ class CostSpec:
     our_after_build: Optional[Callable] = None
     official_prec: str = "fp16"
     recipe_only: bool = False
+    gpu_acceptance: bool = False
 
 
 @dataclass(frozen=True)

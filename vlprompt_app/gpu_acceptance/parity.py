@@ -1,6 +1,6 @@
 """CUDA against CPU: every benchmark case's outputs on the tiny CLIP, the same weights and values.
 
-For each case of vlprompt_app/benchmarking/trainer_cases.py, the trainer is built twice from
+For each benchmark case the trainers declare (vlprompt_app/benchmarking/trainer_cases.py), the trainer is built twice from
 its synthetic config (``tiny_case``) on the project's tiny CLIP with random weights, in fp32: once on the CPU and once
 on ``device``. The second copy gets the first one's state (``load_state_dict``: weights,
 learnable values, buffers), after the learnable values were drawn away from their init with a
@@ -57,7 +57,8 @@ def _perturb(model, generator):
 
 def _outputs(case, trainer, images, labels, kinds):
     """{output name: tensor} of ``trainer`` on the batch (see the module docstring)."""
-    from vlprompt_app.benchmarking.trainer_cases import CACHED, TEST_TIME, TRAIN, training_batch
+    from vlprompt.engine.benchmark_case import CACHED, TEST_TIME, TRAIN
+    from vlprompt_app.benchmarking.trainer_cases import training_batch
 
     model, device = trainer.model, trainer.device
     images, labels = images.to(device), labels.to(device)
@@ -88,7 +89,8 @@ def _outputs(case, trainer, images, labels, kinds):
 
 def compare_case(case, device, classes=6, batch=2):
     """The record of one case: {"case", "trainer", "config", output name: relative difference, "passed"}."""
-    from vlprompt_app.benchmarking.trainer_cases import TEST_TIME, build_trainer
+    from vlprompt.engine.benchmark_case import TEST_TIME
+    from vlprompt_app.benchmarking.trainer_cases import build_trainer
 
     settings = {"backbone": TINY_CLIP, "weights": "random", "image_size": 32, "batch": batch, "prec": "fp32",
                 "opts": [], "classes": classes}

@@ -6,10 +6,10 @@ Stages (each in its own process, its output in ``OUT/logs/<stage>.log``):
 2. ``cuda-tests`` and ``parity``, side by side (neither is timed): the tests marked ``gpu``
    (``pytest -m gpu`` over the test files that mark any), and CUDA against CPU outputs of every
    benchmark case on the tiny CLIP (``parity.jsonl``).
-3. ``official``: ``tools/benchmark.py official``'s measurement for the methods of
-   ``OFFICIAL_METHODS``, both sides on the device in their recipes' precision (``official.jsonl``
-   as each method is measured, ``official.json`` at the end); skipped, with the reason, when
-   ``--official`` names no exported trees.
+3. ``official``: ``tools/benchmark.py official``'s measurement for the methods whose cost spec
+   says ``gpu_acceptance`` (``official_methods``), both sides on the device in their recipes'
+   precision (``official.jsonl`` as each method is measured, ``official.json`` at the end);
+   skipped, with the reason, when ``--official`` names no exported trees.
 4. ``trainers``: every benchmark case's training step and evaluation at the papers' settings
    (``trainers.jsonl``), with the time left.
 
@@ -29,7 +29,6 @@ from vlprompt.paths import repository_root
 
 from .report import write_report
 
-OFFICIAL_METHODS = ("CoOp", "MaPLe", "PromptSRC", "MMRL")  # the GPU comparison's methods
 CARRIED_FOLDER = ".gpu"  # what prepare fills by default (git-ignored), relative to the repository
 DASSL_FOLDER = "dassl"  # the exported Dassl.pytorch under --official, beside owner+name folders
 GPU_SETTINGS = {  # the papers' settings: train batch 16, evaluation batch 250 (DeAR's supplement), 1000 classes
@@ -91,14 +90,22 @@ def official_trees(folder):
     return given, dassl if os.path.isdir(dassl) else None
 
 
+def official_methods():
+    """The GPU comparison's methods: those whose fidelity spec's cost says ``gpu_acceptance``
+    (vlprompt_app/fidelity/methods/), in the order of METHODS."""
+    from vlprompt_app.fidelity.methods import METHODS
+
+    return [name for name, spec in METHODS.items() if spec.cost is not None and spec.cost.gpu_acceptance]
+
+
 def official_argv(settings, given, dassl):
-    """``tools/benchmark.py official``'s options for OFFICIAL_METHODS: on CUDA each side in its
+    """``tools/benchmark.py official``'s options for ``official_methods()``: on CUDA each side in its
     recipe's precision; on the CPU (the rehearsal) in fp32, without the methods that run only in
     their recipe's."""
     from vlprompt_app.fidelity.methods import METHODS
 
     cuda = settings["device"] == "cuda"
-    methods = [method for method in OFFICIAL_METHODS if cuda or not METHODS[method].cost.recipe_only]
+    methods = [method for method in official_methods() if cuda or not METHODS[method].cost.recipe_only]
     argv = ["--methods", *methods, "--device", settings["device"], "--prec", "recipe" if cuda else "fp32",
             "--batch", str(settings["batch"]), "--classes", str(settings["classes"]),
             "--rounds", str(settings["rounds"]), "--warmup", str(settings["warmup"]),

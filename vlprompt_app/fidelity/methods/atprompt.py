@@ -32,8 +32,8 @@ def attribute_learnables():
 def build_ours(clip, tokenizer, classnames, node, spec):
     """ATPromptCLIP on the spec's base method; ``node`` is the base method's node plus WORDS and N_ATT."""
     from trainers.atprompt import ATPromptCLIP, AttributeTokens
-    from trainers.coop import CoOpCLIP
-    from trainers.maple import MaPLeCLIP
+    from vlprompt.methods.coupled_prompts import MaPLeCLIP
+    from vlprompt.methods.text_context import CoOpCLIP
 
     base_model = {"CoOp": CoOpCLIP, "MaPLe": MaPLeCLIP}[spec.options["base"]]
     base = base_model(clip, tokenizer, classnames, node)

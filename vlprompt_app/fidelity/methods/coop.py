@@ -6,7 +6,7 @@ NODE = {"N_CTX": 16, "CSC": False, "CTX_INIT": "", "CLASS_TOKEN_POSITION": "end"
 
 
 def build_ours(clip, tokenizer, classnames, node, spec):
-    from trainers.coop import CoOpCLIP
+    from vlprompt.methods.text_context import CoOpCLIP
 
     return CoOpCLIP(clip, tokenizer, classnames, node)
 
@@ -24,6 +24,6 @@ SPECS = (
         run_ours=run_ours_logits_and_ce,
         run_official=run_official_logits_and_ce,
         mutations=(Mutation("learnable rows in reverse order", values=reversed_rows),),
-        cost=CostSpec(trainer="CoOp"),
+        cost=CostSpec(trainer="CoOp", gpu_acceptance=True),
     ),
 )

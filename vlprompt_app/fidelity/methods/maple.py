@@ -34,7 +34,7 @@ def learnables(prefix, depth=DEPTH):
 
 
 def build_ours(clip, tokenizer, classnames, node, spec):
-    from trainers.maple import MaPLeCLIP
+    from vlprompt.methods.coupled_prompts import MaPLeCLIP
 
     return MaPLeCLIP(clip, tokenizer, classnames, node)
 
@@ -75,6 +75,6 @@ SPECS = (
         prepare_official=prepare_official,
         run_official=run_official_logits_and_ce,
         mutations=misplacements(),
-        cost=CostSpec(trainer="MaPLe", train_cfg=dict(DEPT_TRAIN_CFG)),
+        cost=CostSpec(trainer="MaPLe", train_cfg=dict(DEPT_TRAIN_CFG), gpu_acceptance=True),
     ),
 )

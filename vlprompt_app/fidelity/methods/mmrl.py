@@ -64,7 +64,7 @@ def mmrlpp_learnables(rank=4, proj_rank=64):
 
 
 def build_mmrl(clip, tokenizer, classnames, node, spec):
-    from trainers.mmrl import MMRLCLIP
+    from vlprompt.methods.representation_tokens import MMRLCLIP
 
     return MMRLCLIP(clip, tokenizer, classnames, spec.options["template"], node, node.REP_DIM, node.REG_WEIGHT,
                     "fusion")
@@ -135,7 +135,7 @@ MMRLPP_MUTATIONS = (EARLY,
                              values=swap(*_pairs(("a", "b"), "residuals.0.{}", "residuals.1.{}")), fails=OUTPUTS))
 
 
-def _spec(node_name, official_cfg, our_node, learnables, build_ours, loss_class, mutations):
+def _spec(node_name, official_cfg, our_node, learnables, build_ours, loss_class, mutations, gpu_acceptance=False):
     return MethodSpec(
         name=node_name,
         repository="yunncheng/MMRL",
@@ -155,14 +155,15 @@ def _spec(node_name, official_cfg, our_node, learnables, build_ours, loss_class,
         build_official=_build_official(node_name),
         run_official=_run_official(node_name, loss_class),
         mutations=mutations,
-        cost=CostSpec(trainer=node_name, official_prec="amp"),  # its configs set PREC "amp"
+        # its configs set PREC "amp"
+        cost=CostSpec(trainer=node_name, official_prec="amp", gpu_acceptance=gpu_acceptance),
     )
 
 
 PP = {"BETA": 0.7, "RES_LORA_DIM": 4, "PROJ_LORA_DIM": 64}  # β of OxfordPets (upstream's B2N table)
 SPECS = (
     _spec("MMRL", dict(NODE), dict(NODE, INFERENCE="fusion"), mmrl_learnables(), build_mmrl, "MMRL_Loss",
-          MMRL_MUTATIONS),
+          MMRL_MUTATIONS, gpu_acceptance=True),
     _spec("MMRLpp", dict(NODE, **PP), dict(NODE, INFERENCE="fusion", **PP), mmrlpp_learnables(), build_mmrlpp,
           "MMRLpp_Loss", MMRLPP_MUTATIONS),
 )

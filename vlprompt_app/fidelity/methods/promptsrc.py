@@ -23,6 +23,6 @@ SPECS = (
         official_cfg={"TRAINER.PROMPTSRC": dict(NODE)},
         dataset="OxfordPets",
         cost=CostSpec(trainer="PromptSRC", train_cfg={"OPTIM.MAX_EPOCH": 20}, plain_design=UNPROMPTED,
-                      our_nodes={}, recipe_only=True),
+                      our_nodes={}, recipe_only=True, gpu_acceptance=True),
     ),
 )

@@ -26,7 +26,7 @@ INIT_STD = math.sqrt(6.0 / (3 * PATCH * PATCH + VISION_WIDTH)) / math.sqrt(3.0)
 
 
 def build_ours(clip, tokenizer, classnames, node, spec):
-    from trainers.prograd import PROGRAD_TEMPLATES
+    from vlprompt.methods.prograd_templates import PROGRAD_TEMPLATES
     from trainers.provp import ProVPCLIP
 
     return ProVPCLIP(clip, tokenizer, classnames, PROGRAD_TEMPLATES[spec.dataset], node)

@@ -60,8 +60,8 @@ def build_ours(clip, tokenizer, classnames, node, spec):
     """CoOpCLIP or CoCoOpCLIP, frozen; its frozen image tower's features of the last views kept, so
     that the runs on one model (the recorded values, then the mutations, which move the text side
     only) encode the 64 views once."""
-    from trainers.cocoop import CoCoOpCLIP
-    from trainers.coop import CoOpCLIP
+    from vlprompt.methods.conditional_context import CoCoOpCLIP
+    from vlprompt.methods.text_context import CoOpCLIP
 
     model = (CoCoOpCLIP if spec.options["prompt"] == "cocoop" else CoOpCLIP)(clip, tokenizer, classnames, node)
     for parameter in model.parameters():
@@ -87,7 +87,7 @@ def _kept_features(encode_image):
 
 
 def run_ours(model, node, images, labels, prompt="coop"):
-    from trainers.tpt import PromptTuning
+    from vlprompt.methods.prompt_tuning import PromptTuning
 
     tuning = PromptTuning(model, prompt, node, contextlib.nullcontext)
     tuning.snapshot()

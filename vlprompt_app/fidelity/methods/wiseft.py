@@ -69,8 +69,8 @@ def head_noise(n_classes, width, seed):
 def build_ours(clip, tokenizer, classnames, node, spec):
     """{"zero_shot", "fine_tuned"}: FineTunedCLIP on ``clip`` (80-template head) and on the second seeded
     CLIP, whose head is the zero-shot head plus the seeded noise."""
-    from trainers.ft import FineTunedCLIP
     from vlprompt.clip import CLIPRunner, imagenet_templates
+    from vlprompt.methods.zero_shot_head import FineTunedCLIP
 
     def build(runner, templates):
         model = FineTunedCLIP(runner, tokenizer, classnames, templates).eval()

@@ -22,7 +22,7 @@ then over the kept queries).
 :class:`RationalAdapter` composes a mask generator with the mask loss: the RAda trainers hold
 one instead of re-implementing logits and loss. Other generators (MLP, stacked attention
 layers) and the registry that builds them from a config are in
-:mod:`trainers.rada_mask_generators`.
+:mod:`vlprompt.methods.rada_mask_generators`.
 """
 import math
 
@@ -146,7 +146,7 @@ def check_queries(queries):
 
 class RationalMaskGenerator(nn.Module):
     """The mask generator of RAda (see the module docstring); registered as the default
-    generator in :mod:`trainers.rada_mask_generators`.
+    generator in :mod:`vlprompt.methods.rada_mask_generators`.
 
     Learned tensors: ``q_image``, ``q_text``, ``q_rational`` (those of ``queries``), ``key``,
     ``value`` and ``out``, each a D x D ``nn.Linear`` with bias; ``out`` starts at zero.
@@ -249,7 +249,7 @@ class RationalAdapter:
 
     Args:
         generator: a mask generator (``generator(f [B, D], t [K, D], tau) -> M [B, K, D]``,
-            M = 1 at initialisation; see :mod:`trainers.rada_mask_generators`).
+            M = 1 at initialisation; see :mod:`vlprompt.methods.rada_mask_generators`).
         alpha: weight of the mask regulariser (None: the model only predicts).
         mask_loss: a MASK_LOSSES kind (None: the model only predicts).
     """

@@ -6,7 +6,7 @@ Contract of a mask generator (an ``nn.Module`` registered in MASK_GENERATOR_REGI
   f [B, D], normalised class features t [K, D] (text features or classifier rows, shared by
   the batch) and CLIP's temperature tau (a scalar tensor, never trained: generators detach
   it); the mask M is [B, K, D], M >= 0, and the logits are tau * sum_d M * f_d * t[c, d]
-  (:class:`trainers.rada_rational.RationalAdapter`);
+  (:class:`vlprompt.methods.rada_rational.RationalAdapter`);
 * M = 1 exactly at initialisation (the last projection starts at zero), so a fresh RAda
   model is zero-shot CLIP;
 * ``cls.from_config(node, dim)`` builds it from a RAda trainer node (``TRAINER.RADA`` and
