@@ -117,7 +117,7 @@ def test_text_grows_by_k_and_the_pooled_position_moves(runner):
     model = build_model(runner)
     text, ids = model.clip.text, model.token_ids
     with torch.no_grad():
-        out = text(ids, model.representation.plan("text", model.first_block), all_tokens=True)
+        out = text(ids, model.representation.plan("text", model.first_block, model.text_at), all_tokens=True)
     eot = text.eot_positions(ids)
     assert torch.equal(out.eot, eot + K)
     assert out.tokens.shape[1] == int(eot.max()) + 1 + K
@@ -190,7 +190,7 @@ def test_original_tokens_are_frozen_clip_before_the_first_representation_layer(r
     so the class feature equals CLIP's when the representation tokens are dropped again."""
     model = build_model(runner)
     for tower in ("visual", "text"):
-        plan = model.representation.plan(tower, model.first_block)
+        plan = model.representation.plan(tower, model.first_block, 1)
         assert plan.first_layer(4) == 1 and sorted(plan.layers) == [1, 2]
     visual, images = model.clip.visual, torch.randn(2, 3, 32, 32)
     with torch.no_grad():
@@ -243,6 +243,6 @@ def test_a_sentence_filling_the_context_grows_past_it_without_truncation(runner)
     model = MMRLCLIP(clip, tokenizer, [name], TEMPLATE, node, node.REP_DIM, node.REG_WEIGHT, "fusion")
     assert int(clip.text.eot_positions(model.token_ids)) == 31
     with torch.no_grad():
-        out = clip.text(model.token_ids, model.representation.plan("text", model.first_block), all_tokens=True)
+        out = clip.text(model.token_ids, model.representation.plan("text", model.first_block, model.text_at), all_tokens=True)
         assert int(out.eot) == 31 + K and out.tokens.shape[1] == 32 + K
         torch.testing.assert_close(model.compute_text_features(), hand_text(model), **TOL)

@@ -175,15 +175,13 @@ class DeARPrompts(nn.Module):
         fusion_logits: a [K + 1] zeros; index 0 is the class feature.
     """
 
-    def __init__(self, num_attributes, tokens_per_attribute, n_ctx_text, vision_width, visual_proj, output_dim,
-                 text_width):
+    def __init__(self, num_attributes, tokens_per_attribute, n_ctx_text, vision_width, visual_proj, text_width):
         super().__init__()
         shape = (num_attributes, tokens_per_attribute, vision_width)
         self.attr_tokens = nn.Parameter(torch.empty(shape).normal_(std=0.02))
         self.text_tokens = nn.Parameter(torch.empty(n_ctx_text, text_width).normal_(std=0.02))
         has_attributes = num_attributes * tokens_per_attribute > 0
-        start = torch.eye(output_dim) if visual_proj is None else visual_proj.detach().clone().float()
-        self.attr_proj = nn.Parameter(start) if has_attributes else None
+        self.attr_proj = nn.Parameter(visual_proj.detach().clone().float()) if has_attributes else None
         self.fusion_logits = nn.Parameter(torch.zeros(num_attributes + 1))
 
 
@@ -218,7 +216,7 @@ class DeARCLIP(PromptedCLIP):
         self.head_roles = head_roles
         visual = clip.visual
         self.prompt_learner = DeARPrompts(len(self.attributes), self.tokens_per_attribute, node.N_CTX_TEXT,
-                                          visual.width, visual.projection, visual.output_dim, clip.text.width)
+                                          visual.width, visual.projection_or_identity(), clip.text.width)
         self.tokenizer, self.template = tokenizer, template
         self._masks = {}  # (number of original tokens, device) -> {block: [heads, L, L]}
         self.set_classnames(classnames)

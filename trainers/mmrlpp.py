@@ -194,16 +194,16 @@ class SharedResidualAligner(nn.Module):
 
 
 class BlendTokens:
-    """Runner edit of a later representation layer: positions 1..K become
+    """Runner edit of a later representation layer: positions at..at+K-1 become
     β·tokens + (1 − β)·(the tokens there), tokens [K, D] shared by the batch."""
 
-    def __init__(self, tokens, beta):
-        self.tokens, self.beta = tokens, beta
+    def __init__(self, tokens, beta, at):
+        self.tokens, self.beta, self.at = tokens, beta, at
 
     def __call__(self, x, state):
-        n = self.tokens.shape[0]
-        mixed = self.beta * self.tokens.to(x.dtype) + (1 - self.beta) * x[:, 1:1 + n]
-        return torch.cat([x[:, :1], mixed, x[:, 1 + n:]], dim=1)
+        n, at = self.tokens.shape[0], self.at
+        mixed = self.beta * self.tokens.to(x.dtype) + (1 - self.beta) * x[:, at:at + n]
+        return torch.cat([x[:, :at], mixed, x[:, at + n:]], dim=1)
 
 
 class ResidualRepresentationLearner(SharedRepresentation):
@@ -211,14 +211,16 @@ class ResidualRepresentationLearner(SharedRepresentation):
 
     Attributes:
         rep: R. visual, text: :class:`SharedResidualAligner` to D_v / D_t.
-        proj_residual: A_p [D_v, r_p], B_p [r_p, E]. beta: β (a float, not learned).
+        proj_residual: A_p [D', r_p], B_p [r_p, E] (D': what the image head's final projection reads,
+            D_v for CLIP). beta: β (a float, not learned).
     """
 
-    def __init__(self, n_tokens, rep_dim, num_layers, vision_width, text_width, embed_dim, rank, proj_rank, beta):
+    def __init__(self, n_tokens, rep_dim, num_layers, vision_width, text_width, embed_dim, rank, proj_rank, beta,
+                 projection_width=None):
         super().__init__(n_tokens, rep_dim)
         self.visual = SharedResidualAligner(rep_dim, vision_width, num_layers, rank)
         self.text = SharedResidualAligner(rep_dim, text_width, num_layers, rank)
-        self.proj_residual = LowRankResidual(vision_width, embed_dim, proj_rank)
+        self.proj_residual = LowRankResidual(projection_width or vision_width, embed_dim, proj_rank)
         self.beta = beta
 
     def layer_tokens(self, tower):
@@ -226,11 +228,11 @@ class ResidualRepresentationLearner(SharedRepresentation):
         aligner = getattr(self, tower)
         return [aligner(self.rep, layer) for layer in range(len(aligner))]
 
-    def later_edit(self, tokens):
-        return BlendTokens(tokens, self.beta)
+    def later_edit(self, tokens, at):
+        return BlendTokens(tokens, self.beta, at)
 
     def image_projection(self, proj):
-        """proj + A_p·B_p [D_v, E] (``proj``: CLIP's frozen projection)."""
+        """proj + A_p·B_p [D', E] (``proj``: the image head's frozen projection, CLIP's)."""
         return proj + self.proj_residual()
 
 
@@ -248,7 +250,7 @@ class MMRLppCLIP(MMRLCLIP):
         print(f"MMRL++: β {node.BETA}, residual rank {node.RES_LORA_DIM}, projection rank {node.PROJ_LORA_DIM}")
         return ResidualRepresentationLearner(
             node.N_REP_TOKENS, rep_dim, num_layers, clip.visual.width, clip.text.width, clip.visual.output_dim,
-            node.RES_LORA_DIM, node.PROJ_LORA_DIM, node.BETA,
+            node.RES_LORA_DIM, node.PROJ_LORA_DIM, node.BETA, clip.visual.projection_input_dim,
         )
 
 

@@ -45,46 +45,50 @@ class SharedRepresentation(nn.Module):
     """R [K, d_r] and its per-layer maps into the towers: the part MMRL and MMRL++ share.
 
     A subclass gives ``layer_tokens(tower)`` (the mapped tokens [K, D] of each representation
-    layer, in order), ``later_edit(tokens)`` (what a later representation layer does with them)
-    and ``image_projection(proj)`` ([D_v, E], the projection of f_rep; ``proj`` is CLIP's).
+    layer, in order), ``later_edit(tokens, at)`` (what a later representation layer does with them
+    at positions at..at+K-1) and ``image_projection(proj)`` ([D', E], the projection of f_rep;
+    ``proj`` is the image head's, ``VisionTower.projection_or_identity``).
     """
 
     def __init__(self, n_tokens, rep_dim):
         super().__init__()
         self.rep = nn.Parameter(torch.empty(n_tokens, rep_dim).normal_(std=0.02))
 
-    def plan(self, tower, first_block):
+    def plan(self, tower, first_block, at):
         """Plan of ``tower`` ("visual" or "text"): insert the first layer's tokens [K, D] at
-        position 1 at 0-based block ``first_block``, ``later_edit`` at the following blocks."""
+        position ``at`` (after the class token or the start-of-text token; where a tower has none,
+        first) at 0-based block ``first_block``, ``later_edit`` at the following blocks."""
         tokens = self.layer_tokens(tower)
-        layers = {first_block: InsertTokens(tokens[0], at=1)}
+        layers = {first_block: InsertTokens(tokens[0], at=at)}
         for i, mapped in enumerate(tokens[1:], start=1):
-            layers[first_block + i] = self.later_edit(mapped)
+            layers[first_block + i] = self.later_edit(mapped, at)
         return Plan(layers=layers)
 
 
 class RepresentationLearner(SharedRepresentation):
-    """MMRL's R [K, d_r], the per-layer maps P_v^l, P_t^l and ``proj_rep`` [D_v, E].
+    """MMRL's R [K, d_r], the per-layer maps P_v^l, P_t^l and ``proj_rep`` [D', E].
 
     Attributes:
         rep: R. visual, text: ModuleLists of Linear(d_r, D_v) / Linear(d_r, D_t), one per
-            representation layer, deep copies of one random Linear. proj_rep: [D_v, E].
+            representation layer, deep copies of one random Linear. proj_rep: [D', E] (D' what the
+            image head's final projection reads: D_v for CLIP).
     """
 
-    def __init__(self, n_tokens, rep_dim, num_layers, vision_width, text_width, embed_dim):
+    def __init__(self, n_tokens, rep_dim, num_layers, vision_width, text_width, embed_dim, projection_width=None):
         super().__init__(n_tokens, rep_dim)
         visual, text = nn.Linear(rep_dim, vision_width), nn.Linear(rep_dim, text_width)
         self.visual = nn.ModuleList(copy.deepcopy(visual) for _ in range(num_layers))
         self.text = nn.ModuleList(copy.deepcopy(text) for _ in range(num_layers))
-        self.proj_rep = nn.Parameter(vision_width ** -0.5 * torch.randn(vision_width, embed_dim))
+        projection_width = projection_width or vision_width
+        self.proj_rep = nn.Parameter(projection_width ** -0.5 * torch.randn(projection_width, embed_dim))
 
     def layer_tokens(self, tower):
         """[P^l(R) [K, D] for each representation layer l] of ``tower``."""
         return [linear(self.rep) for linear in getattr(self, tower)]
 
-    def later_edit(self, tokens):
-        """A later representation layer replaces positions 1..K with P^l(R)."""
-        return ReplaceTokens(tokens, at=1)
+    def later_edit(self, tokens, at):
+        """A later representation layer replaces positions at..at+K-1 with P^l(R)."""
+        return ReplaceTokens(tokens, at=at)
 
     def image_projection(self, proj):
         """``proj_rep``, learned on its own (CLIP's ``proj`` is not used)."""
@@ -124,18 +128,21 @@ class MMRLCLIP(PromptedCLIP):
         print(f"{self.NAME} sentences: {sentences[:3]}...; representation layers (1-based) {layers}, "
               f"K {self.n_tokens}, d_r {rep_dim}, λ {reg_weight}, inference {inference}")
         self.register_buffer("token_ids", tokenizer(sentences), persistent=False)
+        self.text_at = tokenizer.start_tokens  # the tokens go after the start-of-text token
         self._frozen_text = None
 
     def build_representation(self, node, rep_dim, num_layers):
         """MMRL's :class:`RepresentationLearner` for ``num_layers`` representation layers."""
         clip = self.clip
         return RepresentationLearner(
-            node.N_REP_TOKENS, rep_dim, num_layers, clip.visual.width, clip.text.width, clip.visual.output_dim
+            node.N_REP_TOKENS, rep_dim, num_layers, clip.visual.width, clip.text.width, clip.visual.output_dim,
+            clip.visual.projection_input_dim,
         )
 
     def compute_text_features(self):
         """t [C, E] (not normalised), the sentences with the representation tokens."""
-        return self.clip.text(self.token_ids, self.representation.plan("text", self.first_block)).features
+        plan = self.representation.plan("text", self.first_block, self.text_at)
+        return self.clip.text(self.token_ids, plan).features
 
     def frozen_text_features(self):
         """t^CLIP [C, E] of frozen CLIP, the same sentences (a constant, cached)."""
@@ -147,12 +154,12 @@ class MMRLCLIP(PromptedCLIP):
     def encode_image(self, images, frozen=False):
         """(f_cls [B, E], f_rep [B, E], f_cls^CLIP [B, E] with ``frozen`` else None), not normalised."""
         visual = self.clip.visual
+        at = visual.layout.prefix_tokens  # after the class token (first on towers without one)
         hidden = visual.run_prefix(images, self.first_block)
-        rows = list(range(self.n_tokens + 1))
-        plan = self.representation.plan("visual", self.first_block)
-        out = visual(hidden=hidden, start=self.first_block, plan=plan, rows=rows)
-        proj_rep = self.representation.image_projection(visual.proj).to(out.tokens.dtype)
-        f_rep = visual.ln_post(out.tokens[:, 1:1 + self.n_tokens]) @ proj_rep
+        plan = self.representation.plan("visual", self.first_block, at)
+        out = visual(hidden=hidden, start=self.first_block, plan=plan, rows=range(at, at + self.n_tokens))
+        proj_rep = self.representation.image_projection(visual.projection_or_identity()).to(out.tokens.dtype)
+        f_rep = visual.token_features(out.tokens, proj_rep)
         reference = None
         if frozen:
             with torch.no_grad():

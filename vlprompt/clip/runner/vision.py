@@ -94,6 +94,21 @@ class VisionTower(Tower):
         None when the head ends without one."""
         raise NotImplementedError
 
+    @property
+    def projection_input_dim(self):
+        """D': the width the head's final linear map reads (E where the head has none)."""
+        projection = self.projection
+        return self.output_dim if projection is None else projection.shape[0]
+
+    def projection_or_identity(self):
+        """``projection`` [D', E], or the identity [E, E] where the head has no final linear map: what a
+        method copies to learn a projection of its own tokens (``token_features(tokens, copy)``)."""
+        projection = self.projection
+        if projection is not None:
+            return projection
+        anchor = next(self.blocks[0].parameters())
+        return torch.eye(self.output_dim, dtype=anchor.dtype, device=anchor.device)
+
     def readout(self, x, state=None):
         """The pooling head of final hidden states ``x`` [B, L, D] as an affine map, for
         decompositions: (positions, affine) where ``positions`` are the P positions the head
