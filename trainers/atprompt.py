@@ -161,7 +161,7 @@ class AttributeTokens(nn.Module):
             raise ValueError(f"ATPrompt needs at least one soft token per attribute, got {n_tokens}.")
         if any(tokenizer.num_tokens(word) != 1 for word in words):
             raise ValueError(f"Every attribute word must be one BPE token, got {list(words)}.")
-        ids = tokenizer(list(words))  # [K, L]: SOS, the word, EOS, padding
+        ids = tokenizer(list(words))  # [K, L]: the start token (CLIP's SOS; none on SigLIP), the word, EOS, padding
         object.__setattr__(self, "_text_tower", text_tower)  # frozen, owned by the runner
         self.words = list(words)
         self.n_tokens = n_tokens
@@ -170,7 +170,8 @@ class AttributeTokens(nn.Module):
             nn.Parameter(torch.empty(n_tokens, width).normal_(std=ATTRIBUTE_INIT_STD)) for _ in self.words
         )
         device = text_tower.token_embedding.weight.device
-        self.register_buffer("word_ids", ids[:, 1].to(device), persistent=False)
+        self.start = tokenizer.start_tokens
+        self.register_buffer("word_ids", ids[:, self.start].to(device), persistent=False)
 
     def __len__(self):
         """Number of positions of the block, K(m + 1)."""
@@ -202,12 +203,13 @@ class ATPromptCLIP(PromptedCLIP):
         self.attributes = attributes
 
     def text_plan(self):
-        """The text tower's plan: the attribute block inserted after [SOS] (the sequence keeps its
-        length L), and, with MaPLe, its deep text prompts replacing the context slots, which start
-        at 1 + K(m+1), at the inputs of blocks 1..J-1."""
-        insert = InsertTokens(self.attributes(), at=1, keep_length=True)
+        """The text tower's plan: the attribute block inserted after [SOS] (first where the tokenizer
+        has no start token; the sequence keeps its length L), and, with MaPLe, its deep text prompts
+        replacing the context slots, which start at 1 + K(m+1), at the inputs of blocks 1..J-1."""
+        first = self.attributes.start
+        insert = InsertTokens(self.attributes(), at=first, keep_length=True)
         deep = getattr(self.base.prompt_learner, "compound_prompts_text", ())
-        start = 1 + len(self.attributes)
+        start = first + len(self.attributes)
         layers = {index: ReplaceTokens(prompts, at=start) for index, prompts in enumerate(deep, start=1)}
         return Plan(embed=[insert], layers=layers)
 

@@ -149,7 +149,8 @@ class ProGradCLIP(CoOpCLIP):
             )
         with torch.no_grad():
             ids = tokenizer([phrase]).to(self.clip.logit_scale.device)
-            embedded = self.clip.text.embed(ids)[0, 1 : 1 + words].float()
+            start = tokenizer.start_tokens
+            embedded = self.clip.text.embed(ids)[0, start:start + words].float()
             learner.ctx.zero_()
             learner.ctx[..., learner.n_ctx - words :, :] = embedded.to(learner.ctx.device)
         learner.phrase = " ".join(["X"] * (learner.n_ctx - words) + [phrase])

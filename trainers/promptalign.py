@@ -327,7 +327,7 @@ def stand_in_statistics_options(settings, output_dir):
     (PromptAlign/vit_b16.yaml); returns its VIS_MEANS / VIS_VARS overrides."""
     clip_model, _ = load_clip(settings["backbone"], settings["weights"], device="cpu")
     visual = CLIPRunner(clip_model).visual
-    shape = (visual.num_layers, visual.positional_embedding.shape[0] + 2, visual.width)
+    shape = (visual.num_layers, visual.layout.length + 2, visual.width)
     paths = osp.join(output_dir, "promptalign_means.pt"), osp.join(output_dir, "promptalign_vars.pt")
     write_source_statistics(torch.zeros(shape), torch.ones(shape), *paths)
     return ("TRAINER.PROMPTALIGN.VIS_MEANS", paths[0], "TRAINER.PROMPTALIGN.VIS_VARS", paths[1])
@@ -394,7 +394,7 @@ class PromptAlign(PromptTuningTrainer):
         """(means, variances) [blocks, L, D] from VIS_MEANS / VIS_VARS, or --model-dir's default files
         (computed first with COMPUTE_STATS when missing)."""
         node, visual = self.cfg.TRAINER.PROMPTALIGN, self.model.clip.visual
-        shape = (visual.positional_embedding.shape[0] + self.cfg.TRAINER.MAPLE.N_CTX, visual.width)
+        shape = (visual.layout.length + self.cfg.TRAINER.MAPLE.N_CTX, visual.width)
         command = stats_command(self.source_dir)
         if node.VIS_MEANS:
             return load_source_statistics(node.VIS_MEANS, node.VIS_VARS, shape, node.ALIGN_LAYERS, command)

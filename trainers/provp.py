@@ -123,24 +123,24 @@ class ProgressivePrompts(nn.Module):
     def n_tokens(self):
         return self.prompt_embeddings.shape[1]
 
-    def plan(self):
-        """Plan: P_0 inserted after CLS at block 0 (if N > 4), positions 1..N re-mixed with P_l
-        at blocks 1..J−1."""
+    def plan(self, at=1):
+        """Plan: P_0 inserted after the prefix tokens (``at``: CLIP's class token, so 1; 0 on towers
+        without one) at block 0 (if N > 4), positions at..at+N-1 re-mixed with P_l at blocks 1..J−1."""
         prompts = self.prompt_embeddings
         layers = {}
         if self.n_tokens > MAX_TOKENS_WITHOUT_INSERTION:
-            layers[0] = InsertTokens(prompts[0], at=1)
+            layers[0] = InsertTokens(prompts[0], at=at)
         for index in range(1, prompts.shape[0]):
-            layers[index] = MapTokens(self._remix(prompts[index]))
+            layers[index] = MapTokens(self._remix(prompts[index], at))
         return Plan(layers=layers)
 
-    def _remix(self, prompt):
-        """x [B, L, D] -> x with x_{1..N} := α·x_{1..N} + (1−α)·prompt ([N, D])."""
+    def _remix(self, prompt, at):
+        """x [B, L, D] -> x with x_{at..at+N-1} := α·x_{at..at+N-1} + (1−α)·prompt ([N, D])."""
         alpha, n = self.alpha, prompt.shape[0]
 
         def remix(x):
-            mixed = alpha * x[:, 1:1 + n] + (1 - alpha) * prompt.to(x.dtype)
-            return torch.cat([x[:, :1], mixed, x[:, 1 + n:]], dim=1)
+            mixed = alpha * x[:, at:at + n] + (1 - alpha) * prompt.to(x.dtype)
+            return torch.cat([x[:, :at], mixed, x[:, at + n:]], dim=1)
 
         return remix
 
@@ -177,7 +177,8 @@ class ProVPCLIP(PromptedCLIP):
 
     def encode_image(self, images):
         """f̂_p [B, E]: normalised prompted image features of images [B, 3, H, W]."""
-        return F.normalize(self.clip.encode_image(images, self.prompt_learner.plan()), dim=-1)
+        plan = self.prompt_learner.plan(self.clip.visual.layout.prefix_tokens)
+        return F.normalize(self.clip.encode_image(images, plan), dim=-1)
 
     def forward(self, images):
         return self.cosine_logits(self.encode_image(images), self.class_text_features())

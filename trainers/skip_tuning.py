@@ -1,8 +1,9 @@
 """Skip Tuning (Wu et al., CVPR 2025): full fine-tuning of CLIP's upper blocks, made cheap by
 skipping the lower layers (layer-wise skip) and most of the classes (class-wise skip).
 
-Learnable: blocks S..L-1 (0-based, S = START_LAYER = 6 for ViT-B/16) of both towers, the image
-tower's ``ln_post`` and ``proj`` and the text tower's ``ln_final`` and ``text_projection``; no new
+Learnable: blocks S..L-1 (0-based, S = START_LAYER = 6 for ViT-B/16) of both towers and their
+heads (the image tower's ``ln_post`` and ``proj`` on CLIP, its final norm, attention pool and
+projection on other families; the text tower's ``ln_final`` and ``text_projection``); no new
 parameters. Everything below block S (embeddings, ``conv1``, ``ln_pre``, blocks 0..S-1) and the
 logit scale stay frozen. Class sentences: one hand-written template per dataset (TEMPLATES).
 
@@ -292,18 +293,16 @@ class SkipTuningCLIP(PromptedCLIP):
             param.requires_grad_(True)
 
     def text_parameters(self):
-        """The text tower's tuned parameters: blocks S.., ``ln_final``, ``text_projection``."""
-        text = self.clip.text
-        modules = list(text.blocks[self.start:]) + [text.ln_final]
-        params = [p for module in modules for p in module.parameters()]
-        return params + (list(text.text_projection.parameters()) if isinstance(text.text_projection, torch.nn.Module)
-                         else [text.text_projection])
+        """The text tower's tuned parameters: blocks S.. and its head (``ln_final``, the projection)."""
+        return self.tower_parameters(self.clip.text)
 
     def image_parameters(self):
-        """The image tower's tuned parameters: blocks S.., ``ln_post``, ``proj``."""
-        visual = self.clip.visual
-        modules = list(visual.blocks[self.start:]) + [visual.ln_post]
-        return [p for module in modules for p in module.parameters()] + [visual.proj]
+        """The image tower's tuned parameters: blocks S.. and its head (CLIP's ``ln_post`` and
+        ``proj``; the final norm, attention pool and projection of other families)."""
+        return self.tower_parameters(self.clip.visual)
+
+    def tower_parameters(self, tower):
+        return [p for block in tower.blocks[self.start:] for p in block.parameters()] + list(tower.head_parameters())
 
     def compute_text_features(self):
         """t [C, E] (not normalised): the class sentences through the whole text tower."""
@@ -330,7 +329,7 @@ class SkipTuningCLIP(PromptedCLIP):
         """
         if self.keep_mask is None:
             raise RuntimeError("SkipTuningCLIP.keep_mask is not drawn yet (draw_keep_mask before training).")
-        features = self.clip.visual(hidden=hidden, start=self.start, rows=[0]).features
+        features = self.clip.visual(hidden=hidden, start=self.start, rows=()).features
         kept, targets = select_classes(features.detach(), self.prototypes, labels, self.keep_mask)
         text_hidden = self.clip.text.prefix(self.token_ids, self.start)[kept]
         text = self.clip.text(self.token_ids[kept], hidden=text_hidden, start=self.start).features

@@ -206,27 +206,31 @@ class TACCLIP(PromptedCLIP):
     def _initial_context(self, init):
         if not init:
             return torch.empty(self.n_text, self.clip.text.width).normal_(std=0.02)
-        ids = self.tokenizer([init]).to(self.clip.text.token_embedding.weight.device)
+        ids = self.tokenizer([init]).to(self.clip.logit_scale.device)
+        start = self.tokenizer.start_tokens
         with torch.no_grad():
-            return self.clip.text.embed(ids)[0, 1:1 + self.n_text].float().clone()
+            return self.clip.text.embed(ids)[0, start:start + self.n_text].float().clone()
 
     def _patch_mask(self):
-        patches = self.clip.visual.positional_embedding.shape[0] - 1
-        length = 1 + patches + self.n_clusters + self.n_vision
+        """[L, L]: the patches do not attend to the cluster tokens (L = prefix tokens + P patches + K + n_v)."""
+        layout = self.clip.visual.layout
+        first, patches = layout.prefix_tokens, layout.num_patches
+        length = layout.length + self.n_clusters + self.n_vision
         mask = torch.zeros(length, length)
-        mask[1:1 + patches, 1 + patches:1 + patches + self.n_clusters] = float("-inf")
-        return mask.to(self.clip.visual.positional_embedding.device)
+        mask[first:first + patches, first + patches:first + patches + self.n_clusters] = float("-inf")
+        return mask.to(self.clip.logit_scale.device)
 
     def set_classnames(self, classnames):
-        """Class-dependent buffers (not saved): token_prefix [C, 1, D_t] (SOS), token_suffix
-        [C, L-1-K-n_t, D_t] (the sentence from its first word, cut), eot [C] (pooled positions)."""
-        text, shift = self.clip.text, self.n_clusters + self.n_text
+        """Class-dependent buffers (not saved): token_prefix [C, s, D_t] (the tokenizer's s start
+        tokens: SOS), token_suffix [C, L-s-K-n_t, D_t] (the sentence from its first word, cut), eot [C]
+        (pooled positions)."""
+        text, shift, start = self.clip.text, self.n_clusters + self.n_text, self.tokenizer.start_tokens
         sentences = [f"{self.phrase} {name.replace('_', ' ')}." for name in classnames]
-        ids = self.tokenizer(sentences, reserve=shift).to(text.token_embedding.weight.device)
+        ids = self.tokenizer(sentences, reserve=shift).to(self.clip.logit_scale.device)
         with torch.no_grad():
             embedded = text.embed(ids).float()
-        self.register_buffer("token_prefix", embedded[:, :1], persistent=False)
-        self.register_buffer("token_suffix", embedded[:, 1:ids.shape[1] - shift], persistent=False)
+        self.register_buffer("token_prefix", embedded[:, :start], persistent=False)
+        self.register_buffer("token_suffix", embedded[:, start:ids.shape[1] - shift], persistent=False)
         self.register_buffer("eot", text.eot_positions(ids) + shift, persistent=False)
         self.classnames = list(classnames)
 
@@ -270,7 +274,8 @@ class TACCLIP(PromptedCLIP):
         classes = prefix.shape[0]
         middle = torch.cat([g_t.to(prefix.dtype), self.ctx.to(prefix.dtype)]).expand(classes, -1, -1)
         embeddings = torch.cat([prefix, middle, suffix], dim=1)
-        plan = Plan(layers={index: ReplaceTokens(torch.cat([g_t, prompts.to(g_t.dtype)]), at=1)
+        start = self.tokenizer.start_tokens
+        plan = Plan(layers={index: ReplaceTokens(torch.cat([g_t, prompts.to(g_t.dtype)]), at=start)
                             for index, prompts in enumerate(self.text_prompts, start=1)})
         return self.clip.text(embeddings=embeddings, eot=self.eot, plan=plan).features
 

@@ -149,6 +149,7 @@ class TCPCLIP(PromptedCLIP):
     def __init__(self, clip, tokenizer, classnames, node, context_template, knowledge_template):
         super().__init__(clip)
         self.inject_layer = node.INJECT_LAYER
+        self.context_start = tokenizer.start_tokens  # the context follows the start-of-text token
         self.weight = node.W_TEXT
         self.prompt_learner = ClassAwareContext(
             clip.text, tokenizer, classnames, node.N_CTX, context_template, clip.text.output_dim,
@@ -161,9 +162,10 @@ class TCPCLIP(PromptedCLIP):
         self.register_buffer("knowledge", knowledge, persistent=False)
 
     def text_plan(self):
-        """Plan: T_c [C, n, D_t] replaces positions 1..n at the input of block INJECT_LAYER."""
+        """Plan: T_c [C, n, D_t] replaces the context's positions (1..n after CLIP's start-of-text
+        token) at the input of block INJECT_LAYER."""
         tokens = self.prompt_learner.class_tokens(self.knowledge)
-        return Plan(layers={self.inject_layer: ReplaceTokens(tokens, at=1)})
+        return Plan(layers={self.inject_layer: ReplaceTokens(tokens, at=self.context_start)})
 
     def compute_text_features(self):
         context = self.prompt_learner

@@ -117,6 +117,11 @@ class TextContext(nn.Module):
         return self._text_tower.token_embedding.weight.device
 
     @property
+    def start(self):
+        """Position of the first context vector: the tokenizer's start tokens (1 for CLIP, 0 for SigLIP)."""
+        return self.tokenizer.start_tokens
+
+    @property
     def num_classes(self):
         return self.token_prefix.shape[0]
 

@@ -79,7 +79,7 @@ class MaPLeCLIP(PromptedCLIP):
 
     def compute_text_features(self):
         prompts = self.prompt_learner
-        plan = text_prompt_plan(prompts.compound_prompts_text)
+        plan = text_prompt_plan(prompts.compound_prompts_text, start=prompts.start)
         return self.clip.text(embeddings=prompts(), eot=prompts.eot, plan=plan).features
 
     def unnormalised_image_features(self, images):

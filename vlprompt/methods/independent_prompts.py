@@ -46,7 +46,7 @@ class IVLPCLIP(PromptedCLIP):
 
     def compute_text_features(self):
         context = self.prompt_learner
-        plan = text_prompt_plan(self.text_prompts)
+        plan = text_prompt_plan(self.text_prompts, start=context.start)
         return self.clip.text(embeddings=context(), eot=context.eot, plan=plan).features
 
     def image_features(self, images):

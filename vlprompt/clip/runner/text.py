@@ -116,6 +116,15 @@ class TextTower(Tower):
             return self.attn_mask[:length, :length]
         return torch.full((length, length), float("-inf"), device=device).triu_(1)
 
+    def head_parameters(self):
+        """Parameters after the last block: ``ln_final``, then the projection's."""
+        yield from self.ln_final.parameters()
+        projection = self.text_projection
+        if isinstance(projection, nn.Module):
+            yield from projection.parameters()
+        elif projection is not None:
+            yield projection
+
     def embed(self, token_ids):
         """Token embeddings [N, L, D] (no positional embedding)."""
         return self.token_embedding(token_ids)
@@ -186,15 +195,19 @@ class TextTower(Tower):
 
     def _state(self, sequence, eot=None, token_ids=None):
         """Run state of a batch: pooled positions [N] (``eot``, else those of
-        ``token_ids``), their maximum, and the full length L of ``sequence`` [N, L(, D)].
+        ``token_ids``; a tower pooled at its last position pools L-1 whatever ``eot`` says), their
+        maximum, and the full length L of ``sequence`` [N, L(, D)].
 
         The maximum is read from the device once per ``eot`` or ``token_ids`` tensor (see
         HostValues). Meta tensors (models built for their shapes only) have no values:
         every position is kept.
         """
         source = token_ids if eot is None else eot
-        eot = self.eot_positions(token_ids) if eot is None else eot
         pool_last = self.pool_type == "last"
+        if pool_last:  # the last position, whatever a method's embeddings moved
+            eot = torch.full(sequence.shape[:1], sequence.shape[1] - 1, dtype=torch.long, device=sequence.device)
+        elif eot is None:
+            eot = self.eot_positions(token_ids)
         if self.causal and eot.numel() and not eot.is_meta:
             last = self._host_values.get(source, "last", lambda _: int(eot.max()))
         else:  # a bidirectional tower computes every position (as do shape-only meta tensors)
