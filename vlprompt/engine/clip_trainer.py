@@ -80,7 +80,7 @@ class ClipTrainer(TrainerX):
             info = describe_backbone(cfg.MODEL.BACKBONE.NAME)
             if info.image_adapter is None:
                 raise UnsupportedBackboneError(
-                    f"{cls.__name__} needs an image tower the prompted runner drives ({cls.vit_required_for}); "
+                    f"{cfg.TRAINER.NAME} needs an image tower the prompted runner drives ({cls.vit_required_for}); "
                     f"MODEL.BACKBONE.NAME {cfg.MODEL.BACKBONE.NAME} has none: {info.image_error} Use a ViT "
                     "backbone (OpenAI, LAION, MetaCLIP, DFN, SigLIP, SigLIP2, EVA02 or PE-Core)."
                 )

@@ -2,9 +2,13 @@
 
 Each case of the mixed-precision contract (one per distinct trainer configuration, so a new
 trainer is covered once it has its benchmark case) is built from its synthetic config with the
-backbone replaced by a small random model of a family (``vlprompt.testing.FAMILY_TEST_CONFIGS``:
-SigLIP, EVA02, PE-Core, a register ViT, and the OpenAI layout), in fp32, with stand-in classes
-instead of a dataset. ``check_family`` records:
+backbone replaced by a small random model of a family (``vlprompt.testing.FAMILY_TEST_CONFIGS``),
+in fp32, with stand-in classes instead of a dataset. ``FAMILIES`` are the families whose adapters
+differ from the OpenAI layout's, which the mixed-precision contract runs every case on (the
+tiny synthetic CLIP): SigLIP (timm ViT, attention pool, no class token, bidirectional text,
+logit bias), EVA02 (timm Eva, rotary positions, class token) and PE-Core (timm Eva, rotary
+positions, attention pool); the register ViT's layout is pinned by the runner's own tests.
+``check_family`` records:
 
 * a refusal: the UnsupportedBackboneError or ConfigError the trainer raised while it was built,
   and whether it came before the data (from the declared checks, which run before
@@ -27,13 +31,13 @@ from vlprompt.clip import UnsupportedBackboneError
 from vlprompt.config import ConfigError
 from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.benchmark_case import EVAL_ONLY, TEST_TIME
-from vlprompt.testing import FAMILY_TEST_CONFIGS, write_family_clip
+from vlprompt.testing import write_family_clip
 from vlprompt_app.benchmarking import mixed_precision
 from vlprompt_app.benchmarking.trainer_cases import SyntheticClasses
 
 __all__ = ["FAMILIES", "FAMILY_OPTS", "family_backbones", "check_family"]
 
-FAMILIES = tuple(FAMILY_TEST_CONFIGS)
+FAMILIES = ("siglip", "eva02", "pe_core")
 # DeAR's head-role maps belong to one backbone each; the families' random models have none, so DeAR
 # runs there with its map-free mask (every deep head a generalization head), which still masks.
 FAMILY_OPTS = {"DeAR": ("TRAINER.DEAR.MASK_STRATEGY", "all_generalization")}
