@@ -179,7 +179,7 @@ def resolve_role_map(spec, backbone="", weights="") -> Tuple[str, str]:
             f'No head-role map is registered for backbone "{key[0]}" with weights "{key[1]}" '
             f"(MODEL.BACKBONE.NAME, MODEL.BACKBONE.WEIGHTS), and TRAINER.DEAR.ROLE_MAP is {AUTO}.\n"
             f"{_known_maps()}\n"
-            "Make a map for this backbone with tools/head_roles.py (README, \"Head roles\") and set "
+            "Make a map for this backbone with tools/head_roles.py (docs/head_roles.md) and set "
             "TRAINER.DEAR.ROLE_MAP to its file, or use TRAINER.DEAR.MASK_STRATEGY all_mixed or "
             "all_generalization, which need no map."
         )
