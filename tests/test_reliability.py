@@ -126,6 +126,10 @@ _UNSAFE_LOADERS_ALLOWED = {
 }
 
 
+# yaml.load with one of these loaders builds plain data only (yaml.safe_load's constructor).
+SAFE_YAML_LOADERS = ("yaml.SafeLoader", "yaml.CSafeLoader")
+
+
 def _unsafe_loader_calls(path):
     """(dotted call, line) of every call in ``path`` that can deserialise arbitrary objects."""
     found = []
@@ -137,6 +141,8 @@ def _unsafe_loader_calls(path):
         safe_torch_load = isinstance(keywords.get("weights_only"), ast.Constant) and keywords["weights_only"].value is True
         if name == "torch.load" and not safe_torch_load:
             found.append((name, node.lineno))
+        elif name == "yaml.load" and "Loader" in keywords and ast.unparse(keywords["Loader"]) in SAFE_YAML_LOADERS:
+            continue
         elif name in ("pickle.load", "pickle.loads", "torch.jit.load", "yaml.load", "yaml.unsafe_load", "dill.load"):
             found.append((name, node.lineno))
         elif name.endswith("np.load") and isinstance(keywords.get("allow_pickle"), ast.Constant) and keywords["allow_pickle"].value:
@@ -159,6 +165,13 @@ def test_no_code_path_deserialises_arbitrary_objects():
         if (relative, name) not in _UNSAFE_LOADERS_ALLOWED
     ]
     assert offenders == []
+
+
+def test_the_loader_check_allows_yaml_load_with_a_safe_loader_only(tmp_path):
+    source = tmp_path / "loads.py"
+    source.write_text("yaml.load(a, Loader=yaml.CSafeLoader)\nyaml.load(b, Loader=yaml.SafeLoader)\n"
+                      "yaml.load(c)\nyaml.load(d, Loader=yaml.Loader)\nyaml.load(e, Loader=LOADER)\n")
+    assert _unsafe_loader_calls(source) == [("yaml.load", 3), ("yaml.load", 4), ("yaml.load", 5)]
 
 
 # ---------------------------------------------------------------- a toy trainer with two models

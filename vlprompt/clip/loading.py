@@ -26,6 +26,7 @@ feature; here QuickGELU is forced whenever the weights are OpenAI's, and checked
 loading.
 """
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -37,7 +38,8 @@ import zipfile
 
 import torch
 
-__all__ = ["CLIPLoadError", "OPENAI_MODELS", "load_clip", "resolve_model_name", "get_tokenizer_for"]
+__all__ = ["CLIPLoadError", "OPENAI_MODELS", "load_clip", "resolve_model_name", "register_model_config",
+           "get_tokenizer_for"]
 
 # CoOp-family name -> (open_clip config name, file name in OpenAI's own download cache)
 OPENAI_MODELS = {
@@ -68,6 +70,26 @@ class CLIPLoadError(RuntimeError):
     """Raised when a backbone name or its weights cannot be resolved or loaded."""
 
 
+def register_model_config(path):
+    """Register the open_clip model-config JSON file ``path`` under its file stem; return the stem.
+
+    open_clip's ``add_model_config`` appends the path to its search list and then re-reads every
+    file of that list, so calling it on every load made each load slower than the previous one (a
+    long process, such as an in-process grid or a test worker, re-read thousands of files per
+    load). The file is added only when open_clip does not already hold its content under its stem.
+    """
+    import json
+
+    import open_clip
+
+    stem = os.path.splitext(os.path.basename(path))[0]
+    with open(path, encoding="utf-8") as f:
+        content = json.load(f)
+    if open_clip.get_model_config(stem) != content:
+        open_clip.add_model_config(path)
+    return stem
+
+
 def resolve_model_name(name):
     """Map ``MODEL.BACKBONE.NAME`` to an open_clip config name.
 
@@ -88,8 +110,7 @@ def resolve_model_name(name):
     if name.endswith(".json"):
         if not os.path.isfile(name):
             raise CLIPLoadError(f'Model config file "{name}" (MODEL.BACKBONE.NAME) does not exist.')
-        open_clip.add_model_config(name)
-        return os.path.splitext(os.path.basename(name))[0], False
+        return register_model_config(name), False
     open_clip_name = name.replace("/", "-")
     if open_clip_name not in open_clip.list_models():
         raise CLIPLoadError(
@@ -337,8 +358,20 @@ def load_clip(name, weights="", device="cpu"):
 
 
 def get_tokenizer_for(name):
-    """open_clip tokenizer of a backbone given as ``MODEL.BACKBONE.NAME``."""
+    """open_clip tokenizer of a backbone given as ``MODEL.BACKBONE.NAME``, shared by the callers of
+    one process with the same model config (building one reads CLIP's 49k BPE merges; a tokenizer
+    holds no state but a cache of encoded words)."""
+    import json
+
     import open_clip
 
     model_name, _ = resolve_model_name(name)
+    return _tokenizer(model_name, json.dumps(open_clip.get_model_config(model_name), sort_keys=True))
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer(model_name, config):
+    """open_clip's tokenizer of ``model_name``, whose model config is ``config`` (JSON, the cache key)."""
+    import open_clip
+
     return open_clip.get_tokenizer(model_name)

@@ -31,6 +31,7 @@ from typing import List, Mapping, Optional
 import yaml
 
 from vlprompt.config import ConfigError
+from vlprompt.config.merge import load_yaml
 from vlprompt.engine.run_lock import RunLock
 from vlprompt.fileio import atomic_write
 
@@ -162,7 +163,7 @@ class RunFolder:
         if not self.config_path.is_file():
             return None
         try:
-            data = yaml.safe_load(self.config_path.read_text(encoding="utf-8"))
+            data = load_yaml(self.config_path.read_text(encoding="utf-8"))
         except (OSError, yaml.YAMLError) as error:
             raise ConfigError(f'Cannot read "{self.config_path}" ({type(error).__name__}: '
                               f'{" ".join(str(error).split())}); fix or delete the file.') from None
