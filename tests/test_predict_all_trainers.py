@@ -103,6 +103,25 @@ def predictor_of(name, runs, **kwargs):
     return load_run(runs(name), **kwargs)
 
 
+@pytest.fixture(scope="module")
+def predictors(runs):
+    """``predictors(name)``: ``predictor_of(name, runs)`` with the run's own classes, loaded on first
+    use and shared by the two tests of a trainer (predicting changes nothing in it)."""
+    loaded = {}
+
+    def predictor(name):
+        if name not in loaded:
+            cwd = os.getcwd()
+            os.chdir(ROOT)
+            try:
+                loaded[name] = predictor_of(name, runs)
+            finally:
+                os.chdir(cwd)
+        return loaded[name]
+
+    return predictor
+
+
 def test_every_test_time_method_has_a_source():
     assert sorted(TEST_TIME_SOURCES) == sorted(name for name in NAMES if is_test_time(name))
 
@@ -118,9 +137,9 @@ def test_declared_refusals_are_sentences_without_a_final_stop():
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("name", NAMES)
-def test_load_run_predicts_and_other_classes_are_scored_or_refused(name, runs, data_root, monkeypatch):
+def test_load_run_predicts_and_other_classes_are_scored_or_refused(name, runs, predictors, monkeypatch):
     monkeypatch.chdir(ROOT)
-    predictor = predictor_of(name, runs)
+    predictor = predictors(name)
     assert predictor.cfg.TRAINER.NAME == name and predictor.classnames == predictor.trainer.dm.dataset.classnames
     paths = [item.impath for item in predictor.trainer.dm.dataset.test]
     predictions = predictor.predict(paths, topk=2)
@@ -152,7 +171,7 @@ def export_of(name, runs, output):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("name", NAMES)
-def test_export_loads_and_predicts_as_the_run_or_is_refused(name, runs, tmp_path, monkeypatch, capsys):
+def test_export_loads_and_predicts_as_the_run_or_is_refused(name, runs, predictors, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     reason = getattr(TRAINER_REGISTRY.get(name), "export_refusal", "")
     if reason:
@@ -167,7 +186,7 @@ def test_export_loads_and_predicts_as_the_run_or_is_refused(name, runs, tmp_path
         assert capsys.readouterr().err == f"Error: {name} cannot be exported: {reason}.\n"
         assert not (tmp_path / "model.pt").exists()
         return
-    predictor = predictor_of(name, runs)
+    predictor = predictors(name)
     paths = [item.impath for item in predictor.trainer.dm.dataset.test]
     record = export_of(name, runs, tmp_path / "model.pt")
     assert record["trainer"] == name
