@@ -281,6 +281,29 @@ def test_tokenizer_rejects_too_long_sentences(tiny):
     assert tokenizer(["a photo of a dog."]).shape == (1, 32)
 
 
+def test_a_model_config_file_is_registered_again_only_when_its_content_changes(tmp_path):
+    """Loading by a config file does not grow open_clip's list of config paths (each addition
+    re-reads every listed file); an edited file is registered again, and its tokenizer follows it."""
+    import json
+
+    from vlprompt.clip import resolve_model_name
+    from vlprompt.testing import TINY_CLIP_CONFIG
+
+    path = tmp_path / "tiny-clip-registered.json"
+    path.write_text(json.dumps(TINY_CLIP_CONFIG))
+    assert resolve_model_name(str(path)) == ("tiny-clip-registered", False)
+    listed = len(open_clip.factory._MODEL_CONFIG_PATHS)
+    first = Tokenizer(str(path))
+    for _ in range(3):
+        resolve_model_name(str(path))
+    assert len(open_clip.factory._MODEL_CONFIG_PATHS) == listed
+    assert Tokenizer(str(path))._tokenizer is first._tokenizer  # one tokenizer per config in a process
+    path.write_text(json.dumps(dict(TINY_CLIP_CONFIG, text_cfg=dict(TINY_CLIP_CONFIG["text_cfg"], context_length=24))))
+    resolve_model_name(str(path))
+    assert open_clip.get_model_config("tiny-clip-registered")["text_cfg"]["context_length"] == 24
+    assert Tokenizer(str(path)).context_length == 24 and first.context_length == 32
+
+
 @pytest.mark.slow
 def test_vit_b16_random_weights_equal_open_clip():
     """The runner reproduces open_clip on the real ViT-B/16 architecture (random weights)."""

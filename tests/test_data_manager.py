@@ -90,6 +90,7 @@ def test_verbose_prints_transforms_and_table(tmp_path, capsys):
         [
             "Loading dataset: DescribableTextures",
             f"Reading split from {tmp_path}/dtd/split_zhou_DescribableTextures.json",
+            "DATASET.NUM_SHOTS is -1: all 10 training images are used (no few-shot sampling)",
             "Building transform_train",
             "+ random resized crop (size=(16, 16), scale=(0.08, 1.0))",
             "+ random flip",

@@ -12,6 +12,7 @@
   reader to create and paths with a placeholder name (``configs/trainers/TRAINER/...``, ``configs/published/PROTOCOL.yaml``).
 """
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -37,9 +38,11 @@ SOURCES = ("tools", "vlprompt", "trainers", "datasets", "vlprompt_app")
 PLACEHOLDERS = {"TRAINER", "NAME", "PROTOCOL", "DATASET", "METHOD", "BENCHMARK"}
 
 
+@functools.lru_cache(maxsize=None)
 def documents():
     """(name, text) of the Markdown files, of the string constants (docstrings, help and error
-    texts) of train.py and the Python sources, and of the YAML files under configs/."""
+    texts) of train.py and the Python sources, and of the YAML files under configs/ (read once per
+    process: collection parametrizes two tests with them)."""
     docs = [(name, (ROOT / name).read_text(encoding="utf-8")) for name in MARKDOWN]
     python = [ROOT / "train.py"] + [path for folder in SOURCES for path in sorted((ROOT / folder).rglob("*.py"))]
     for path in python:
@@ -48,7 +51,7 @@ def documents():
         docs.append((path.relative_to(ROOT).as_posix(), "\n".join(strings)))
     for path in sorted((ROOT / "configs").rglob("*.yaml")):
         docs.append((path.relative_to(ROOT).as_posix(), path.read_text(encoding="utf-8")))
-    return docs
+    return tuple(docs)
 
 
 def _expand_loops(line, token):

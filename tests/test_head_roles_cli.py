@@ -3,6 +3,7 @@ import csv
 import os
 
 import pytest
+import torch
 
 from vlprompt.clip.head_roles import load_role_map, role_attention_mask
 from vlprompt.interpret import load_corpus
@@ -106,3 +107,32 @@ def test_weighted_scoring_ranks_heads_by_the_variance_weighted_entropy(setup, ca
     assert all(r["role"] == "M" for r in order[2:-2])
     assert "| scoring | weighted |" in (out / "report.md").read_text()
     assert "scoring weighted" in load_role_map(str(out / "head_roles.yaml")).notes
+
+
+@pytest.mark.parametrize("family", ["siglip", "pe_core"])
+def test_a_role_map_of_an_attention_pool_tower_trains_dear(setup, capsys, tmp_path, family):
+    """tools/head_roles.py on an attention-pool tower (SigLIP: no class token; PE-Core: rotary
+    positions), whose heads' direct contributions go through the pool, makes a map DeAR accepts;
+    DeAR then takes two training steps with it on that backbone."""
+    from vlprompt_app.benchmarking import backbone_families, mixed_precision
+    from vlprompt_app.benchmarking.trainer_cases import declared_cases
+    from vlprompt.testing import write_family_clip
+
+    folder, corpus, _ = setup
+    clip_files = write_family_clip(str(tmp_path / "clip"), family)
+    out = tmp_path / "roles"
+    args = _args(folder, corpus, clip_files, out, "--embedder", "clip", "--concepts", "labels", "--quantile", "0.25",
+                 "--no-heatmap")
+    args[args.index("--first-layer") + 1] = "5"  # the last two of the 6 blocks
+    status = head_roles.run(args)
+    assert status == 0, capsys.readouterr().err
+    role_map = load_role_map(str(out / "head_roles.yaml"))
+    role_map.check_backbone(6, 4)
+    assert sorted(role_map.roles) == [5, 6]
+    case = next(case for case in mixed_precision.contract_cases(declared_cases()) if case.trainer == "DeAR")
+    opts = ("TRAINER.DEAR.MASK_STRATEGY", "role", "TRAINER.DEAR.ROLE_MAP", str(out / "head_roles.yaml"),
+            "TRAINER.DEAR.INJECT_LAYER", "5", "TRAINER.DEAR.TEXT_INJECT_LAYER", "3",
+            "TRAINER.DEAR.ATTRIBUTES", str(list(role_map.attributes)))
+    record = backbone_families.check_family(case, clip_files, opts=opts)
+    assert record.refusal is None and record.changed
+    assert all(torch.isfinite(torch.tensor(list(summary.values()))).all() for summary in record.losses)

@@ -109,6 +109,25 @@ def toy_test_paths(name, runs, data_root):
     return [item.impath for item in run_test_split(runs(source), data_root)]
 
 
+@pytest.fixture(scope="module")
+def predictors(runs):
+    """``predictors(name)``: ``predictor_of(name, runs)`` with the run's own classes, loaded on first
+    use and shared by the two tests of a trainer (predicting changes nothing in it)."""
+    loaded = {}
+
+    def predictor(name):
+        if name not in loaded:
+            cwd = os.getcwd()
+            os.chdir(ROOT)
+            try:
+                loaded[name] = predictor_of(name, runs)
+            finally:
+                os.chdir(cwd)
+        return loaded[name]
+
+    return predictor
+
+
 def test_every_test_time_method_has_a_source():
     assert sorted(TEST_TIME_SOURCES) == sorted(name for name in NAMES if is_test_time(name))
 
@@ -124,9 +143,9 @@ def test_declared_refusals_are_sentences_without_a_final_stop():
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("name", NAMES)
-def test_load_run_predicts_and_other_classes_are_scored_or_refused(name, runs, data_root, monkeypatch):
+def test_load_run_predicts_and_other_classes_are_scored_or_refused(name, runs, predictors, data_root, monkeypatch):
     monkeypatch.chdir(ROOT)
-    predictor = predictor_of(name, runs)
+    predictor = predictors(name)
     assert predictor.cfg.TRAINER.NAME == name and predictor.classnames == predictor.trainer.dm.dataset.classnames
     paths = toy_test_paths(name, runs, data_root)
     assert paths
@@ -159,7 +178,8 @@ def export_of(name, runs, output):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("name", NAMES)
-def test_export_loads_and_predicts_as_the_run_or_is_refused(name, runs, data_root, tmp_path, monkeypatch, capsys):
+def test_export_loads_and_predicts_as_the_run_or_is_refused(name, runs, predictors, data_root, tmp_path, monkeypatch,
+                                                            capsys):
     monkeypatch.chdir(ROOT)
     reason = getattr(TRAINER_REGISTRY.get(name), "export_refusal", "")
     if reason:
@@ -174,7 +194,7 @@ def test_export_loads_and_predicts_as_the_run_or_is_refused(name, runs, data_roo
         assert capsys.readouterr().err == f"Error: {name} cannot be exported: {reason}.\n"
         assert not (tmp_path / "model.pt").exists()
         return
-    predictor = predictor_of(name, runs)
+    predictor = predictors(name)
     paths = toy_test_paths(name, runs, data_root)
     record = export_of(name, runs, tmp_path / "model.pt")
     assert record["trainer"] == name

@@ -167,6 +167,13 @@ def test_no_code_path_deserialises_arbitrary_objects():
     assert offenders == []
 
 
+def test_the_loader_check_allows_yaml_load_with_a_safe_loader_only(tmp_path):
+    source = tmp_path / "loads.py"
+    source.write_text("yaml.load(a, Loader=yaml.CSafeLoader)\nyaml.load(b, Loader=yaml.SafeLoader)\n"
+                      "yaml.load(c)\nyaml.load(d, Loader=yaml.Loader)\nyaml.load(e, Loader=LOADER)\n")
+    assert _unsafe_loader_calls(source) == [("yaml.load", 3), ("yaml.load", 4), ("yaml.load", 5)]
+
+
 # ---------------------------------------------------------------- a toy trainer with two models
 
 BATCH_SIZE = 3  # 15 training images -> 5 batches per epoch

@@ -110,7 +110,8 @@ def test_restart_moves_the_earlier_run_aside_and_trains_afresh(trained, run_copy
     assert yaml.safe_load((run_copy / "config.yaml").read_text())["OPTIM"]["LR"] == 0.5
     assert (run_copy / "console.txt").read_text() == "the protocol runner's attempts\n"  # left in place
     assert sorted(p.name for p in run_copy.iterdir()) == sorted(
-        ["config.yaml", "console.txt", "log.txt", "prompt_learner", "results.json", "tensorboard", aside.name])
+        ["classes.json", "config.yaml", "console.txt", "log.txt", "prompt_learner", "results.json", "tensorboard",
+         aside.name])
     assert [run.path for run in find_runs(run_copy)] == [run_copy]  # the aside folder is not a run of its own
 
 

@@ -440,6 +440,7 @@ def fake_train(monkeypatch):
     def run(argv):
         args = train.build_parser().parse_args(argv)
         cfg, _ = train.setup_cfg(args)
+        cfg, _ = train.prepare_backbone(cfg)  # a run records its preprocessing resolved from the backbone
         folder = Path(cfg.OUTPUT_DIR)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / ("eval_config.yaml" if args.eval_only and args.model_dir else "config.yaml")).write_text(cfg.dump())

@@ -80,14 +80,13 @@ def write_tiny_clip(directory, name="tiny-clip", config=None, seed=0):
     """
     import open_clip
 
-    from vlprompt.clip.small_models import register_small_towers
+    from vlprompt.clip.loading import backbone_config
 
-    register_small_towers()  # a config may name the project's small timm towers
     os.makedirs(directory, exist_ok=True)
     config_path = os.path.join(directory, f"{name}.json")
     with atomic_write(config_path, "w") as f:
         json.dump(config or TINY_CLIP_CONFIG, f, indent=2)
-    open_clip.add_model_config(config_path)
+    backbone_config(config_path)  # registered with open_clip, as are the project's small timm towers
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     model = open_clip.create_model(name, pretrained=None)

@@ -160,11 +160,14 @@ def _register_model_config(path, model_name, model_cfg, registrable):
     A plain model config is registered by open_clip itself (``add_model_config``). open_clip
     registers no other layout (a ``preprocess_cfg`` beside the model keys would reach the model's
     constructor) and has no public way to register a config it did not read, so those go into its
-    registry directly, where later rescans keep them.
+    registry directly, where later rescans keep them. A config open_clip already holds with the
+    same content is not registered again, so repeated loads in one process do not get slower.
     """
     import open_clip
     from open_clip import factory
 
+    if open_clip.get_model_config(model_name) == model_cfg:
+        return  # already held (add_model_config re-reads every file of its search list on each call)
     if registrable:
         open_clip.add_model_config(path)
     else:

@@ -21,7 +21,7 @@ import os.path as osp
 import yaml
 from yacs.config import CfgNode, _check_and_coerce_cfg_value_type
 
-__all__ = ["ConfigError", "config_chain", "merge_from_file", "merge_from_list", "looks_like_option"]
+__all__ = ["ConfigError", "config_chain", "merge_from_file", "merge_from_list", "looks_like_option", "load_yaml"]
 
 COMMAND_LINE = "command line"
 BASE_KEY = "_BASE_"
@@ -172,11 +172,27 @@ def _lookup(cfg, full_key, source):
     return node
 
 
+def load_yaml(text):
+    """The data of the YAML document ``text``, as ``yaml.safe_load`` reads it, on libyaml's parser
+    where PyYAML has it (the same constructor and resolver, several times faster: every trainer
+    build reads its config files and a run's config.yaml).
+
+    Raises:
+        yaml.YAMLError: the pure-Python parser's error (its message shows the line).
+    """
+    if not hasattr(yaml, "CSafeLoader"):  # PyYAML built without libyaml
+        return yaml.safe_load(text)
+    try:
+        return yaml.load(text, Loader=yaml.CSafeLoader)
+    except yaml.YAMLError:
+        return yaml.safe_load(text)
+
+
 def _read_yaml(path):
     """The top-level mapping of a YAML config file, with readable errors."""
     with open(path, "r", encoding="utf-8") as f:
         try:
-            data = yaml.safe_load(f)
+            data = load_yaml(f.read())
         except yaml.YAMLError as error:
             detail = " ".join(str(error).split())
             raise ConfigError(f'Config file "{path}" is not valid YAML: {detail}') from None

@@ -41,6 +41,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import yaml
 
 from vlprompt.config import ConfigError
+from vlprompt.config.merge import load_yaml
 from vlprompt.engine.run_lock import RunLock
 from vlprompt.fileio import atomic_write
 from vlprompt.run_layout import (
@@ -317,9 +318,7 @@ class RunFolder:
         if not path.is_file():
             return None
         try:
-            # a safe loader, libyaml's where PyYAML has it (a grid compares hundreds of configs)
-            data = yaml.load(path.read_text(encoding="utf-8"),
-                             Loader=yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader)
+            data = load_yaml(path.read_text(encoding="utf-8"))
         except (OSError, yaml.YAMLError) as error:
             raise ConfigError(f'Cannot read "{path}" ({type(error).__name__}: '
                               f'{" ".join(str(error).split())}); fix or delete the file.') from None

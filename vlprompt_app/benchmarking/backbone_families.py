@@ -58,13 +58,14 @@ class _NoData(SyntheticClasses):
         super().build_data_loader()
 
 
-def build_trainer(case, backbone, output_dir):
-    """The case's trainer on ``backbone`` (config, weights), fp32, stand-in classes."""
+def build_trainer(case, backbone, output_dir, opts=None):
+    """The case's trainer on ``backbone`` (config, weights), fp32, stand-in classes; ``opts`` (KEY VALUE)
+    replace the case's ``FAMILY_OPTS``."""
     trainer_class = type(f"Family{case.trainer}", (_NoData, TRAINER_REGISTRY.get(case.trainer)),
                          {"benchmark_classes": mixed_precision.CLASSES})
     torch.manual_seed(0)
     cfg = mixed_precision.build_cfg(case, "fp32", "cpu", output_dir, backbone=backbone,
-                                    opts=FAMILY_OPTS.get(case.trainer, ()))
+                                    opts=FAMILY_OPTS.get(case.trainer, ()) if opts is None else opts)
     with contextlib.redirect_stdout(io.StringIO()):
         trainer = trainer_class(cfg)
         if case.after_build is not None:
@@ -72,12 +73,13 @@ def build_trainer(case, backbone, output_dir):
     return trainer, trainer_class
 
 
-def check_family(case, backbone):
-    """Run ``case`` on ``backbone`` (config, weights); see the module docstring for the record."""
+def check_family(case, backbone, opts=None):
+    """Run ``case`` on ``backbone`` (config, weights), with ``opts`` instead of its ``FAMILY_OPTS``;
+    see the module docstring for the record."""
     with tempfile.TemporaryDirectory(prefix="family_") as output_dir:
         trainer_class = None
         try:
-            trainer, trainer_class = build_trainer(case, backbone, osp.join(output_dir, "run"))
+            trainer, trainer_class = build_trainer(case, backbone, osp.join(output_dir, "run"), opts)
         except (UnsupportedBackboneError, ConfigError) as error:
             return SimpleNamespace(refusal=str(error), before_data=not _NoData.data_built, logits=None, losses=None)
         finally:

@@ -61,8 +61,6 @@ USER_ERRORS = (
     ConfigError, CLIPLoadError, DatasetLayoutError, PromptTooLongError, UnsupportedBackboneError,
     CorpusError, OptionalDependencyError, ConceptError,
 )
-CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
-CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 
 
 def build_parser():
@@ -103,12 +101,10 @@ def build_parser():
 
 
 def setup_cfg(args):
-    """Tool defaults (CLIP preprocessing) -> dataset YAML -> method YAML -> flags -> overrides."""
+    """Tool defaults (no augmentation; the preprocessing keys left empty: the backbone's) -> dataset
+    YAML -> method YAML -> flags -> overrides."""
     cfg = get_cfg_default()
     extend_cfg(cfg)
-    cfg.INPUT.INTERPOLATION = "bicubic"
-    cfg.INPUT.PIXEL_MEAN = CLIP_MEAN
-    cfg.INPUT.PIXEL_STD = CLIP_STD
     cfg.INPUT.TRANSFORMS = ("normalize",)
     if args.dataset_config_file:
         merge_from_file(cfg, args.dataset_config_file)
@@ -143,9 +139,8 @@ def check_args(cfg, args):
         raise ConfigError(f"--attributes must be distinct, got {args.attributes}.")
 
 
-def image_batches(cfg, args, image_size):
+def image_batches(cfg, args):
     """Loader over a seeded subset of ``--num-images`` images of the chosen split."""
-    cfg.INPUT.SIZE = tuple(image_size)
     dataset = build_dataset(cfg)
     items = {"train": dataset.train_x, "val": dataset.val, "test": dataset.test}[args.split]
     if not items:
@@ -176,7 +171,7 @@ def main(args):
     if not 1 <= first <= depth:
         raise ConfigError(f"--first-layer must be in 1..{depth} (the image tower's layers, 1-indexed), got {first}.")
     embed = load_sentence_embedder(args.embedder, device=device, runner=runner, tokenizer=tokenizer)
-    loader, num_images = image_batches(cfg, args, model.visual.image_size)
+    loader, num_images = image_batches(cfg, args)
     print(f"Decomposing {num_images} images of {cfg.DATASET.NAME} ({args.split}), layers {first}..{depth} "
           f"of {info['model_name']} on {device}")
 

@@ -287,9 +287,17 @@ def evaluates_model_dir(args):
 
 def run_settings(argv, file_cache=None):
     """(merged config, whether it evaluates a --model-dir) of train.py's arguments ``argv``, merged
-    as a run merges them (the protocol runner compares them with what run folders record)."""
+    as a run merges them, its empty preprocessing keys filled from the backbone as a run fills them
+    (the protocol runner compares them with what run folders record)."""
+    from vlprompt.clip.loading import CLIPLoadError
+    from vlprompt.clip.preprocess import resolve_input
+
     args = build_parser().parse_args(list(argv))
     cfg, _ = setup_cfg(args, file_cache)
+    try:  # a run records its preprocessing resolved from the backbone (prepare_backbone)
+        cfg, _ = resolve_input(cfg)
+    except (CLIPLoadError, ConfigError):
+        pass  # the run itself stops with the message, before it reuses anything
     return cfg, evaluates_model_dir(args)
 
 

@@ -27,6 +27,7 @@ prompt). Ours is the case's trainer (configs/trainers/TPT/vit_b16.yaml, fp32) an
 """
 import argparse
 import contextlib
+import hashlib
 
 import torch
 
@@ -59,28 +60,46 @@ def prepare_official(cfg, weights_path):
 def build_ours(clip, tokenizer, classnames, node, spec):
     """CoOpCLIP or CoCoOpCLIP, frozen; its frozen image tower's features of the last views kept, so
     that the runs on one model (the recorded values, then the mutations, which move the text side
-    only) encode the 64 views once."""
+    only) encode the 64 views once, and so do TPT and TPT-CoCoOp (the same views and seeded CLIP)."""
     from vlprompt.methods.conditional_context import CoCoOpCLIP
     from vlprompt.methods.text_context import CoOpCLIP
 
     model = (CoCoOpCLIP if spec.options["prompt"] == "cocoop" else CoOpCLIP)(clip, tokenizer, classnames, node)
     for parameter in model.parameters():
         parameter.requires_grad_(False)
-    clip.encode_image = _kept_features(clip.encode_image)
+    clip.encode_image = _kept_features(clip.encode_image, clip.visual)
     return model
 
 
-def _kept_features(encode_image):
+# The image features [B, E] last encoded by a model of ``build_ours``, with the digest of the tower's
+# weights and of the images they came from (another model of this process with equal weights reuses them).
+_SHARED = {}
+
+
+def _digest(tensors):
+    """A digest of the dtypes, shapes and bytes of ``tensors``."""
+    digest = hashlib.blake2b(digest_size=16)
+    for tensor in tensors:
+        tensor = tensor.detach().cpu()
+        digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+        digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _kept_features(encode_image, tower):
     """``encode_image`` that returns the previous features [B, E] when called again with the same,
-    unchanged images tensor [B, 3, R, R] (the same object and version) and the tower gives no gradient."""
+    unchanged images tensor [B, 3, R, R] (the same object and version) and the tower gives no gradient,
+    or the features ``_SHARED`` holds for the same bytes of images and of ``tower``'s weights."""
     kept = {}
 
     def encode(images):
         if kept.get("images") is images and kept["version"] == images._version:
             return kept["features"]
-        features = encode_image(images)
+        key = (_digest(tower.state_dict().values()), _digest([images]))
+        features = _SHARED["features"] if _SHARED.get("key") == key else encode_image(images)
         if not features.requires_grad:
             kept.update(images=images, version=images._version, features=features)
+            _SHARED.update(key=key, features=features)
         return features
 
     return encode
