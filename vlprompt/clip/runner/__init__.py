@@ -30,12 +30,15 @@ weights are used as they are: attention calls the block's own projections throug
 Modules:
 
 * ``plan``: the edits (InsertTokens, ReplaceTokens, MapTokens), Plan and RunState.
-* ``attention``: one residual block with an additive per-head mask, computing only some
-  query rows or reusing known q, k, v (attention_block, block_qkv).
-* ``tower``: the block loop both towers share, TowerOutput, UnsupportedBackboneError.
-* ``vision`` / ``text``: the two towers (VisionTower, TextTower).
+* ``blocks``: one residual block of any family (BlockOps per family, run_block) with an additive
+  per-head mask, computing only some query rows or reusing known q, k, v (block_qkv).
+* ``tower``: the block loop both towers share, TokenLayout, RotaryTable, TowerOutput,
+  UnsupportedBackboneError.
+* ``vision`` / ``timm_vision`` / ``text``: the towers (VisionTower and OpenCLIPVisionTower;
+  TimmViTVisionTower and EvaVisionTower; TextTower).
 * ``prefix``: frozen-prefix reuse (SharedPrefix for images, the text prefix cache).
-* ``clip_runner``: CLIPRunner, the two towers plus the logit scale.
+* ``clip_runner``: CLIPRunner, the two towers plus the logit scale and bias; vision_tower, the
+  adapter of an image tower.
 """
 
 from .blocks import BlockOps, run_block

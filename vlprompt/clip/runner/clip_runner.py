@@ -1,6 +1,6 @@
 """A frozen open_clip model seen as two prompted towers plus its logit scale and bias.
 
-The tower adapter of each tower is chosen from the model's classes (``FAMILIES``):
+The tower adapter of each tower is chosen from the model's classes (:func:`vision_tower`):
 
 | image tower | adapter |
 |---|---|

@@ -7,7 +7,7 @@ the text tower's pooled positions follow the tokens. Edits never read tensor val
 to the host.
 
 Masks are additive ([L, L] or [heads, L, L]; 0 = allowed, -inf = blocked) and are
-broadcast over the batch by the towers (see ``attention.attention_block``).
+broadcast over the batch by the towers (see ``blocks.run_block``).
 
 A parallel branch is a callable ``branch(h) -> [B, L, D]`` run beside block i: it reads
 h = ``ln_1`` of the block's input (after the edits there) [B, L, D] and its output is added
