@@ -51,7 +51,7 @@ import os.path as osp
 import torch
 from yacs.config import CfgNode as CN
 
-from vlprompt.clip import CLIPRunner, MapTokens, check_prompt_sizes, load_clip, vision_prompt_plan
+from vlprompt.clip import CLIPRunner, MapTokens, UnsupportedBackboneError, check_prompt_sizes, load_clip, vision_prompt_plan
 from vlprompt.config import (
     ConfigError, check_range, register_cfg_extension,
 )
@@ -327,6 +327,9 @@ def stand_in_statistics_options(settings, output_dir):
     (PromptAlign/vit_b16.yaml); returns its VIS_MEANS / VIS_VARS overrides."""
     clip_model, _ = load_clip(settings["backbone"], settings["weights"], device="cpu")
     visual = CLIPRunner(clip_model).visual
+    if visual is None:
+        raise UnsupportedBackboneError(f"PromptAlign's statistics are of prompted image-tower blocks; the image "
+                                       f"tower of {settings['backbone']} is not one the prompted runner drives.")
     shape = (visual.num_layers, visual.layout.length + 2, visual.width)
     paths = osp.join(output_dir, "promptalign_means.pt"), osp.join(output_dir, "promptalign_vars.pt")
     write_source_statistics(torch.zeros(shape), torch.ones(shape), *paths)

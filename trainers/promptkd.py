@@ -361,7 +361,10 @@ def write_stand_in_teacher(folder, backbone, weights, input_size, dataset):
     cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.WEIGHTS = backbone, weights
     cfg.INPUT.SIZE = tuple(input_size)
     clip_model, _ = load_clip(backbone, weights, device="cpu")
-    model = IVLPCLIP(CLIPRunner(clip_model), Tokenizer(backbone), ["stand-in"], cfg.TRAINER.PROMPTSRC)
+    clip = CLIPRunner(clip_model)
+    if clip.visual is None:
+        raise UnsupportedBackboneError(f"The PromptKD teacher's backbone {backbone} is not a ViT.")
+    model = IVLPCLIP(clip, Tokenizer(backbone), ["stand-in"], cfg.TRAINER.PROMPTSRC)
     prompts = {name: param.detach() for name, param in model.named_parameters() if param.requires_grad}
     run = RunFolder(folder)
     checkpoint = run.checkpoint_path(TEACHER_MODEL_NAME, cfg.OPTIM.MAX_EPOCH)

@@ -17,7 +17,7 @@ from vlprompt.engine.test_time import (
     TestTimeTrainer, add_episode_keys, average_prediction_entropy, episode_optimizer, select_confident,
 )
 from vlprompt.methods.conditional_context import CoCoOpCLIP
-from vlprompt.methods.coupled_prompts import MaPLeCLIP
+from vlprompt.methods.coupled_prompts import MaPLeCLIP, check_maple_cfg
 from vlprompt.methods.text_context import CoOpCLIP
 
 __all__ = ["PROMPTS", "SOURCE_TRAINERS", "add_tpt_config", "PromptTuning", "PromptTuningTrainer"]
@@ -185,6 +185,8 @@ class PromptTuningTrainer(TestTimeTrainer):
     def check_cfg(self, cfg):
         node = cfg.TRAINER.TPT
         check_choice("TRAINER.TPT.PROMPT", node.PROMPT, list(PROMPTS))
+        if node.PROMPT == "maple":  # MaPLe's prompts must fit the backbone, as its trainer checks
+            check_maple_cfg(cfg)
         super().check_cfg(cfg)
 
     @classmethod
