@@ -334,3 +334,28 @@ def test_the_report_prints_the_distance_to_the_limit(tiny_run):
     without = {**tiny_run, "results": [{**record, "flops": None, "matmul_peak": None}
                                        for record in tiny_run["results"]]}
     assert "Distance to the limit" not in format_report(without, per_trainer)
+
+
+def test_synthetic_builds_every_case_from_its_synthetic_config_for_the_tiny_clip(tmp_path):
+    """--synthetic: the tiny synthetic CLIP at 32 px unless given, each case from its synthetic
+    config without ViT-B/16's targets; DeAR's ViT-B/16 config (its role map) does not fit that CLIP,
+    its synthetic config does."""
+    parser = benchmark.build_parser()
+    settings = per_trainer.settings_of(parser.parse_args(["trainers", "--synthetic"]))
+    assert (settings["backbone"], settings["weights"], settings["image_size"]) == (
+        trainer_cases.SYNTHETIC_CLIP, trainer_cases.SYNTHETIC_WEIGHTS, 32)
+    assert "configs/clip/tiny-synthetic-clip.json (weights/tiny-synthetic-clip.pt weights), 32 px" in \
+        per_trainer.header_line(settings)
+    assert "each case's synthetic config" in per_trainer.header_line(settings)
+    given = per_trainer.settings_of(parser.parse_args(["trainers", "--synthetic", "--image-size", "64"]))
+    assert given["image_size"] == 64 and given["backbone"] == trainer_cases.SYNTHETIC_CLIP
+    plain = per_trainer.settings_of(parser.parse_args(["trainers"]))
+    assert (plain["backbone"], plain["weights"], plain["image_size"], plain["synthetic"]) == (
+        "ViT-B/16", "random", 224, False)
+    dear = trainer_cases.synthetic_case(trainer_cases.case_named("DeAR"))
+    assert (dear.config, dear.train_target, dear.eval_target) == ("DeAR/synthetic.yaml", None, None)
+    assert trainer_cases.case_named("DeAR").train_target == 2.2
+    settings.update(classes=4, rounds=1, warmup=0, threads=0, flops=False)
+    record = per_trainer.measure_case(dear, settings)
+    assert record["config"] == "configs/trainers/DeAR/synthetic.yaml" and record["train"]["ratio"] > 0
+    assert record["train"]["target"] is None and record["flops"] is None

@@ -62,7 +62,8 @@ from vlprompt_app.benchmarking.flops import counting_flops, matmul_peak
 from vlprompt_app.benchmarking.measure import clocks, current_rss_mib, peak_memory_mib, reset_peak_memory
 from vlprompt_app.benchmarking.report import format_table
 from vlprompt_app.benchmarking.trainer_cases import (
-    build_trainer, case_batch, case_named, check_coverage, project_trainers, select_cases, training_batch,
+    SYNTHETIC_CLIP, SYNTHETIC_IMAGE_SIZE, SYNTHETIC_WEIGHTS, build_trainer, case_batch, case_named, check_coverage,
+    project_trainers, select_cases, synthetic_case, training_batch,
 )
 from vlprompt.engine.benchmark_case import CACHED, TEST_TIME, TRAIN
 from vlprompt.paths import repository_root
@@ -353,8 +354,13 @@ def progress_line(record):
 
 def header_line(settings):
     threads = settings["threads"] or "default"
-    return (f"device {settings['device']} ({threads} threads), precision {settings['prec']}, "
-            f"{settings['backbone']} ({settings['weights']} weights), {settings['image_size']} px, "
+    configs = "each case's synthetic config, " if settings.get("synthetic") else ""
+
+    def shown(path):
+        return os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path
+
+    return (f"device {settings['device']} ({threads} threads), precision {settings['prec']}, {configs}"
+            f"{shown(settings['backbone'])} ({shown(settings['weights'])} weights), {settings['image_size']} px, "
             f"batch {settings['batch']} (CoCoOp 1), eval batch {settings['eval_batch'] or 'as train'}, "
             f"{settings['classes']} classes; median of {settings['rounds']} rounds after {settings['warmup']} "
             f"warm-up, {settings['clock']} clock")
@@ -427,7 +433,7 @@ def add_arguments(parser):
     parser.add_argument("--batch", type=int, default=4, help="training batch (CoCoOp and RAdaTTT keep 1)")
     parser.add_argument("--eval-batch", type=int, default=0, help="evaluation batch (0: the training batch)")
     parser.add_argument("--classes", type=int, default=50)
-    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--image-size", type=int, help="default: 224 (32 with --synthetic)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--prec", choices=("fp32", "amp", "fp16", "bf16"), default="fp32",
                         help="TRAINER.<NAME>.PREC of every case (CUDA only; the CPU runs fp32)")
@@ -435,8 +441,12 @@ def add_arguments(parser):
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds")
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds after the cache-filling first one")
-    parser.add_argument("--backbone", default="ViT-B/16", help="MODEL.BACKBONE.NAME (an open_clip config JSON too)")
-    parser.add_argument("--weights", default="random", help="MODEL.BACKBONE.WEIGHTS")
+    parser.add_argument("--backbone", help="MODEL.BACKBONE.NAME (an open_clip config JSON too; default: ViT-B/16, "
+                                           "with --synthetic configs/clip/tiny-synthetic-clip.json)")
+    parser.add_argument("--weights", help="MODEL.BACKBONE.WEIGHTS (default: random, with --synthetic "
+                                          "weights/tiny-synthetic-clip.pt)")
+    parser.add_argument("--synthetic", action="store_true",
+                        help="build every case from its synthetic config (Case.synthetic_config) for the tiny CLIP")
     parser.add_argument("--compare", metavar="JSON", help="also print the ratios of this earlier run next to ours")
     parser.add_argument("--in-process", action="store_true",
                         help="measure every case in this process (faster; peak RSS then accumulates)")
@@ -457,16 +467,28 @@ def measure(args):
     check_coverage(project_trainers())
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda, but CUDA is not available")
-    settings = {key: getattr(args, key) for key in ("batch", "eval_batch", "classes", "image_size", "device", "prec",
-                                                    "threads", "rounds", "warmup", "clock", "backbone", "weights", "flops",
-                                                    "peak_size", "peak_repeats")}
-    settings["opts"] = args.opts
+    settings = settings_of(args)
     records = []
     for case in select_cases(args.trainers):
+        case = synthetic_case(case) if args.synthetic else case
         record = measure_case(case, settings) if args.in_process else run_in_subprocess(case, settings)
         records.append(record)
         print(progress_line(record), flush=True)
     return settings, records
+
+
+def settings_of(args):
+    """The run's settings from the parsed command line: backbone, weights and image size default
+    to ViT-B/16, random weights and 224 px, or to the tiny synthetic CLIP's with ``--synthetic``."""
+    settings = {key: getattr(args, key) for key in ("batch", "eval_batch", "classes", "device", "prec", "threads",
+                                                    "rounds", "warmup", "clock", "synthetic", "flops", "peak_size",
+                                                    "peak_repeats")}
+    defaults = ((SYNTHETIC_CLIP, SYNTHETIC_WEIGHTS, SYNTHETIC_IMAGE_SIZE) if args.synthetic
+                else ("ViT-B/16", "random", 224))
+    for key, default in zip(("backbone", "weights", "image_size"), defaults):
+        settings[key] = default if getattr(args, key) is None else getattr(args, key)
+    settings["opts"] = args.opts
+    return settings
 
 
 def comparison_rows(before, after):
@@ -483,10 +505,10 @@ def comparison_rows(before, after):
 
 def worker(argv):
     """``python -m vlprompt_app.benchmarking.per_trainer CASE SETTINGS_JSON``: prints the case's record as JSON."""
-    name, settings = argv
+    name, settings = argv[0], json.loads(argv[1])
     import_project_package("trainers")
-    case = case_named(name)
-    print(json.dumps(measure_case(case, json.loads(settings))))
+    case = synthetic_case(case_named(name)) if settings.get("synthetic") else case_named(name)
+    print(json.dumps(measure_case(case, settings)))
 
 
 if __name__ == "__main__":
