@@ -83,7 +83,7 @@ def _outputs(case, trainer, images, labels, kinds):
         torch.manual_seed(STEP_SEED)  # the step's draws from the default generators start alike
         with contextlib.redirect_stdout(io.StringIO()):
             summary = trainer.forward_backward(batch)
-        outputs["loss"] = torch.tensor(summary["loss"])
+        outputs["loss"] = torch.as_tensor(summary["loss"])
         outputs["logits after step"] = evaluate()
     return outputs
 
