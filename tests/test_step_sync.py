@@ -109,3 +109,28 @@ def test_the_meter_reads_its_tensors_late_and_as_floats():
     assert meter.read() == [] and str(meter) == "loss 0.1000 (0.8000) acc 62.5000 (56.2500)"
     with pytest.raises(ValueError, match="loss has 2 elements, expected one"):
         meter.update({"loss": torch.ones(2)})
+
+
+def test_the_mean_over_processes_stays_on_the_device(tmp_path, monkeypatch):
+    """Under DDP the step's summary is averaged over the processes without reading it: float64
+    0-dim tensors, which read as the float64 of each value (a float32 loss exactly)."""
+    import torch.distributed as dist
+
+    from vlprompt.engine.distributed import mean_over_processes
+
+    if not (dist.is_available() and dist.is_gloo_available()):
+        pytest.skip("torch.distributed with the Gloo backend is not available")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        loss = torch.tensor(0.1)  # float32
+        reads = []
+        for name in READS:
+            monkeypatch.setattr(torch.Tensor, name, lambda tensor, *args, _name=name: reads.append(_name))
+        mean = mean_over_processes({"loss": loss, "scale": 2.5, "acc": torch.tensor(75.0)}, torch.device("cpu"))
+        monkeypatch.undo()
+        assert reads == []
+        assert list(mean) == ["loss", "scale", "acc"]
+        assert all(value.dtype == torch.float64 and value.dim() == 0 for value in mean.values())
+        assert [value.item() for value in mean.values()] == [loss.item(), 2.5, 75.0]
+    finally:
+        dist.destroy_process_group()
