@@ -21,14 +21,14 @@ class RecordingWriter:
         self.scalars.append((tag, value, step))
 
 
-@pytest.fixture
-def coop_epoch(toy_world, tmp_path, monkeypatch):  # noqa: F811
+@pytest.fixture(scope="module")
+def coop_epoch(toy_world, tmp_path_factory):  # noqa: F811
     """One epoch of CoOp on the tiny CLIP, 12 batches of 1 image, PRINT_FREQ 5, with a recording
     writer: (reads [(batch_idx, phase)], the steps' summaries, the writer's scalars, the printed
     lines). The phase is "step" inside ``forward_backward``, "log" inside ``log_training_step`` and
     ``write_training_scalars``, "data" while the loader makes a batch (the random crops read their
     CPU draws), else "other"."""
-    cfg = make_cfg(toy_world, "CoOp", tmp_path, DATALOADER__TRAIN_X__BATCH_SIZE=1, TRAIN__PRINT_FREQ=5,
+    cfg = make_cfg(toy_world, "CoOp", tmp_path_factory.mktemp("coop_epoch"), DATALOADER__TRAIN_X__BATCH_SIZE=1, TRAIN__PRINT_FREQ=5,
                    OPTIM__MAX_EPOCH=1)
     trainer, _ = quietly(lambda: build_seeded(cfg))
     trainer._writer = RecordingWriter()
@@ -60,14 +60,14 @@ def coop_epoch(toy_world, tmp_path, monkeypatch):  # noqa: F811
         return iter(in_phase("data", lambda: next(batches, None)), None), first
 
     trainer.epoch_batches = loading_batches
-    for name in READS:
-        def counted(tensor, *args, _read=getattr(torch.Tensor, name), **kwargs):
-            reads.append((getattr(trainer, "batch_idx", None), phase[-1]))
-            return _read(tensor, *args, **kwargs)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for name in READS:
+            def counted(tensor, *args, _read=getattr(torch.Tensor, name), **kwargs):
+                reads.append((getattr(trainer, "batch_idx", None), phase[-1]))
+                return _read(tensor, *args, **kwargs)
 
-        monkeypatch.setattr(torch.Tensor, name, counted)
-    _, lines = quietly(trainer.run_epoch)
-    monkeypatch.undo()
+            monkeypatch.setattr(torch.Tensor, name, counted)
+        _, lines = quietly(trainer.run_epoch)
     return reads, summaries, trainer._writer.scalars, lines
 
 
