@@ -1,6 +1,7 @@
-"""A training step does not wait for the device: the loop reads a step's loss and accuracy only
-when it logs them (every TRAIN.PRINT_FREQ batches and at the end of the epoch), and what it logs
-(progress lines, tensorboard scalars) is what reading them at every step gave."""
+"""Reporting a training step's loss does not make the step wait for the device: the loop reads a
+step's loss and accuracy only when it logs them (every TRAIN.PRINT_FREQ batches and at the end of
+the epoch), and what it logs (progress lines, tensorboard scalars) is what reading them at every
+step gave."""
 import pytest
 import torch
 from baseline_setup import build_seeded, make_cfg, toy_world  # noqa: F401

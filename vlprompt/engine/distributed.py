@@ -187,7 +187,7 @@ def mean_over_processes(summary, device):
     Every process holds the means over its own equal-sized shard of the global batch, so their
     average is the mean over the global batch: the logged loss and accuracy are the same as
     one process with the global batch would log. The averages stay on ``device`` (float64 0-dim
-    tensors, read when logged): the step does not wait for them.
+    tensors, read when logged): averaging them does not make the step wait.
 
     Args:
         summary: {name: float or one-element tensor}, the same names on every process.

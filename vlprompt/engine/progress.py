@@ -7,7 +7,8 @@
   ``log_training_step``, which prints the progress line when due and writes the
   "train/<loss name>" and "train/lr" scalars at step ``epoch * num_batches + batch_idx``. A step's
   loss values stay on the device until they are logged (every TRAIN.PRINT_FREQ batches and at the
-  end of an epoch): then they are read at once, so the other steps never wait for the device.
+  end of an epoch): then they are read at once, so reporting them makes no other step wait for the
+  device.
 * :class:`LoggingHook`: before training, the writer (``OUTPUT_DIR/tensorboard``) and the
   clock; after training, "Elapsed: H:MM:SS" and the writer closed.
 """
@@ -83,7 +84,7 @@ class WriterMixin:
         """Print the progress line when ``batch_idx + 1`` is a multiple of ``print_freq`` (or
         on every batch when the epoch has fewer batches than that). The step's scalars are
         written when ``losses`` is next read (then, or by ``write_training_scalars`` at the end of
-        the epoch): reading a loss on the device waits for the step, so only a logged step does."""
+        the epoch): reading a loss on the device waits for the step, so only a logged step waits for it."""
         if self._writer is not None:
             self._unwritten_steps.append((self.epoch * self.num_batches + self.batch_idx, self.get_current_lr()))
         if (self.batch_idx + 1) % print_freq == 0 or self.num_batches < print_freq:

@@ -36,8 +36,9 @@ def _format_loss(loss: torch.Tensor) -> str:
 def step_summary(loss, terms, accuracy):
     """A training step's summary for the progress line: {"loss", the terms' names..., "acc"}.
 
-    Tensors stay on the device (detached), so the step does not wait for it; the loop reads them
-    when it logs (``MetricMeter``). Numbers among ``terms`` become floats.
+    Tensors stay on the device (detached), so reporting them does not make the step wait for it; the
+    loop reads them when it logs (``MetricMeter``). (The non-finite-loss check of ``model_backward``
+    still reads one flag per step: it must stop before the weights change.) Numbers among ``terms`` become floats.
 
     Args:
         loss: the step's loss, a one-element tensor.

@@ -359,8 +359,8 @@ class TrainerX(SimpleTrainer):
     the optimizer step of the last batch); ``batch_idx`` and ``num_batches`` are set before it runs.
 
     Every step: ``forward_backward(batch)`` -> loss summary (dict of floats or 0-dim tensors,
-    read only when logged: a step does not wait for the device), the progress line when due and
-    the scalars (:mod:`.progress`), then the hooks' ``after_step``
+    read only when logged, so reporting them makes no other step wait for the device), the
+    progress line when due and the scalars (:mod:`.progress`), then the hooks' ``after_step``
     (mid-epoch checkpoints every TRAIN.CHECKPOINT_ITERS steps, :mod:`.checkpointing`). Batch
     and data times exclude the hooks. After resuming from a mid-epoch checkpoint the epoch
     continues with the batches it had not run; the meters of a resumed epoch restart, so its

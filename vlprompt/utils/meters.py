@@ -41,7 +41,7 @@ class MetricMeter:
     """A dict of named :class:`AverageMeter` objects, created on first use, that reads tensors late.
 
     ``update`` keeps a step's values as they are (a tensor is only detached), so a training step
-    does not wait for the device; the values are read (one transfer per device) and folded into
+    is not made to wait for the device by its report; the values are read (one transfer per device) and folded into
     the meters, in step order, when the meters are read: ``meters``, ``str(meter)`` or ``read()``.
     The averages are those of reading each value at its step (``float`` of each, summed in order).
 
