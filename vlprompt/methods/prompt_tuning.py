@@ -12,12 +12,13 @@ import torch
 import torch.nn.functional as F
 from yacs.config import CfgNode as CN
 
+from vlprompt.clip.deep_prompts import check_prompt_depth, tower_depths
 from vlprompt.config import check_choice, register_cfg_extension
 from vlprompt.engine.test_time import (
     TestTimeTrainer, add_episode_keys, average_prediction_entropy, episode_optimizer, select_confident,
 )
 from vlprompt.methods.conditional_context import CoCoOpCLIP
-from vlprompt.methods.coupled_prompts import MaPLeCLIP, check_maple_cfg
+from vlprompt.methods.coupled_prompts import MaPLeCLIP
 from vlprompt.methods.text_context import CoOpCLIP
 
 __all__ = ["PROMPTS", "SOURCE_TRAINERS", "add_tpt_config", "PromptTuning", "PromptTuningTrainer"]
@@ -185,8 +186,10 @@ class PromptTuningTrainer(TestTimeTrainer):
     def check_cfg(self, cfg):
         node = cfg.TRAINER.TPT
         check_choice("TRAINER.TPT.PROMPT", node.PROMPT, list(PROMPTS))
-        if node.PROMPT == "maple":  # MaPLe's prompts must fit the backbone, as its trainer checks
-            check_maple_cfg(cfg)
+        backbone = cfg.MODEL.BACKBONE.NAME
+        if node.PROMPT == "maple" and backbone and tower_depths(backbone)[0] == 0:
+            # MaPLe's prompts enter the image tower: one the runner does not drive (a ResNet) takes none
+            check_prompt_depth("TRAINER.MAPLE.PROMPT_DEPTH", cfg.TRAINER.MAPLE.PROMPT_DEPTH, 0, 1, "image", backbone)
         super().check_cfg(cfg)
 
     @classmethod
