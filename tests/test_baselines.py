@@ -47,7 +47,7 @@ def test_one_step_changes_only_the_learned_tensors(toy_world, tmp_path, name):  
     buffers = {key: value.clone() for key, value in model.state_dict(keep_vars=False).items() if key not in before_learned}
     assert before_learned and all(not p.requires_grad for p in model.clip.parameters())
     summary = one_step(trainer, first_batch(trainer))
-    assert torch.isfinite(torch.tensor(summary["loss"]))
+    assert torch.isfinite(torch.as_tensor(summary["loss"]))
     after_learned, after_frozen = learnable(model), frozen(model)
     assert after_frozen.keys() == before_frozen.keys()
     assert all(torch.equal(after_frozen[key], before_frozen[key]) for key in before_frozen)

@@ -8,8 +8,12 @@ import statistics
 
 import pytest
 
+import torch
+
 import trainers  # noqa: F401  (registers the trainers)
 from vlprompt_app.benchmarking import per_trainer, trainer_cases
+from vlprompt_app.benchmarking.flops import count_flops, matmul_peak
+from vlprompt_app.benchmarking.report import format_report
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import CACHED, EVAL_ONLY, KINDS, TEST_TIME, TRAIN, Case
 
@@ -122,8 +126,9 @@ def tiny_run(tiny_clip_files, tmp_path_factory):
     config, weights = tiny_clip_files
     path = tmp_path_factory.mktemp("benchmark") / "run.json"
     argv = ["trainers", "--backbone", config, "--weights", weights, "--image-size", "32", "--classes", "6",
-            "--trainers", "CoOp", "RAda", "ZeroshotCLIP", "RAdaTTT", "--rounds", "1", "--warmup", "0",
-            "--clock", "cpu", "--threads", "0", "--in-process", "--json", str(path), "TRAINER.RADATTT.NUM_VIEWS", "10"]
+            "--trainers", "CoOp", "RAda", "LP", "ZeroshotCLIP", "RAdaTTT", "--rounds", "1", "--warmup", "0",
+            "--clock", "cpu", "--threads", "0", "--in-process", "--peak-size", "64", "--peak-repeats", "2",
+            "--json", str(path), "TRAINER.RADATTT.NUM_VIEWS", "10"]
     assert benchmark.main(argv) == 0
     with open(path) as file:
         return json.load(file)
@@ -132,9 +137,10 @@ def tiny_run(tiny_clip_files, tmp_path_factory):
 def test_json_records_plausible_values(tiny_run):
     report = tiny_run
     records = {record["case"]: record for record in report["results"]}
-    assert sorted(records) == ["CoOp", "RAda", "RAda (images)", "RAdaTTT", "ZeroshotCLIP"]
+    assert sorted(records) == ["CoOp", "LP", "RAda", "RAda (images)", "RAdaTTT", "ZeroshotCLIP"]
     # in the order the trainers declare them (the registry's)
-    assert list(records) == [case.name for case in trainer_cases.select_cases(["CoOp", "RAda", "ZeroshotCLIP", "RAdaTTT"])]
+    assert list(records) == [case.name for case in
+                             trainer_cases.select_cases(["CoOp", "RAda", "LP", "ZeroshotCLIP", "RAdaTTT"])]
     assert report["benchmark"] == "trainers"
     assert report["settings"]["classes"] == 6 and report["settings"]["clock"] == "cpu"
     assert report["commit"] and len(report["load_before"]) == 3
@@ -234,3 +240,122 @@ def test_a_case_measured_in_its_own_process_gives_the_in_process_record(tiny_run
     assert record["learnable_params"] == in_process["learnable_params"] == 0
     assert record["train"] is None and record["eval"]["images_per_s"] > 0
     assert record["peak_memory_mib"] > 0 and record["memory_kind"] == "process peak RSS"
+
+
+# --------------------------------------------------------------------------- distance to the hardware limit
+
+def test_a_matmul_counts_two_flops_per_multiply_add_and_the_peak_is_its_best_time():
+    a, b = torch.randn(3, 5), torch.randn(5, 7)
+    assert count_flops({"mm": lambda: a @ b})["mm"] == 2 * 3 * 7 * 5
+    peak = matmul_peak(torch.device("cpu"), torch.float32, size=64, repeats=3)
+    square = torch.randn(64, 64)
+    assert peak["flops"] == 2 * 64 ** 3 == count_flops({"mm": lambda: square @ square})["mm"]
+    assert (peak["size"], peak["repeats"], peak["dtype"]) == (64, 3, "float32")
+    for clock in ("wall", "cpu"):
+        assert peak["best_s"][clock] > 0
+        assert peak["flops_per_s"][clock] == peak["flops"] / peak["best_s"][clock]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_cuda_peak_is_measured_in_the_steps_dtype():
+    peak = matmul_peak(torch.device("cuda"), torch.float16, size=1024, repeats=3)
+    assert peak["dtype"] == "float16" and peak["flops"] == 2 * 1024 ** 3
+    assert peak["flops_per_s"]["wall"] == peak["flops"] / peak["best_s"]["wall"] > 0
+
+
+def test_a_linear_probe_step_counts_its_head_forward_and_weight_gradient(tiny_run, tmp_path):
+    """LP trains its head [K, E] on cached features [B, E] that need no gradient: 2*B*E*K FLOPs
+    forward (the product) and 2*B*E*K backward (the weight's gradient), nothing else counted."""
+    record = next(record for record in tiny_run["results"] if record["case"] == "LP")
+    trainer = trainer_cases.build_trainer(trainer_cases.case_named("LP"), dict(tiny_run["settings"]), str(tmp_path))
+    classes, width = trainer.model.head.weight.shape
+    assert classes == 6
+    assert record["flops"]["train"] == 2 * (2 * record["batch"] * width * classes)
+    # a frozen forward is evaluated with the same image encoder: the steady evaluation batch does
+    # the frozen forward's products plus the head's
+    assert record["flops"]["eval"] == record["flops"]["frozen"] + 2 * record["batch"] * width * classes
+
+
+def test_every_measured_part_has_its_flops_and_the_peak_in_the_steps_dtype(tiny_run):
+    records = {record["case"]: record for record in tiny_run["results"]}
+    for record in records.values():
+        assert record["matmul_peak"]["dtype"] == "float32" and record["matmul_peak"]["size"] == 64
+        assert set(record["flops"]) == set(record["rounds"])  # every timed part, counted
+        assert record["flops"]["frozen"] > 0 and record["flops"]["eval"] > 0
+    coop = records["CoOp"]["flops"]
+    assert coop["eval first"] > coop["eval"]  # the first batch also encodes the class text
+    assert coop["train"] > coop["frozen"]  # the step's forward alone encodes the images and the class text
+
+
+def made_up_limit_record(flops, cpu_ms, wall_ms, peak_cpu, peak_wall):
+    """A record with the fields the distance-to-the-limit table reads."""
+    record = {"case": "Made up", "batch": 4, "flops": flops,
+              "matmul_peak": {"flops_per_s": {"cpu": peak_cpu, "wall": peak_wall}, "size": 2048, "repeats": 5,
+                              "dtype": "float32"}}
+    record.update({part: {"cpu_ms": cpu_ms[part], "wall_ms": wall_ms[part]} for part in cpu_ms})
+    return record
+
+
+def test_the_fraction_of_the_peak_is_flops_over_time_over_the_peak_on_the_reports_clock():
+    record = made_up_limit_record({"frozen": 1e9, "train": 3e9, "eval first": 2e9, "eval": 1.2e9},
+                                  cpu_ms={"frozen": 400.0, "train": 1500.0, "eval": 600.0},
+                                  wall_ms={"frozen": 100.0, "train": 750.0, "eval": 300.0},
+                                  peak_cpu=8e9, peak_wall=16e9)
+    assert per_trainer.achieved(record, "train", "cpu") == pytest.approx((2e9, 0.25))  # 3 GFLOP in 1.5 CPU-s
+    assert per_trainer.achieved(record, "train", "wall") == pytest.approx((4e9, 0.25))
+    row, = per_trainer.limit_rows([record], "cpu")
+    assert len(row) == len(per_trainer.LIMIT_HEADERS)
+    assert dict(zip(per_trainer.LIMIT_HEADERS, row)) == {
+        "case": "Made up", "B": 4, "train GFLOP": "3", "eval GFLOP": "1.2", "frozen GFLOP": "1", "peak GFLOP/s": "8",
+        "train GFLOP/s": "2", "train % peak": "25", "eval GFLOP/s": "2", "eval % peak": "25", "frozen % peak": "31.2"}
+    wall = dict(zip(per_trainer.LIMIT_HEADERS, per_trainer.limit_rows([record], "wall")[0]))
+    assert wall["frozen % peak"] == "62.5"  # 10 GFLOP per wall-clock second, of 16
+    evaluation_only = made_up_limit_record({"frozen": 1e9, "eval first": 1e9, "eval": 1e9},
+                                           cpu_ms={"frozen": 100.0, "eval": 100.0},
+                                           wall_ms={"frozen": 100.0, "eval": 100.0}, peak_cpu=1e10, peak_wall=1e10)
+    evaluation_only["train"] = None
+    row, = per_trainer.limit_rows([evaluation_only], "cpu")
+    assert row[2] == row[6] == row[7] == "" and row[9] == "100"
+    assert per_trainer.limit_rows([{"case": "Broken", "error": ["x"]}, {**record, "flops": None}], "cpu") == []
+
+
+def test_the_report_prints_the_distance_to_the_limit(tiny_run):
+    printed = format_report(tiny_run, per_trainer, "github")
+    assert "Distance to the limit" in printed and "| train % peak " in printed
+    assert "best of 2 64x64 float32 matmuls" in printed
+    rows = {row[0]: row for row in per_trainer.limit_rows(tiny_run["results"], "cpu")}
+    assert sorted(rows) == sorted(record["case"] for record in tiny_run["results"])
+    coop = next(record for record in tiny_run["results"] if record["case"] == "CoOp")
+    fraction = coop["flops"]["train"] / (coop["train"]["cpu_ms"] / 1000) / coop["matmul_peak"]["flops_per_s"]["cpu"]
+    assert rows["CoOp"][7] == f"{100 * fraction:.3g}"
+    assert f"| {rows['CoOp'][7]} " in printed.split("Distance to the limit")[1]
+    assert rows["ZeroshotCLIP"][2] == "" and rows["ZeroshotCLIP"][3] != ""
+    without = {**tiny_run, "results": [{**record, "flops": None, "matmul_peak": None}
+                                       for record in tiny_run["results"]]}
+    assert "Distance to the limit" not in format_report(without, per_trainer)
+
+
+def test_synthetic_builds_every_case_from_its_synthetic_config_for_the_tiny_clip(tmp_path):
+    """--synthetic: the tiny synthetic CLIP at 32 px unless given, each case from its synthetic
+    config without ViT-B/16's targets; DeAR's ViT-B/16 config (its role map) does not fit that CLIP,
+    its synthetic config does."""
+    parser = benchmark.build_parser()
+    settings = per_trainer.settings_of(parser.parse_args(["trainers", "--synthetic"]))
+    assert (settings["backbone"], settings["weights"], settings["image_size"]) == (
+        trainer_cases.SYNTHETIC_CLIP, trainer_cases.SYNTHETIC_WEIGHTS, 32)
+    assert "configs/clip/tiny-synthetic-clip.json (weights/tiny-synthetic-clip.pt weights), 32 px" in \
+        per_trainer.header_line(settings)
+    assert "each case's synthetic config" in per_trainer.header_line(settings)
+    given = per_trainer.settings_of(parser.parse_args(["trainers", "--synthetic", "--image-size", "64"]))
+    assert given["image_size"] == 64 and given["backbone"] == trainer_cases.SYNTHETIC_CLIP
+    plain = per_trainer.settings_of(parser.parse_args(["trainers"]))
+    assert (plain["backbone"], plain["weights"], plain["image_size"], plain["synthetic"]) == (
+        "ViT-B/16", "random", 224, False)
+    dear = trainer_cases.synthetic_case(trainer_cases.case_named("DeAR"))
+    assert (dear.config, dear.train_target, dear.eval_target) == ("DeAR/synthetic.yaml", None, None)
+    assert trainer_cases.case_named("DeAR").train_target == 2.2
+    settings.update(classes=4, rounds=1, warmup=0, threads=0, flops=False)
+    record = per_trainer.measure_case(dear, settings)
+    assert record["config"] == "configs/trainers/DeAR/synthetic.yaml" and record["train"]["ratio"] > 0
+    assert record["train"]["target"] is None and record["flops"] is None

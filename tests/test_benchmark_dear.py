@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from vlprompt_app.benchmarking import dear
+from vlprompt_app.benchmarking.flops import count_flops
 from vlprompt_app.benchmarking.report import format_report
 
 from vlprompt_app.commands import benchmark
@@ -91,7 +92,7 @@ def test_frozen_branch_skips_the_projections_it_shares(tiny_run):
     visual = model.clip.visual
     with torch.no_grad():
         hidden = visual.run_prefix(images, model.vision_block)
-        unshared = dear.count_flops(
+        unshared = count_flops(
             {"from_hidden": lambda: visual(hidden=hidden, start=model.vision_block, rows=[0])})["from_hidden"]
     tokens, width = hidden.shape[1], hidden.shape[2]
     branch = next(record["flops"] for record in report["results"] if record["case"] == "reg_branch")

@@ -32,7 +32,7 @@ def test_amp_steps_on_cuda_change_only_learnables_and_load_on_the_cpu(name, tmp_
     for _ in range(2):
         trainer.set_model_mode("train")
         summary = trainer.forward_backward(_batch(trainer, case, generator))
-        assert torch.isfinite(torch.tensor(summary["loss"]))
+        assert torch.isfinite(torch.as_tensor(summary["loss"]))
     changed = {key for key, value in trainer.model.named_parameters() if not torch.equal(value, before[key])}
     learnable = {key for key, value in trainer.model.named_parameters() if value.requires_grad}
     assert changed and changed <= learnable

@@ -27,6 +27,7 @@ from vlprompt.optim import build_lr_scheduler, build_optimizer
 from vlprompt.utils import count_num_param, load_pretrained_weights
 
 from .eval_scope import eval_scope
+from .steps import step_summary
 from .trainer import TrainerX
 
 __all__ = ["ClipTrainer"]
@@ -202,9 +203,7 @@ class ClipTrainer(TrainerX):
         with self.autocast():
             loss, logits, terms = model_loss(images, labels)
         self.model_backward_and_update(loss, terms=terms)
-        summary = {"loss": loss.item()}
-        summary.update({name: float(value) for name, value in terms.items()})
-        summary["acc"] = compute_accuracy(logits, labels)[0].item()
+        summary = step_summary(loss, terms, compute_accuracy(logits, labels)[0])
         if (self.batch_idx + 1) == self.num_batches:
             self.update_lr()
         return summary

@@ -182,23 +182,25 @@ class RestoringSeededItems(SeededItems):
 
 
 def mean_over_processes(summary, device):
-    """The step's summary {name: float} averaged over the processes (unchanged outside a group).
+    """The step's summary averaged over the processes (unchanged outside a group).
 
     Every process holds the means over its own equal-sized shard of the global batch, so their
     average is the mean over the global batch: the logged loss and accuracy are the same as
-    one process with the global batch would log.
+    one process with the global batch would log. The averages stay on ``device`` (float64 0-dim
+    tensors, read when logged): averaging them does not make the step wait.
 
     Args:
-        summary: {name: float or 0-dim tensor}, the same names on every process.
+        summary: {name: float or one-element tensor}, the same names on every process.
         device: this process's device (NCCL reduces CUDA tensors only).
     """
     if not dist.is_initialized():
         return summary
     names = list(summary)  # the same order on every process (built by the same code)
-    values = torch.tensor([float(summary[name]) for name in names], dtype=torch.float64, device=device)
+    values = torch.stack([torch.as_tensor(summary[name], dtype=torch.float64, device=device).detach().reshape(())
+                          for name in names])
     dist.all_reduce(values)
     values /= dist.get_world_size()
-    return dict(zip(names, values.tolist()))
+    return dict(zip(names, values.unbind()))
 
 
 def all_gather_rows(tensor):

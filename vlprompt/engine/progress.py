@@ -5,7 +5,10 @@
 * :class:`WriterMixin`: ``init_writer`` / ``write_scalar`` / ``close_writer`` of ``TrainerBase``
   (a tensorboard SummaryWriter, or nothing when tensorboard is not installed), and
   ``log_training_step``, which prints the progress line when due and writes the
-  "train/<loss name>" and "train/lr" scalars at step ``epoch * num_batches + batch_idx``.
+  "train/<loss name>" and "train/lr" scalars at step ``epoch * num_batches + batch_idx``. A step's
+  loss values stay on the device until they are logged (every TRAIN.PRINT_FREQ batches and at the
+  end of an epoch): then they are read at once, so reporting them makes no other step wait for the
+  device.
 * :class:`LoggingHook`: before training, the writer (``OUTPUT_DIR/tensorboard``) and the
   clock; after training, "Elapsed: H:MM:SS" and the writer closed.
 """
@@ -55,6 +58,7 @@ class WriterMixin:
     def __init__(self):
         super().__init__()
         self._writer = None
+        self._unwritten_steps = []  # (step, lr) of the steps whose scalars wait for the next read
 
     def init_writer(self, log_dir):
         """Create the tensorboard writer once; without the tensorboard package print a notice and go on."""
@@ -78,14 +82,26 @@ class WriterMixin:
 
     def log_training_step(self, losses, batch_time, data_time, print_freq):
         """Print the progress line when ``batch_idx + 1`` is a multiple of ``print_freq`` (or
-        on every batch when the epoch has fewer batches than that), then write the step's scalars."""
+        on every batch when the epoch has fewer batches than that). The step's scalars are
+        written when ``losses`` is next read (then, or by ``write_training_scalars`` at the end of
+        the epoch): reading a loss on the device waits for the step, so only a logged step waits for it."""
+        if self._writer is not None:
+            self._unwritten_steps.append((self.epoch * self.num_batches + self.batch_idx, self.get_current_lr()))
         if (self.batch_idx + 1) % print_freq == 0 or self.num_batches < print_freq:
+            self.write_training_scalars(losses)
             print(progress_line(self.epoch, self.max_epoch, self.batch_idx, self.num_batches,
                                 batch_time, data_time, losses, self.get_current_lr()))
-        n_iter = self.epoch * self.num_batches + self.batch_idx
-        for name, meter in losses.meters.items():
-            self.write_scalar("train/" + name, meter.avg, n_iter)
-        self.write_scalar("train/lr", self.get_current_lr(), n_iter)
+
+    def write_training_scalars(self, losses):
+        """Read ``losses`` (a MetricMeter) and write the scalars of the steps since the last
+        write: at each step, "train/<name>" (the running average after that step) for every
+        loss term, then "train/lr"."""
+        averages = losses.read()  # one per update since the last read: the steps since the last write
+        steps, self._unwritten_steps = self._unwritten_steps, []
+        for (n_iter, lr), step_averages in zip(steps, averages):
+            for name, value in step_averages.items():
+                self.write_scalar("train/" + name, value, n_iter)
+            self.write_scalar("train/lr", lr, n_iter)
 
 
 class LoggingHook(HookBase):

@@ -20,7 +20,7 @@ The host class provides ``get_model_names``, ``_optims``, ``_scheds``, ``_models
 """
 import torch
 
-__all__ = ["NonFiniteLossError", "OptimizationMixin"]
+__all__ = ["NonFiniteLossError", "OptimizationMixin", "step_summary"]
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -31,6 +31,25 @@ def _format_loss(loss: torch.Tensor) -> str:
     """A loss value for messages: the number, or the list of values of a non-scalar loss."""
     values = loss.detach().float().flatten().tolist()
     return f"{values[0]:.6g}" if len(values) == 1 else str([float(f"{v:.6g}") for v in values])
+
+
+def step_summary(loss, terms, accuracy):
+    """A training step's summary for the progress line: {"loss", the terms' names..., "acc"}.
+
+    Tensors stay on the device (detached), so reporting them does not make the step wait for it; the
+    loop reads them when it logs (``MetricMeter``). (The non-finite-loss check of ``model_backward``
+    still reads one flag per step: it must stop before the weights change.) Numbers among ``terms`` become floats.
+
+    Args:
+        loss: the step's loss, a one-element tensor.
+        terms: {name: one-element tensor or number}, the loss's named parts.
+        accuracy: the batch's accuracy in percent, a one-element tensor.
+    """
+    summary = {"loss": loss.detach()}
+    summary.update({name: value.detach() if isinstance(value, torch.Tensor) else float(value)
+                    for name, value in terms.items()})
+    summary["acc"] = accuracy.detach()
+    return summary
 
 
 class OptimizationMixin:

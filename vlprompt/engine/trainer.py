@@ -358,8 +358,9 @@ class TrainerX(SimpleTrainer):
     ``self.update_lr()`` when ``self.batch_idx + 1 == self.num_batches`` (once per epoch, after
     the optimizer step of the last batch); ``batch_idx`` and ``num_batches`` are set before it runs.
 
-    Every step: ``forward_backward(batch)`` -> loss summary (dict of floats or 0-dim tensors),
-    the progress line when due and the scalars (:mod:`.progress`), then the hooks' ``after_step``
+    Every step: ``forward_backward(batch)`` -> loss summary (dict of floats or 0-dim tensors,
+    read only when logged, so reporting them makes no other step wait for the device), the
+    progress line when due and the scalars (:mod:`.progress`), then the hooks' ``after_step``
     (mid-epoch checkpoints every TRAIN.CHECKPOINT_ITERS steps, :mod:`.checkpointing`). Batch
     and data times exclude the hooks. After resuming from a mid-epoch checkpoint the epoch
     continues with the batches it had not run; the meters of a resumed epoch restart, so its
@@ -383,6 +384,7 @@ class TrainerX(SimpleTrainer):
             self.log_training_step(losses, batch_time, data_time, self.cfg.TRAIN.PRINT_FREQ)
             call_hooks(self.hooks, "after_step", self)
             end = time.time()
+        self.write_training_scalars(losses)  # the steps since the last progress line
 
     def parse_batch_train(self, batch):
         """(images, labels, domains) moved to the device."""

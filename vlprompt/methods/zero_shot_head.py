@@ -14,6 +14,7 @@ from torch import nn
 from vlprompt.clip import PromptedCLIP
 from vlprompt.config import check_range
 from vlprompt.engine.fine_tuning import FullFineTuningTrainer, add_fine_tuning_keys
+from vlprompt.engine.steps import step_summary
 from vlprompt.metrics import compute_accuracy
 from vlprompt.optim import build_optimizer
 from vlprompt.utils import count_num_param, load_pretrained_weights
@@ -132,9 +133,7 @@ class ZeroShotHeadTrainer(FullFineTuningTrainer):
         self.model_backward(loss, terms)
         self.clip_gradients()
         self.model_update()
-        summary = {"loss": loss.item(), **{name: float(value) for name, value in terms.items()}}
-        summary["acc"] = compute_accuracy(logits, labels)[0].item()
-        return self.finish_step(summary)
+        return self.finish_step(step_summary(loss, terms, compute_accuracy(logits, labels)[0]))
 
     def clip_gradients(self):
         """Scale the gradients to a global norm of at most GRAD_CLIP (after unscaling fp16 ones)."""

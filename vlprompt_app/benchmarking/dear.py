@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from vlprompt_app.benchmarking.flops import count_flops
 from vlprompt_app.benchmarking.measure import medians, peak_memory_mib, reset_peak_memory, time_interleaved
 from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
 from vlprompt.config import extend_cfg, get_cfg_default, merge_from_file
@@ -66,20 +67,6 @@ def build_model(settings, lambda_reg, device):
     dear = DeARCLIP(clip, Tokenizer(backbone), classnames, "a photo of a {}.", node, roles).to(device)
     optimizer = torch.optim.AdamW([p for p in dear.parameters() if p.requires_grad], lr=1e-3)
     return dear, optimizer, node.MASK_STRATEGY
-
-
-def count_flops(cases):
-    """{name: floating-point operations of one call of ``cases[name]``} (matrix products;
-    attention through the math kernel so that its products are counted too)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.utils.flop_counter import FlopCounterMode
-
-    flops = {}
-    for name, fn in cases.items():
-        with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
-            fn()
-        flops[name] = counter.get_total_flops()
-    return flops
 
 
 def case_calls(settings, device):

@@ -42,15 +42,15 @@ from vlprompt.engine.amp import MixedPrecision, precision_key
 from vlprompt.paths import repository_root
 from vlprompt_app.benchmarking.device_placement import DevicelessTensorCheck
 from vlprompt.engine.benchmark_case import CACHED, EVAL_ONLY, TEST_TIME
-from vlprompt_app.benchmarking.trainer_cases import SyntheticClasses, training_batch
+from vlprompt_app.benchmarking.trainer_cases import (
+    SYNTHETIC_CLIP, SYNTHETIC_IMAGE_SIZE, SYNTHETIC_WEIGHTS, SyntheticClasses, training_batch,
+)
 
 ROOT = str(repository_root())
-SYNTHETIC_CLIP = osp.join(ROOT, "configs", "clip", "tiny-synthetic-clip.json")
-SYNTHETIC_WEIGHTS = osp.join(ROOT, "weights", "tiny-synthetic-clip.pt")
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 CLASSES = 5
 BATCH = 2
-IMAGE_SIZE = 32
+IMAGE_SIZE = SYNTHETIC_IMAGE_SIZE
 INITIAL_SCALE = 2.0 ** 6
 # The first AdamW step of an episode moves every tuned value by about +-LR whatever the size of its
 # gradient, so a value whose near-zero gradient changes sign under rounding moves the other way:

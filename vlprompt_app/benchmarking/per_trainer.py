@@ -35,6 +35,13 @@ case is measured in a fresh process (``python -m vlprompt_app.benchmarking.per_t
 (unless set): spinning OpenMP threads would add CPU time without work (a RAdaAdapter step on
 cached features measured 0.05 CPU-s passive, 0.5-1.6 CPU-s spinning, on 2 threads of a loaded
 machine). Images/s are always per wall-clock second.
+
+The distance to the hardware limit (unless ``--no-flops``): after the timed rounds and the memory
+peak, each call runs once more, untimed, under a FLOP counter (an evaluation split at its batch
+requests as its time is), and the process measures its matmul peak in the step's dtype
+(:mod:`vlprompt_app.benchmarking.flops`). A second table gives per case the FLOPs of a training
+step and of an evaluation batch, the FLOPs per second of their median times and that as a
+percentage of the peak, on the report's clock.
 """
 import argparse
 import contextlib
@@ -51,10 +58,12 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
+from vlprompt_app.benchmarking.flops import counting_flops, matmul_peak
 from vlprompt_app.benchmarking.measure import clocks, current_rss_mib, peak_memory_mib, reset_peak_memory
 from vlprompt_app.benchmarking.report import format_table
 from vlprompt_app.benchmarking.trainer_cases import (
-    build_trainer, case_batch, case_named, check_coverage, project_trainers, select_cases, training_batch,
+    SYNTHETIC_CLIP, SYNTHETIC_IMAGE_SIZE, SYNTHETIC_WEIGHTS, build_trainer, case_batch, case_named, check_coverage,
+    project_trainers, select_cases, synthetic_case, training_batch,
 )
 from vlprompt.engine.benchmark_case import CACHED, TEST_TIME, TRAIN
 from vlprompt.paths import repository_root
@@ -65,11 +74,12 @@ ROOT = str(repository_root())
 # --------------------------------------------------------------------------- measuring
 
 class TimedBatches:
-    """A test loader of ``count`` batches from ``make_batch()`` that notes the clocks whenever
-    ``test()`` asks for the next batch, so one evaluation is split into its batches."""
+    """A test loader of ``count`` batches from ``make_batch()`` that notes ``mark()`` (default: the
+    clocks) whenever ``test()`` asks for the next batch, so one evaluation is split into its batches."""
 
     def __init__(self, make_batch, count, device):
         self.make_batch, self.count, self.device = make_batch, count, device
+        self.mark = lambda: clocks(device)
         self.requests = []
 
     def __len__(self):
@@ -78,8 +88,17 @@ class TimedBatches:
     def __iter__(self):
         self.requests = []
         for _ in range(self.count):
-            self.requests.append(clocks(self.device))
+            self.requests.append(self.mark())
             yield self.make_batch()
+
+    @contextlib.contextmanager
+    def marking(self, mark):
+        """Note ``mark()`` instead of the clocks at each batch request, inside the block."""
+        self.mark = mark
+        try:
+            yield
+        finally:
+            self.mark = lambda: clocks(self.device)
 
 
 @dataclass
@@ -164,7 +183,7 @@ def time_rounds(calls, device, rounds, warmup):
     for round_index in range(warmup + rounds):
         for call in calls:
             start = clocks(device)
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            with quietly():
                 call.run()
             end = clocks(device)
             if round_index < warmup:
@@ -174,6 +193,31 @@ def time_rounds(calls, device, rounds, warmup):
                 times[part]["wall"].append(finish[0] - begin[0])
                 times[part]["cpu"].append(finish[1] - begin[1])
     return times
+
+
+def count_part_flops(calls):
+    """{timed part: FLOPs} of one untimed call of each of ``calls`` (an evaluation is split at
+    its batch requests, as its time is)."""
+    flops = {}
+    for call in calls:
+        with counting_flops() as counter, quietly():
+            if call.loader is None:
+                call.run()
+            else:
+                with call.loader.marking(counter.get_total_flops):
+                    call.run()
+            total = counter.get_total_flops()
+        marks = [0] + (call.loader.requests[1:] if call.loader else []) + [total]
+        flops.update({part: end - begin for part, begin, end in zip(call.parts, marks, marks[1:])})
+    return flops
+
+
+def quietly():
+    """Silence the trainer's prints (test() reports its accuracy)."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
+    stack.enter_context(contextlib.redirect_stderr(io.StringIO()))
+    return stack
 
 
 def measure_case(case, settings):
@@ -195,13 +239,19 @@ def measure_case(case, settings):
         first_round_s = time.perf_counter() - start
         times = time_rounds(calls, device, settings["rounds"], settings["warmup"])
         peak = peak_memory_mib(device)
+        if settings.get("flops"):  # untimed, after the timed rounds and the memory peak
+            flops = count_part_flops(calls)
+            matmul = matmul_peak(device, trainer.amp.dtype or torch.float32, settings["peak_size"],
+                                 settings["peak_repeats"])
+        else:
+            flops = matmul = None
     return {
         "case": case.name, "trainer": case.trainer, "config": f"configs/trainers/{case.config}", "kind": case.kind,
         "opts": list(case.opts), "batch": case_batch(case, settings), "learnable_params": learnable,
         **timing_fields(case, settings["clock"], times, counts, references),
         "peak_memory_mib": peak, "memory_after_build_mib": memory_after_build,
         "memory_kind": "cuda max allocated" if device.type == "cuda" else "process peak RSS",
-        "build_s": build_s, "first_round_s": first_round_s, "rounds": times,
+        "build_s": build_s, "first_round_s": first_round_s, "rounds": times, "flops": flops, "matmul_peak": matmul,
     }
 
 
@@ -304,8 +354,13 @@ def progress_line(record):
 
 def header_line(settings):
     threads = settings["threads"] or "default"
-    return (f"device {settings['device']} ({threads} threads), precision {settings['prec']}, "
-            f"{settings['backbone']} ({settings['weights']} weights), {settings['image_size']} px, "
+    configs = "each case's synthetic config, " if settings.get("synthetic") else ""
+
+    def shown(path):
+        return os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path
+
+    return (f"device {settings['device']} ({threads} threads), precision {settings['prec']}, {configs}"
+            f"{shown(settings['backbone'])} ({shown(settings['weights'])} weights), {settings['image_size']} px, "
             f"batch {settings['batch']} (CoCoOp 1), eval batch {settings['eval_batch'] or 'as train'}, "
             f"{settings['classes']} classes; median of {settings['rounds']} rounds after {settings['warmup']} "
             f"warm-up, {settings['clock']} clock")
@@ -314,6 +369,56 @@ def header_line(settings):
 def summary_lines(report):
     """Nothing under the table: the ratios are its columns."""
     return []
+
+
+LIMIT_HEADERS = ["case", "B", "train GFLOP", "eval GFLOP", "frozen GFLOP", "peak GFLOP/s", "train GFLOP/s",
+                 "train % peak", "eval GFLOP/s", "eval % peak", "frozen % peak"]
+
+
+def achieved(record, part, clock):
+    """(FLOPs per second of ``part``'s median time on ``clock``, that as a fraction of the case's
+    measured matmul peak on the same clock), or None when the case has no such part."""
+    flops, entry = record["flops"].get(part), record.get(part)
+    if flops is None or entry is None:
+        return None
+    per_second = flops / (entry[f"{clock}_ms"] / 1000)
+    return per_second, per_second / record["matmul_peak"]["flops_per_s"][clock]
+
+
+def limit_rows(records, clock):
+    """Rows of the distance-to-the-limit table: FLOPs per call, FLOPs per second on ``clock`` and
+    the fraction of the peak, for the records that counted FLOPs."""
+    def giga(value):
+        return "" if value is None else f"{value / 1e9:.4g}"
+
+    rows = []
+    for record in records:
+        if "error" in record or not record.get("flops"):
+            continue
+        speeds = {part: achieved(record, part, clock) for part in ("train", "eval", "frozen")}
+        cells = []
+        for part in ("train", "eval", "frozen"):
+            pair = speeds[part]
+            cells.append(["", ""] if pair is None else [giga(pair[0]), f"{100 * pair[1]:.3g}"])
+        rows.append([record["case"], record["batch"], giga(record["flops"].get("train")),
+                     giga(record["flops"]["eval"]), giga(record["flops"]["frozen"]),
+                     giga(record["matmul_peak"]["flops_per_s"][clock]), *cells[0], *cells[1], cells[2][1]])
+    return rows
+
+
+def tables(report):
+    """The distance-to-the-limit table under the main one, when the run counted FLOPs."""
+    settings = report["settings"]
+    rows = limit_rows(report["results"], settings["clock"])
+    if not rows:
+        return []
+    peak = next(record["matmul_peak"] for record in report["results"] if record.get("matmul_peak"))
+    per = "CPU-second" if settings["clock"] == "cpu" else "second"
+    title = (f"\nDistance to the limit: FLOPs counted by FlopCounterMode (matrix products and attention, forward "
+             f"and backward) per call, per {per} of its median time ({settings['clock']} clock), and as a "
+             f"percentage of the peak measured in the case's process (best of {peak['repeats']} "
+             f"{peak['size']}x{peak['size']} {peak['dtype']} matmuls)")
+    return [(title, LIMIT_HEADERS, rows)]
 
 
 def comparison_lines(report, before, before_path, table_format):
@@ -328,7 +433,7 @@ def add_arguments(parser):
     parser.add_argument("--batch", type=int, default=4, help="training batch (CoCoOp and RAdaTTT keep 1)")
     parser.add_argument("--eval-batch", type=int, default=0, help="evaluation batch (0: the training batch)")
     parser.add_argument("--classes", type=int, default=50)
-    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--image-size", type=int, help="default: 224 (32 with --synthetic)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--prec", choices=("fp32", "amp", "fp16", "bf16"), default="fp32",
                         help="TRAINER.<NAME>.PREC of every case (CUDA only; the CPU runs fp32)")
@@ -336,11 +441,19 @@ def add_arguments(parser):
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds")
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds after the cache-filling first one")
-    parser.add_argument("--backbone", default="ViT-B/16", help="MODEL.BACKBONE.NAME (an open_clip config JSON too)")
-    parser.add_argument("--weights", default="random", help="MODEL.BACKBONE.WEIGHTS")
+    parser.add_argument("--backbone", help="MODEL.BACKBONE.NAME (an open_clip config JSON too; default: ViT-B/16, "
+                                           "with --synthetic configs/clip/tiny-synthetic-clip.json)")
+    parser.add_argument("--weights", help="MODEL.BACKBONE.WEIGHTS (default: random, with --synthetic "
+                                          "weights/tiny-synthetic-clip.pt)")
+    parser.add_argument("--synthetic", action="store_true",
+                        help="build every case from its synthetic config (Case.synthetic_config) for the tiny CLIP")
     parser.add_argument("--compare", metavar="JSON", help="also print the ratios of this earlier run next to ours")
     parser.add_argument("--in-process", action="store_true",
                         help="measure every case in this process (faster; peak RSS then accumulates)")
+    parser.add_argument("--no-flops", dest="flops", action="store_false",
+                        help="do not count FLOPs nor measure the matmul peak (the distance-to-the-limit table)")
+    parser.add_argument("--peak-size", type=int, default=2048, help="the peak's matmul is [N, N] @ [N, N]")
+    parser.add_argument("--peak-repeats", type=int, default=5, help="timed peak matmuls (the best counts)")
     parser.add_argument("opts", nargs=argparse.REMAINDER, help="KEY VALUE config overrides for every case")
 
 
@@ -354,15 +467,28 @@ def measure(args):
     check_coverage(project_trainers())
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda, but CUDA is not available")
-    settings = {key: getattr(args, key) for key in ("batch", "eval_batch", "classes", "image_size", "device", "prec",
-                                                    "threads", "rounds", "warmup", "clock", "backbone", "weights")}
-    settings["opts"] = args.opts
+    settings = settings_of(args)
     records = []
     for case in select_cases(args.trainers):
+        case = synthetic_case(case) if args.synthetic else case
         record = measure_case(case, settings) if args.in_process else run_in_subprocess(case, settings)
         records.append(record)
         print(progress_line(record), flush=True)
     return settings, records
+
+
+def settings_of(args):
+    """The run's settings from the parsed command line: backbone, weights and image size default
+    to ViT-B/16, random weights and 224 px, or to the tiny synthetic CLIP's with ``--synthetic``."""
+    settings = {key: getattr(args, key) for key in ("batch", "eval_batch", "classes", "device", "prec", "threads",
+                                                    "rounds", "warmup", "clock", "synthetic", "flops", "peak_size",
+                                                    "peak_repeats")}
+    defaults = ((SYNTHETIC_CLIP, SYNTHETIC_WEIGHTS, SYNTHETIC_IMAGE_SIZE) if args.synthetic
+                else ("ViT-B/16", "random", 224))
+    for key, default in zip(("backbone", "weights", "image_size"), defaults):
+        settings[key] = default if getattr(args, key) is None else getattr(args, key)
+    settings["opts"] = args.opts
+    return settings
 
 
 def comparison_rows(before, after):
@@ -379,10 +505,10 @@ def comparison_rows(before, after):
 
 def worker(argv):
     """``python -m vlprompt_app.benchmarking.per_trainer CASE SETTINGS_JSON``: prints the case's record as JSON."""
-    name, settings = argv
+    name, settings = argv[0], json.loads(argv[1])
     import_project_package("trainers")
-    case = case_named(name)
-    print(json.dumps(measure_case(case, json.loads(settings))))
+    case = synthetic_case(case_named(name)) if settings.get("synthetic") else case_named(name)
+    print(json.dumps(measure_case(case, settings)))
 
 
 if __name__ == "__main__":

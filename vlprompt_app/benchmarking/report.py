@@ -9,7 +9,8 @@ A report is a JSON object::
 where every record is an object with at least ``"case"`` (its row name). A family module
 provides ``HEADERS`` (or ``headers(settings)`` when the columns depend on the settings),
 ``table_rows(records)`` (one row per record), ``header_line(settings)`` and
-``summary_lines(report)`` (derived figures printed under the table).
+``summary_lines(report)`` (derived figures printed under the table); ``tables(report)`` (optional)
+gives more tables printed after those, as (title line, headers, rows).
 """
 import json
 import os
@@ -84,5 +85,8 @@ def format_report(report: dict, family, table_format: str = "simple", extra: Opt
     headers = family.headers(report["settings"]) if hasattr(family, "headers") else family.HEADERS
     lines = [family.header_line(report["settings"]) + "; " + machine_line(report),
              format_table(family.table_rows(report["results"]), headers, table_format)]
-    lines += family.summary_lines(report) + list(extra or [])
+    lines += family.summary_lines(report)
+    for title, headers, rows in (family.tables(report) if hasattr(family, "tables") else []):
+        lines += [title, format_table(rows, headers, table_format)]
+    lines += list(extra or [])
     return "\n".join(lines)

@@ -24,6 +24,10 @@ from vlprompt.paths import repository_root
 from vlprompt_app.project import import_project
 
 ROOT = str(repository_root())
+# The project's committed tiny CLIP, which the cases' synthetic configs are written for (32 px).
+SYNTHETIC_CLIP = osp.join(ROOT, "configs", "clip", "tiny-synthetic-clip.json")
+SYNTHETIC_WEIGHTS = osp.join(ROOT, "weights", "tiny-synthetic-clip.pt")
+SYNTHETIC_IMAGE_SIZE = 32
 
 
 class BenchmarkCoverageError(RuntimeError):
@@ -73,6 +77,14 @@ def select_cases(names, cases=None):
     if unknown:
         raise SystemExit(f"error: unknown trainer(s) {unknown}; choose among {sorted(known)}")
     return [case for case in cases if case.trainer in names or case.name in names]
+
+
+def synthetic_case(case):
+    """``case`` built from its synthetic config (``Case.synthetic_config`` with ``synthetic_opts``)
+    for the tiny CLIP instead of ViT-B/16, without the targets and official ratios, which are
+    ViT-B/16's."""
+    return dataclasses.replace(case, config=case.synthetic_config, opts=tuple(case.opts) + tuple(case.synthetic_opts),
+                               train_target=None, eval_target=None, official_train=None, official_eval=None)
 
 
 def case_named(name):

@@ -19,7 +19,6 @@ augmented views) agree when they come from the CPU generator; a step that draws 
 shows here as a difference.
 """
 import contextlib
-import dataclasses
 import io
 import os
 import tempfile
@@ -36,8 +35,10 @@ VALUE_SEED, BATCH_SEED, STEP_SEED = 1, 2, 3
 
 
 def tiny_case(case):
-    """``case`` built from its synthetic config (``Case.synthetic_config`` with ``synthetic_opts``)."""
-    return dataclasses.replace(case, config=case.synthetic_config, opts=tuple(case.opts) + tuple(case.synthetic_opts))
+    """``case`` built from its synthetic config (the benchmark's ``synthetic_case``)."""
+    from vlprompt_app.benchmarking.trainer_cases import synthetic_case
+
+    return synthetic_case(case)
 
 
 def relative_difference(ours, reference):
@@ -82,7 +83,7 @@ def _outputs(case, trainer, images, labels, kinds):
         torch.manual_seed(STEP_SEED)  # the step's draws from the default generators start alike
         with contextlib.redirect_stdout(io.StringIO()):
             summary = trainer.forward_backward(batch)
-        outputs["loss"] = torch.tensor(summary["loss"])
+        outputs["loss"] = torch.as_tensor(summary["loss"])
         outputs["logits after step"] = evaluate()
     return outputs
 

@@ -191,7 +191,7 @@ def run_official(module, cfg, request, model, images, labels):
     with torch.no_grad():
         outputs["teacher_logits"] = teacher(images)[2]
     student.train()
-    outputs["loss"] = torch.tensor(trainer.forward_backward(batch[0])["loss"])
+    outputs["loss"] = torch.as_tensor(trainer.forward_backward(batch[0])["loss"])
     return outputs
 
 
