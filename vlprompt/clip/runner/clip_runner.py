@@ -12,7 +12,6 @@ The tower adapter of each tower is chosen from the model's classes (:func:`visio
 The text tower is open_clip's ``TextTransformer`` (on the model for OpenAI-layout ``CLIP``,
 ``model.text`` for ``CustomTextCLIP``), causal or bidirectional.
 """
-import torch
 from torch import nn
 
 from .plan import EMPTY_PLAN

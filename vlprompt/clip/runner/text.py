@@ -20,7 +20,7 @@ from torch import nn
 from .blocks import OpenCLIPBlockOps
 from .plan import EMPTY_PLAN, RunState
 from .prefix import HostValues, PrefixCache, content_digest
-from .tower import Tower, TowerOutput, UnsupportedBackboneError, check_block_types
+from .tower import Tower, TowerOutput, UnsupportedBackboneError, open_clip_blocks
 
 __all__ = ["TextTower"]
 
@@ -50,8 +50,6 @@ class TextTower(Tower):
     ops = OpenCLIPBlockOps()
 
     def __init__(self, text, cache_size=16):
-        from open_clip.transformer import ResidualAttentionBlock
-
         super().__init__()
         if not hasattr(text, "token_embedding") or not hasattr(text, "transformer"):
             raise UnsupportedBackboneError(
@@ -68,10 +66,7 @@ class TextTower(Tower):
                 "The text tower appends a class token or masks padding (CoCa-style); the prompted runner "
                 "drives towers that pool a token of the sentence."
             )
-        blocks = text.transformer.resblocks
-        check_block_types(blocks, (ResidualAttentionBlock,), "text")
-        if any(block.attn.in_proj_weight is None for block in blocks):
-            raise UnsupportedBackboneError("The text tower's attention has no fused in-projection.")
+        blocks = open_clip_blocks(text.transformer, "text")
         self.token_embedding = text.token_embedding
         self.positional_embedding = text.positional_embedding
         self.blocks = blocks

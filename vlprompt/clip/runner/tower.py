@@ -78,6 +78,18 @@ def check_block_types(blocks, allowed, tower):
             )
 
 
+def open_clip_blocks(transformer, tower):
+    """The blocks of an open_clip ``Transformer`` (``resblocks``), checked: each an open_clip
+    ``ResidualAttentionBlock`` with a fused in-projection (UnsupportedBackboneError otherwise)."""
+    from open_clip.transformer import ResidualAttentionBlock
+
+    blocks = transformer.resblocks
+    check_block_types(blocks, (ResidualAttentionBlock,), tower)
+    if any(block.attn.in_proj_weight is None for block in blocks):
+        raise UnsupportedBackboneError(f"The {tower} tower's attention has no fused in-projection.")
+    return blocks
+
+
 class RotaryTable:
     """A rotary-position table for one sequence: [L, 2 * head_dim], sines then cosines, the
     tower's table at the patch positions and the identity (sine 0, cosine 1) elsewhere, so

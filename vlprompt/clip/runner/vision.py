@@ -16,7 +16,7 @@ import torch
 from .blocks import OpenCLIPBlockOps
 from .plan import EMPTY_PLAN, RunState
 from .prefix import SharedPrefix
-from .tower import TokenLayout, Tower, TowerOutput, UnsupportedBackboneError, check_block_types
+from .tower import TokenLayout, Tower, TowerOutput, UnsupportedBackboneError, open_clip_blocks
 
 __all__ = ["VisionTower", "OpenCLIPVisionTower", "frozen_layer_norm", "take"]
 
@@ -217,18 +217,13 @@ class OpenCLIPVisionTower(VisionTower):
     ops = OpenCLIPBlockOps()
 
     def __init__(self, visual):
-        from open_clip.transformer import ResidualAttentionBlock
-
         super().__init__()
         if visual.attn_pool is not None or visual.pool_type != "tok":
             raise UnsupportedBackboneError(
                 "The prompted runner supports open_clip ViT image towers that pool the class token "
                 f"(pool_type 'tok', no attention pooling); got pool_type '{visual.pool_type}'."
             )
-        blocks = visual.transformer.resblocks
-        check_block_types(blocks, (ResidualAttentionBlock,), "image")
-        if any(block.attn.in_proj_weight is None for block in blocks):
-            raise UnsupportedBackboneError("The image tower's attention has no fused in-projection.")
+        blocks = open_clip_blocks(visual.transformer, "image")
         self.conv1 = visual.conv1
         self.class_embedding = visual.class_embedding
         self.positional_embedding = visual.positional_embedding
