@@ -30,14 +30,13 @@ Two kinds of head:
 Either way the backbone's weights file is checked against the recorded sha256 before it is used;
 another file is refused with both hashes and the path.
 """
-import hashlib
 import os
 import os.path as osp
 
 import torch
 
 from vlprompt.config import ConfigError
-from vlprompt.fileio import atomic_write
+from vlprompt.fileio import atomic_write, file_sha256
 from vlprompt.prediction import DEFAULT_TOPK, Prediction, logs_build, top_classes
 
 __all__ = [
@@ -50,15 +49,6 @@ EXPORT_VERSION = 1
 PREPROCESS_KEYS = ("SIZE", "INTERPOLATION", "TRANSFORMS", "PIXEL_MEAN", "PIXEL_STD", "NO_TRANSFORM", "RESIZE_MODE")
 # Values of keys an older export does not record: the only test transform there was then.
 _PREPROCESS_BEFORE = {"RESIZE_MODE": "shortest"}
-
-
-def file_sha256(path):
-    """Hex sha256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def save_export(path, record):

@@ -1,4 +1,5 @@
-"""Atomic file writing: the one way the project writes a file it or its users read back.
+"""Atomic file writing: the one way the project writes a file it or its users read back; and
+the SHA-256 of a file (:func:`file_sha256`), by which weights and archives are checked.
 
 A file is written to a temporary file in the same folder, flushed, fsynced and moved onto
 its final name with ``os.replace``, so an interrupted writer (a kill, a full disk, an
@@ -11,11 +12,12 @@ included).
 """
 import contextlib
 import errno
+import hashlib
 import os
 import os.path as osp
 import tempfile
 
-__all__ = ["WriteFailedError", "atomic_write", "mkdir_if_missing", "write_text", "save_figure"]
+__all__ = ["WriteFailedError", "atomic_write", "file_sha256", "mkdir_if_missing", "write_text", "save_figure"]
 
 # errno -> why a write failed, for the errors that mean "no room" rather than a bug.
 _NO_ROOM = {
@@ -137,3 +139,12 @@ def save_figure(figure, fpath, **savefig_kwargs):
     image_format = osp.splitext(fpath)[1][1:].lower() or None
     with atomic_write(fpath, "wb") as f:
         figure.savefig(f, format=image_format, **savefig_kwargs)
+
+
+def file_sha256(path):
+    """Hex SHA-256 of the bytes of the file ``path`` (read in 1 MiB blocks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -41,7 +41,6 @@ loading.
 """
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -53,6 +52,8 @@ import warnings
 import zipfile
 
 import torch
+
+from vlprompt.fileio import file_sha256
 
 from .small_models import register_small_towers
 
@@ -229,15 +230,6 @@ def _is_torchscript_archive(path):
         return any(n.endswith("constants.pkl") or "/code/" in n for n in archive.namelist())
 
 
-def _file_sha256(path):
-    """Hex SHA-256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _trust_from_env():
     """Whether TRUST_TORCHSCRIPT_ENV is set to a true value."""
     return os.environ.get(TRUST_TORCHSCRIPT_ENV, "").strip().upper() in _TRUE_VALUES
@@ -247,7 +239,7 @@ def _check_torchscript_allowed(path, trust_torchscript):
     """CLIPLoadError unless the TorchScript archive ``path`` may be loaded (module docstring)."""
     if trust_torchscript or _trust_from_env():
         return
-    sha256 = _file_sha256(path)
+    sha256 = file_sha256(path)
     if sha256 in OPENAI_ARCHIVE_SHA256.values():
         return
     raise CLIPLoadError(

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vlprompt.fileio import WriteFailedError, atomic_write, mkdir_if_missing, save_figure, write_text
+from vlprompt.fileio import WriteFailedError, atomic_write, file_sha256, mkdir_if_missing, save_figure, write_text
 
 __all__ = [
     "CorruptFileError",
@@ -22,6 +22,7 @@ __all__ = [
     "mkdir_if_missing",
     "check_isfile",
     "atomic_write",
+    "file_sha256",
     "read_json",
     "write_json",
     "write_text",
