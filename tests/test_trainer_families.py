@@ -27,12 +27,18 @@ def backbones(tmp_path_factory):
 @pytest.mark.parametrize("case", CONTRACT_CASES, ids=[case.name for case in CONTRACT_CASES])
 def test_every_trainer_runs_on_every_family_or_refuses_before_data(case, family, backbones):
     record = backbone_families.check_family(case, backbones[family])
-    expected = REFUSALS.get((case.trainer, family))
+    check_runs_or_refuses(case, record, REFUSALS.get((case.trainer, family)), f"on {family}")
+
+
+def check_runs_or_refuses(case, record, expected, where):
+    """A refusal is the ``expected`` one (the start of its reason), given before any data loads;
+    a case that runs is not expected to refuse, its logits [rows, classes] are finite and, for a
+    training case, its two steps' losses are finite, change learnable parameters and no frozen one."""
     if record.refusal is not None:
         assert expected is not None and expected in record.refusal, record.refusal
         assert record.before_data
         return
-    assert expected is None, f"{case.trainer} on {family} runs, but REFUSALS lists it"
+    assert expected is None, f"{case.name} runs {where}, but its refusal is listed"
     rows = 1 if case.kind == TEST_TIME else mixed_precision.BATCH
     assert record.logits.shape == (rows, mixed_precision.CLASSES)
     assert torch.isfinite(record.logits).all()
@@ -73,16 +79,7 @@ def test_on_a_resnet_image_tower_a_trainer_runs_or_refuses_before_data(case, res
     """Methods that edit the image tower refuse an image tower the runner does not drive (a ResNet),
     while the trainer is built and before the data, naming what they need; the rest train and evaluate."""
     record = backbone_families.check_family(case, resnet_backbone)
-    expected = RESNET_REFUSALS.get(case.name)
-    if record.refusal is not None:
-        assert expected is not None and expected in record.refusal, record.refusal
-        assert record.before_data
-        return
-    assert expected is None, f"{case.name} runs on a ResNet, but RESNET_REFUSALS lists it"
-    rows = 1 if case.kind == TEST_TIME else mixed_precision.BATCH
-    assert record.logits.shape == (rows, mixed_precision.CLASSES) and torch.isfinite(record.logits).all()
-    if case.kind not in (EVAL_ONLY, TEST_TIME):
-        assert record.changed and record.frozen_changed == []
+    check_runs_or_refuses(case, record, RESNET_REFUSALS.get(case.name), "on a ResNet")
 
 
 def test_a_declared_refusal_names_the_trainer_and_the_tower(resnet_backbone):
