@@ -348,6 +348,16 @@ def read_upstream_teacher(folder, checkpoint, dataset_name, input_size, node, co
     return TeacherRun(folder, cfg, checkpoint, None if prefix is None else prefix.shape[0], command)
 
 
+def teacher_clip(backbone, weights, device):
+    """The frozen CLIP of a PromptSRC teacher as a CLIPRunner; UnsupportedBackboneError for an image
+    tower the runner does not drive (the teacher's vision prompts need one)."""
+    clip_model, _ = load_clip(backbone, weights, device=device)
+    clip = CLIPRunner(clip_model)
+    if clip.visual is None:
+        raise UnsupportedBackboneError(f"The PromptKD teacher's backbone {backbone} is not a ViT.")
+    return clip
+
+
 def write_stand_in_teacher(folder, backbone, weights, input_size, dataset):
     """Write a PromptSRC run folder with untrained prompts (N(0, 0.02), "a photo of a") for timing
     PromptKD without training a teacher (tools/benchmark.py): ``config.yaml`` (PromptSRC's ViT-B/16
@@ -360,10 +370,7 @@ def write_stand_in_teacher(folder, backbone, weights, input_size, dataset):
     cfg.TRAINER.NAME, cfg.DATASET.NAME = TEACHER_TRAINER, dataset
     cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.WEIGHTS = backbone, weights
     cfg.INPUT.SIZE = tuple(input_size)
-    clip_model, _ = load_clip(backbone, weights, device="cpu")
-    clip = CLIPRunner(clip_model)
-    if clip.visual is None:
-        raise UnsupportedBackboneError(f"The PromptKD teacher's backbone {backbone} is not a ViT.")
+    clip = teacher_clip(backbone, weights, "cpu")
     model = IVLPCLIP(clip, Tokenizer(backbone), ["stand-in"], cfg.TRAINER.PROMPTSRC)
     prompts = {name: param.detach() for name, param in model.named_parameters() if param.requires_grad}
     run = RunFolder(folder)
@@ -389,10 +396,7 @@ class PromptSRCTeacher(nn.Module):
         super().__init__()
         backbone = run.cfg.MODEL.BACKBONE
         print(f"PromptKD teacher: {run.checkpoint} ({backbone.NAME})")
-        clip_model, _ = load_clip(backbone.NAME, backbone.WEIGHTS, device=device)
-        clip = CLIPRunner(clip_model)
-        if clip.visual is None:
-            raise UnsupportedBackboneError(f"The PromptKD teacher's backbone {backbone.NAME} is not a ViT.")
+        clip = teacher_clip(backbone.NAME, backbone.WEIGHTS, device)
         self.model = IVLPCLIP(clip, Tokenizer(backbone.NAME), classnames, run.cfg.TRAINER.PROMPTSRC).to(device)
         state_dict = load_checkpoint(run.checkpoint)["state_dict"]
         learned = {name for name, param in self.model.named_parameters() if param.requires_grad}
