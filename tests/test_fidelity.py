@@ -224,3 +224,95 @@ def test_fixture_settings_the_mutations_move_away_from():
     assert load_fixture("wiseft")["alpha"] == 0.5
     for stem in ("tpt", "tpt-cocoop"):
         assert len(load_fixture(stem)["official_outputs"]["kept"]) == 6  # 10 % of 64 views
+
+
+# --------------------------------------------------------------------------- runs kept by our side's towers
+
+@pytest.fixture
+def kept_runner(tiny_clip_files):
+    """(a tiny CLIP's runner whose towers keep their runs, images [2, 3, 32, 32], token ids [2, L])."""
+    from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
+    from vlprompt_app.fidelity.kept import keep_tower_runs
+
+    config, weights = tiny_clip_files
+    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    return keep_tower_runs(CLIPRunner(load_clip(config, weights)[0])), images, Tokenizer(config)(["a dog", "a cat"])
+
+
+def hits_of(runner, encode):
+    """(``encode()``, the number of kept runs it was given back)."""
+    from vlprompt_app.fidelity.kept import kept_run_counts
+
+    hits = kept_run_counts(runner)["hits"]
+    result = encode()
+    return result, kept_run_counts(runner)["hits"] - hits
+
+
+def rerun(runner, encode):
+    """(first, second result of ``encode()``, hits of the second run)."""
+    return encode(), *hits_of(runner, encode)
+
+
+def test_kept_runs_give_back_a_copy_of_an_equal_run_only(kept_runner):
+    from vlprompt.clip import InsertTokens, Plan
+
+    runner, images, ids = kept_runner
+    first, second, hits = rerun(runner, lambda: runner.encode_image(images.clone()))  # equal, not the same tensor
+    assert hits == 1 and torch.equal(first, second) and first is not second
+    second.zero_()  # a caller changing what it got changes nothing kept
+    assert torch.equal(runner.encode_image(images), first)
+    assert rerun(runner, lambda: runner.encode_text(ids.clone()))[2] == 1
+    tokens = torch.randn(2, runner.visual.width, generator=torch.Generator().manual_seed(1))
+    plan = lambda tokens: Plan(embed=[InsertTokens(tokens)])  # noqa: E731
+    prompted, again, hits = rerun(runner, lambda: runner.encode_image(images, plan(tokens.clone())))
+    assert hits == 1 and torch.equal(prompted, again)
+    moved = images.clone()
+    moved[1, 2, 3, 4] += 1e-3
+    other_tokens = tokens.clone()
+    other_tokens[1, 5] += 1e-3
+    for changed in (lambda: runner.encode_image(moved), lambda: runner.encode_image(images, plan(other_tokens))):
+        assert rerun(runner, changed)[2] == 1  # computed (and kept) the first time: not the earlier run
+    assert not torch.equal(runner.encode_image(moved), first)
+    assert not torch.equal(runner.encode_image(images, plan(other_tokens)), prompted)
+
+
+def test_kept_runs_are_run_again_after_a_change_of_the_tower(kept_runner):
+    import copy
+
+    from vlprompt.clip import MapTokens, Plan
+    from vlprompt_app.fidelity.kept import kept_run_counts
+
+    runner, images, _ = kept_runner
+    first = runner.encode_image(images)
+    copied = copy.deepcopy(runner)  # a copy starts with nothing kept and runs its own weights
+    assert kept_run_counts(copied) == {"hits": 0, "misses": 0}
+    with torch.no_grad():
+        copied.visual.proj.mul_(2.0)
+    torch.testing.assert_close(copied.encode_image(images), 2.0 * first)
+    bias = runner.visual.ln_post.bias.detach().clone()
+    with torch.no_grad():
+        runner.visual.ln_post.bias.add_(0.5)  # an in-place write: a new version
+    assert hits_of(runner, lambda: runner.encode_image(images))[1] == 0
+    with torch.no_grad():
+        runner.visual.ln_post.bias.copy_(bias)
+    assert torch.equal(runner.encode_image(images), first)
+    runner.visual.train()  # another module attribute
+    assert hits_of(runner, lambda: runner.encode_image(images))[1] == 0
+    runner.visual.eval()
+    seen = []
+    recording = Plan(embed=[MapTokens(lambda x: seen.append(1) or x)])
+    assert rerun(runner, lambda: runner.encode_image(images, recording))[2] == 0 and len(seen) == 2
+    handle = runner.visual.conv1.register_forward_hook(lambda *args: seen.append(1))
+    assert rerun(runner, lambda: runner.encode_image(images))[2] == 0 and len(seen) == 4
+    handle.remove()
+
+
+def test_kept_runs_never_keep_a_run_that_needs_a_gradient(kept_runner):
+    from vlprompt.clip import InsertTokens, Plan
+
+    runner, images, _ = kept_runner
+    tokens = torch.randn(2, runner.visual.width, requires_grad=True)
+    first, second, hits = rerun(runner, lambda: runner.encode_image(images, Plan(embed=[InsertTokens(tokens)])))
+    assert hits == 0 and first.requires_grad and second.requires_grad
+    second.sum().backward()
+    assert tokens.grad is not None and tokens.grad.abs().sum() > 0

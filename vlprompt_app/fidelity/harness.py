@@ -28,6 +28,7 @@ from vlprompt.fileio import atomic_write
 from vlprompt.paths import repository_root
 
 from .export import export_trees
+from .kept import keep_tower_runs
 from .methods import METHODS, method_of_fixture
 from .spec import DEFAULT_CLASSNAMES, LEARNABLE_SCALE
 from .weights import seeded_clip, seeded_dimensions, write_weights
@@ -79,7 +80,8 @@ def make_inputs(spec, resolution, width, seeds, batch, n_classes):
 
 def build_ours(spec, backbone, seed, classnames, node_changes=None):
     """Our model of ``spec`` on a fresh copy of the seeded random CLIP, and its config node
-    (``spec.our_node`` with ``node_changes``)."""
+    (``spec.our_node`` with ``node_changes``). The runner's towers keep the runs the model repeats
+    on equal inputs (``kept.keep_tower_runs``)."""
     from yacs.config import CfgNode as CN
 
     from vlprompt.clip import CLIPRunner, Tokenizer
@@ -87,7 +89,8 @@ def build_ours(spec, backbone, seed, classnames, node_changes=None):
 
     import_project_package("trainers")
     node = CN(dict(spec.our_node, **(node_changes or {})))
-    model = spec.build_ours(CLIPRunner(seeded_clip(backbone, seed)), Tokenizer(backbone), list(classnames), node, spec)
+    runner = keep_tower_runs(CLIPRunner(seeded_clip(backbone, seed)))
+    model = spec.build_ours(runner, Tokenizer(backbone), list(classnames), node, spec)
     return model.eval(), node
 
 
