@@ -94,9 +94,11 @@ def build_ours(spec, backbone, seed, classnames, node_changes=None):
     return model.eval(), node
 
 
-def run_ours(spec, model, node, learnables, images, labels):
+def run_ours(spec, model, node, learnables, images, labels, outputs=None):
     """Our outputs {name: tensor}: every learnable value written into ``model``, the model put in eval
-    mode (which drops the text features cached from the previous values), then ``spec.run_ours``."""
+    mode (which drops the text features cached from the previous values), then ``spec.run_ours``.
+    ``outputs``: the names the caller reads (default every output), all of which are computed (a
+    spec's ``on_demand_outputs`` only then)."""
     parameters = dict(model.named_parameters())
     missing = sorted(set(learnables) - set(parameters))
     if missing:
@@ -105,7 +107,14 @@ def run_ours(spec, model, node, learnables, images, labels):
         for name, value in learnables.items():
             parameters[name].copy_(value)
     model.eval()
-    return spec.run_ours(model, node, images, labels)
+    if not spec.on_demand_outputs:
+        return spec.run_ours(model, node, images, labels)
+    asked = tuple(spec.outputs if outputs is None else outputs)
+    ours = spec.run_ours(model, node, images, labels, outputs=asked)
+    missing = [key for key in asked if key not in ours]
+    if missing:
+        raise KeyError(f"{spec.name}: run_ours left out the asked outputs {missing}")
+    return ours
 
 
 class Comparison:
@@ -136,13 +145,14 @@ class Comparison:
 
     def run(self, mutation):
         """Our outputs under ``mutation``: its values written into the built model (the recorded ones
-        written back after), or a model rebuilt with its node changes and patch."""
+        written back after), or a model rebuilt with its node changes and patch; the outputs its
+        check reads (``mutation.read``), or more."""
         values = mutation.values(self.learnables) if mutation.values is not None else self.learnables
         if not mutation.rebuilds:
             node = self.node.clone()
             node.merge_from_list([item for key, value in mutation.node.items() for item in (key, value)])
             try:
-                return run_ours(self.spec, self.model, node, values, self.images, self.labels)
+                return run_ours(self.spec, self.model, node, values, self.images, self.labels, mutation.read)
             finally:
                 with torch.no_grad():
                     parameters = dict(self.model.named_parameters())
@@ -150,7 +160,7 @@ class Comparison:
                         parameters[name].copy_(value)
         with mutation.patch() if mutation.patch is not None else contextlib.nullcontext():
             model, node = self._build(mutation.node)
-            return run_ours(self.spec, model, node, values, self.images, self.labels)
+            return run_ours(self.spec, model, node, values, self.images, self.labels, mutation.read)
 
 
 def our_outputs_for_record(spec, backbone, seeds, classnames, learnables, images, labels):

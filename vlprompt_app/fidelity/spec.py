@@ -68,6 +68,11 @@ class Mutation:
     still_match: Sequence[str] = ()
 
     @property
+    def read(self):
+        """The outputs a check of this mutation reads: ``fails``, ``still_match`` and ``unchanged``."""
+        return tuple(dict.fromkeys((*self.fails, *self.still_match, *self.unchanged)))
+
+    @property
     def rebuilds(self):
         """Whether the model must be rebuilt (a node change or a patch), not only given other values."""
         return (bool(self.node) and not self.node_read_at_run) or self.patch is not None
@@ -168,6 +173,10 @@ class MethodSpec:
         build_ours(clip, tokenizer, classnames, node, spec) -> our model; run_ours(model, node,
         images [B, 3, R, R], labels [B]) -> {output: tensor} (it must leave the learnable values as
         they are or the harness rewrites them: it writes every value before each run);
+        on_demand_outputs: outputs that cost a run much more than the others (a gradient), which
+        ``run_ours`` then computes only when asked: it takes ``outputs``, the names the run needs
+        (every output for the recorded values, a mutation's ``read`` for a mutation), and may leave
+        out those of ``on_demand_outputs`` not among them;
         options: method-specific values build_ours reads.
 
     Compared:
@@ -186,6 +195,7 @@ class MethodSpec:
     learnables: Mapping[str, Learnable] = field(default_factory=dict)
     outputs: Tuple[str, ...] = ()
     exact_outputs: Tuple[str, ...] = ()
+    on_demand_outputs: Tuple[str, ...] = ()
     mutations: Tuple[Mutation, ...] = ()
     fixture: Optional[str] = None
     code_dir: str = ""

@@ -32,9 +32,14 @@ def build_ours(clip, tokenizer, classnames, node, spec):
     return ProVPCLIP(clip, tokenizer, classnames, PROGRAD_TEMPLATES[spec.dataset], node)
 
 
-def run_ours(model, node, images, labels):
+def run_ours(model, node, images, labels, outputs):
     """Logits [B, C], the loss and its terms ("xe_loss", "ref_loss" unless λ = 0), and the norms of
-    ∂loss/∂P per prompt token [12, 16]."""
+    ∂loss/∂P per prompt token [12, 16] when ``outputs`` holds "prompt_grad_norms" (the backward through
+    the image tower costs twice the forward; without it the forward runs without autograd)."""
+    if "prompt_grad_norms" not in outputs:
+        with torch.no_grad():
+            loss, logits, terms = model.loss(images, labels)
+        return dict(terms, logits=logits, loss=loss)
     prompts = model.prompt_learner.prompt_embeddings
     loss, logits, terms = model.loss(images, labels)
     grad, = torch.autograd.grad(loss, prompts)
@@ -94,6 +99,7 @@ SPECS = (
                   "REF_WEIGHT": 1.0, "PREC": "fp32"},
         learnables={PROMPTS: Learnable(PROMPTS, INIT_STD, (DEPTH, N_PROMPTS, "vision_width"))},
         outputs=("logits", "xe_loss", "ref_loss", "loss", "prompt_grad_norms"),
+        on_demand_outputs=("prompt_grad_norms",),
         build_ours=build_ours,
         run_ours=run_ours,
         prepare_official=prepare_official,
