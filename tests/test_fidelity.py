@@ -274,6 +274,9 @@ def test_kept_runs_give_back_a_copy_of_an_equal_run_only(kept_runner):
         assert rerun(runner, changed)[2] == 1  # computed (and kept) the first time: not the earlier run
     assert not torch.equal(runner.encode_image(moved), first)
     assert not torch.equal(runner.encode_image(images, plan(other_tokens)), prompted)
+    hidden = runner.visual.run_prefix(images, 1)  # a run continued from block 1's input
+    assert rerun(runner, lambda: runner.visual(hidden=hidden.clone(), start=1, rows=()).features)[2] == 1
+    assert hits_of(runner, lambda: runner.visual(hidden=hidden, start=2, rows=()).features)[1] == 0
 
 
 def test_kept_runs_are_run_again_after_a_change_of_the_tower(kept_runner):

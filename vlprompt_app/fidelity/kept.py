@@ -12,10 +12,12 @@ results of such runs and give them back when a later run is provably the same:
   writing a learnable value, bumps the version) and whose modules' plain attributes (``training``,
   flags, sizes) are equal;
 * inputs equal in dtype, shape, device and value (images, token ids, text embeddings, pooled
-  positions; compared element by element, not by a digest), the same rows, the same autocast state;
-* a plan made only of ``InsertTokens`` / ``ReplaceTokens`` edits and masks, equal field by field
-  (tokens and masks compared element by element); a plan with any other edit (``MapTokens``, whose
-  function may record what it sees), a parallel branch, or anything else is always run;
+  positions, hidden states a run continues from; compared element by element, not by a digest),
+  the same start block and rows, the same autocast state;
+* a plan made only of masks and edits whose result depends on their fields alone (``InsertTokens``,
+  ``ReplaceTokens``, MMRL++'s ``BlendTokens``), equal field by field (tokens and masks compared
+  element by element); a plan with any other edit (``MapTokens``, whose function may record what it
+  sees), a parallel branch, or anything else is always run;
 * no hook on any of the tower's modules (nor a global module hook), which could record what a run sees;
 * and a result without a gradient: a run that would need one (grad mode on and any input, plan
   tensor or tower parameter requiring grad) is always run and never kept.
@@ -125,12 +127,21 @@ def _needs_grad(value):
     return any(tensor.requires_grad for tensor in _tensors(value))
 
 
+@functools.lru_cache(maxsize=None)
+def _pure_edits():
+    """{edit class: the attributes that, with the hidden states and the run state, make its result}:
+    the runner's token insertion and replacement, and MMRL++'s blend of later representation tokens."""
+    from trainers.mmrlpp import BlendTokens
+
+    return {InsertTokens: ("tokens", "at", "keep_length"), ReplaceTokens: ("tokens", "at"),
+            BlendTokens: ("tokens", "beta", "at")}
+
+
 def _edit_key(edit):
-    if type(edit) is InsertTokens:
-        return ("insert", edit.tokens, edit.at, edit.keep_length)
-    if type(edit) is ReplaceTokens:
-        return ("replace", edit.tokens, edit.at)
-    raise _Uncacheable(type(edit).__name__)
+    fields = _pure_edits().get(type(edit))
+    if fields is None:
+        raise _Uncacheable(type(edit).__name__)
+    return (type(edit).__name__, *(getattr(edit, name) for name in fields))
 
 
 def _plan_key(plan):
@@ -187,17 +198,20 @@ def _kept_run(tower, key, grad_inputs, compute):
 
 
 class _KeptVision:
-    """Mixed into an image tower's class: ``forward`` from images and ``run_prefix`` keep their results."""
+    """Mixed into an image tower's class: ``forward`` (from images, or from hidden states at a block)
+    and ``run_prefix`` keep their results."""
 
     def forward(self, images=None, plan=EMPTY_PLAN, hidden=None, start=0, rows=None, prefix=None, pool_keys=None):
         compute = functools.partial(super().forward, images, plan, hidden, start, rows, prefix, pool_keys)
-        if images is None or hidden is not None or prefix is not None or pool_keys is not None:
+        source = images if hidden is None else hidden
+        if source is None or prefix is not None or pool_keys is not None:
             return compute()
         try:
-            key = ("forward", images, _plan_key(plan), _rows_key(rows), _autocast(images))
+            key = ("forward", images, hidden, None if hidden is None else int(start), _plan_key(plan),
+                   _rows_key(rows), _autocast(source))
         except _Uncacheable:
             return compute()
-        return _kept_run(self, key, [images, key[2]], compute)
+        return _kept_run(self, key, [images, hidden, key[4]], compute)
 
     def run_prefix(self, images, stop):
         key = ("prefix", images, min(stop, self.num_layers), _autocast(images))
@@ -205,19 +219,21 @@ class _KeptVision:
 
 
 class _KeptText:
-    """Mixed into a text tower's class: ``forward`` from token ids or embeddings keeps its results."""
+    """Mixed into a text tower's class: ``forward`` (from token ids or embeddings, or from hidden
+    states at a block) keeps its results."""
 
     def forward(self, token_ids=None, plan=EMPTY_PLAN, embeddings=None, eot=None, all_tokens=False, hidden=None,
                 start=0):
         compute = functools.partial(super().forward, token_ids, plan, embeddings, eot, all_tokens, hidden, start)
-        if hidden is not None:
-            return compute()
         source = token_ids if embeddings is None else embeddings
+        if source is None:
+            return compute()
         try:
-            key = ("forward", token_ids, embeddings, eot, _plan_key(plan), bool(all_tokens), _autocast(source))
+            key = ("forward", token_ids, embeddings, eot, hidden, None if hidden is None else int(start),
+                   _plan_key(plan), bool(all_tokens), _autocast(source))
         except _Uncacheable:
             return compute()
-        return _kept_run(self, key, [token_ids, embeddings, eot, key[4]], compute)
+        return _kept_run(self, key, [token_ids, embeddings, eot, hidden, key[6]], compute)
 
 
 @functools.lru_cache(maxsize=None)
