@@ -145,8 +145,8 @@ def _edit_key(edit):
 
 
 def _plan_key(plan):
-    """A comparable form of ``plan`` (raises _Uncacheable for edits other than InsertTokens and
-    ReplaceTokens, and for parallel branches)."""
+    """A comparable form of ``plan`` (raises _Uncacheable for an edit not in ``_pure_edits`` and for
+    parallel branches)."""
     if plan is EMPTY_PLAN:
         return ("empty",)
     if type(plan) is not Plan or plan.parallel:
