@@ -24,7 +24,8 @@ defining ``SPECS``):
 * ``cost`` (a ``spec.CostSpec``): how the official step is timed, or None.
 
 Modules: ``spec`` (the contract's types), ``weights`` (the seeded random CLIP), ``harness`` (inputs,
-our side built once per fixture with mutations applied to it, recording a fixture), ``official_env``
+our side built once per fixture with mutations applied to it, recording a fixture), ``kept`` (the
+tower runs our side repeats on equal inputs, computed once), ``official_env``
 (stand-ins and the Dassl set-up of the official subprocess), ``export`` (the official trees),
 ``side`` (``python -P -m vlprompt_app.fidelity.side``: the subprocess, run with the official trees
 on its PYTHONPATH; nothing here changes sys.path), ``cost`` (the benchmark family) and ``cli`` (the
