@@ -132,11 +132,22 @@ class Comparison:
             raise ValueError(f"{stem}: the labels {self.labels.tolist()} are not the fixture's "
                              f"{self.fixture['labels']}")
         self.model, self.node = self._build()
+        self._built_buffers = {name: buffer.clone() for name, buffer in self.model.named_buffers()}
         self.outputs = run_ours(self.spec, self.model, self.node, self.learnables, self.images, self.labels)
 
     def _build(self, node_changes=None):
         return build_ours(self.spec, self.fixture["backbone"], self.fixture["seeds"]["weights"],
                           self.fixture["classnames"], node_changes)
+
+    def _restore_buffers(self):
+        """The built model's buffers as they were before its first run: a run in training mode updates
+        statistics (PromptKD's BatchNorm), which the next run would otherwise start from. Only buffers
+        that differ are written (a write bumps a tensor's version, which kept runs read)."""
+        with torch.no_grad():
+            for name, buffer in self.model.named_buffers():
+                built = self._built_buffers.get(name)
+                if built is not None and not torch.equal(buffer, built):
+                    buffer.copy_(built)
 
     def differences(self, outputs, keys=None):
         """{output: relative max difference of ``outputs`` to the official ones}."""
@@ -145,10 +156,11 @@ class Comparison:
 
     def run(self, mutation):
         """Our outputs under ``mutation``: its values written into the built model (the recorded ones
-        written back after), or a model rebuilt with its node changes and patch; the outputs its
-        check reads (``mutation.read``), or more."""
+        written back after; its buffers as before its first run), or a model rebuilt with its node
+        changes and patch; the outputs its check reads (``mutation.read``), or more."""
         values = mutation.values(self.learnables) if mutation.values is not None else self.learnables
         if not mutation.rebuilds:
+            self._restore_buffers()
             node = self.node.clone()
             node.merge_from_list([item for key, value in mutation.node.items() for item in (key, value)])
             try:
