@@ -417,9 +417,14 @@ class PromptSRCTeacher(nn.Module):
     def train(self, mode=True):
         return super().train(False)  # the teacher never trains
 
+    def forget_text_features(self):
+        """Drop the text features kept per class list (after the teacher's prompts were written in place)."""
+        self._text = {}
+
     @torch.no_grad()
     def text_features(self, classnames):
-        """t̂_T [C, E_t] (fp32, normalised) of ``classnames``, computed once per class list."""
+        """t̂_T [C, E_t] (fp32, normalised) of ``classnames``, computed once per class list (until
+        ``forget_text_features``)."""
         key = tuple(classnames)
         if key not in self._text:
             device = self.model.clip.logit_scale.device

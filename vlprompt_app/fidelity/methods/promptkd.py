@@ -122,8 +122,11 @@ def build_ours(clip, tokenizer, classnames, node, spec):
 
 
 def run_ours(model, node, images, labels):
-    """Base logits [B, ⌈C/2⌉], new logits [B, C - ⌈C/2⌉] (eval) and the loss (training mode, all classes)."""
+    """Base logits [B, ⌈C/2⌉], new logits [B, C - ⌈C/2⌉] (eval) and the loss (training mode, all classes).
+    The teacher keeps its text features per class list: they are computed again from the prompts the
+    harness has just written (a misplaced teacher text prompt must show)."""
     student = model.student
+    model.teacher.forget_text_features()
     names, base = list(student.classnames), math.ceil(len(student.classnames) / 2)
     with torch.no_grad():
         student.use_classes(names[:base])
