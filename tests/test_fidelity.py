@@ -5,7 +5,8 @@ official repository (commit in the fixture) on a seeded random CLIP ViT-B/16, se
 values (10x the official init std) and a seeded batch. For every fixture, our side is built once
 from the same seeds (``Comparison``) and must give the recorded outputs within the contract's
 relative max difference (3e-3); every misplacement its method's spec declares (``Mutation``: values
-in the wrong place, a component one block off, another template...) must make the comparison fail.
+in the wrong place, a component one block off, another template...) must make the comparison fail;
+the recorded values run again must give our first outputs.
 """
 import pytest
 import torch
