@@ -339,3 +339,29 @@ def test_kept_runs_never_keep_a_run_that_needs_a_gradient(kept_runner):
     assert hits == 0 and first.requires_grad and second.requires_grad
     second.sum().backward()
     assert tokens.grad is not None and tokens.grad.abs().sum() > 0
+
+
+def test_run_ours_asks_a_spec_with_on_demand_outputs_for_what_is_read():
+    import dataclasses
+
+    from torch import nn
+
+    from vlprompt_app.fidelity.harness import run_ours
+    from vlprompt_app.fidelity.spec import MethodSpec
+
+    asked = []
+
+    def run(model, node, images, labels, outputs):
+        asked.append(outputs)
+        return {"logits": images, **({"grad": 2 * images} if "grad" in outputs else {})}
+
+    spec = MethodSpec(name="X", repository="x/y", run_ours=run, outputs=("logits", "grad"), on_demand_outputs=("grad",))
+    model, images = nn.Linear(1, 1), torch.ones(1)
+    assert set(run_ours(spec, model, None, {}, images, None)) == {"logits", "grad"}
+    assert set(run_ours(spec, model, None, {}, images, None, outputs=("logits",))) == {"logits"}
+    assert asked == [("logits", "grad"), ("logits",)]
+    leaves_out = dataclasses.replace(spec, run_ours=lambda model, node, images, labels, outputs: {"logits": images})
+    with pytest.raises(KeyError, match="grad"):
+        run_ours(leaves_out, model, None, {}, images, None)
+    assert Mutation("m", fails=("logits", "loss"), still_match=("loss", "x"), unchanged=("y",)).read == (
+        "logits", "loss", "x", "y")
