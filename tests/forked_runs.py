@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # What a forked train.py or run_protocol.py run imports: vlprompt_app.commands.* import torch and
 # the engine only when they run, so the forkserver names the heavy modules itself (it runs with
 # the interpreter's default sys.path, hence installed modules only, not tests/).
-PRELOAD = ["torch", "torchvision", "open_clip", "vlprompt.engine", "vlprompt.clip", "vlprompt.data.datasets",
+PRELOAD = ["torch", "torchvision", "vlprompt.clip", "open_clip", "vlprompt.engine", "vlprompt.data.datasets",
            "vlprompt.evaluation", "vlprompt_app.commands.train", "vlprompt_app.commands.run_protocol"]
 
 
