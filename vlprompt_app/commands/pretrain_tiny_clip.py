@@ -98,7 +98,8 @@ def format_probe(probe):
 def main(argv=None):
     args = build_parser().parse_args(argv)
     environment = " ".join(f"{k}={os.environ[k]}" for k in THREAD_VARIABLES if k in os.environ)
-    command = " ".join(shlex.quote(a) for a in ["python", os.path.relpath(__file__, os.getcwd())] + list(argv or sys.argv[1:]))
+    tool = os.path.relpath(repository_root() / "tools" / "pretrain_tiny_clip.py", os.getcwd())  # the command line, not this module
+    command = " ".join(shlex.quote(a) for a in ["python", tool] + list(argv or sys.argv[1:]))
     command = f"{environment} {command}" if environment else command
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
