@@ -76,8 +76,7 @@ def _script_child(script, args, cwd, env, stdout_path, stderr_path, new_session)
     os.environ.update(env)
     script = os.path.abspath(script)
     sys.argv = [script, *args]
-    sys.path.insert(0, os.path.dirname(script))
-    runpy.run_path(script, run_name="__main__")
+    runpy.run_path(script, run_name="__main__")  # sys.path is the test process's: the scripts import installed packages
 
 
 class ForkedScript:
