@@ -270,6 +270,7 @@ def run_side(side, method, workdir, official_paths, clock):
     if done.returncode != 0:
         raise SideFailed(f"the {side} side of {method} failed (exit status {done.returncode}): {' '.join(command)} "
                          f"with PYTHONPATH={env['PYTHONPATH']}\n{done.stderr[-4000:]}")
+    print(f"{method}: the {side} side measured in {seconds:.0f} s", file=sys.stderr, flush=True)
     with open(os.path.join(workdir, f"{side}-{method}.json")) as f:
         return dict(json.load(f), seconds=seconds)
 
