@@ -20,6 +20,8 @@ from multiprocessing import Pool
 import numpy as np
 from PIL import Image
 
+from vlprompt.fileio import atomic_write
+
 QUALITY = 90
 COMPLETE = ".complete"  # written last into a finished ImageNet tree: {"classes", "train", "val", "size"}
 
@@ -118,6 +120,6 @@ def write_imagenet_tree(root, classes, train_per_class, val_per_class, size=(500
         shutil.rmtree(staging, ignore_errors=True)
     summary = dict(shape, images=classes * (train_per_class + val_per_class), bytes=written,
                    seconds=time.perf_counter() - start, processes=processes)
-    with open(marker, "w", encoding="utf-8") as f:
+    with atomic_write(marker, "w") as f:
         json.dump(summary, f)
     return dict(summary, reused=False)

@@ -27,6 +27,7 @@ import statistics
 import sys
 import time
 
+from vlprompt.fileio import atomic_write
 from vlprompt_app.benchmarking.photos import write_imagenet_tree
 
 PARTIAL_EVERY = 100  # batches between the partial lines of a training pass
@@ -42,7 +43,7 @@ def tree(out_dir, settings):
     data = settings["data"]
     summary = write_imagenet_tree(data["root"], data["classes"], data["train_per_class"], data["val_per_class"],
                                   tuple(data["size"]), processes=os.cpu_count())
-    with open(os.path.join(out_dir, "data_tree.json"), "w", encoding="utf-8") as f:
+    with atomic_write(os.path.join(out_dir, "data_tree.json"), "w") as f:
         json.dump(dict(summary, root=data["root"]), f)
     print(json.dumps(summary), flush=True)
 

@@ -82,10 +82,12 @@ def _official_lines(report):
     unavailable = report["settings"].get("official_unavailable") or {}
     settings = official["settings"]
     rows = cost.table_rows(official["results"])
-    rows += [[method, "", "", why] + [""] * (len(cost.HEADERS) - 4) for method, why in unavailable.items()]
-    words = [cost.header_line(settings), *cost.summary_lines(official)] if settings else [
-        "(the stage did not finish: the methods it measured)"]
-    return ["## Ours against the official code", "", *words, "", format_table(rows, cost.HEADERS, "github")]
+    rows += [[method, why] + [""] * (len(cost.HEADERS) - 2) for method, why in unavailable.items()]
+    if settings:
+        words = [cost.header_line(settings), *cost.summary_lines(official), ""]
+    else:
+        words = ["(the stage did not finish: the methods it measured)", ""] if official["results"] else []
+    return ["## Ours against the official code", "", *words, format_table(rows, cost.HEADERS, "github")]
 
 
 def _trainer_lines(report):
@@ -185,6 +187,12 @@ def _tests_lines(report):
     return ["## CUDA-only tests", "", format_table(rows, ["test", "outcome", "message"], "github")]
 
 
+def _stage_ran(report, name):
+    """Whether stage ``name`` ran, or was skipped for a reason other than its selection."""
+    stage = next((s for s in report["stages"] if s["stage"] == name), None)
+    return stage is not None and "not selected" not in stage.get("skipped", "")
+
+
 def markdown(report):
     """The report as Markdown."""
     environment = report["environment"]
@@ -199,8 +207,9 @@ def markdown(report):
           f"{s.get('seconds', 0):.0f}", f"{s['cpu_s']:.0f}" if "cpu_s" in s else "", f"{s.get('limit_s', 0):.0f}"]
          for s in report["stages"]], ["stage", "outcome", "s", "CPU s", "limit s"], "github")]
     sections = [(report["cuda_tests"], _tests_lines), (report["parity"], _parity_lines),
-                (report["official"] or report["settings"].get("official_unavailable"), _official_lines),
-                (report["trainers"], _trainer_lines), (True, _compiled_lines),
+                (_stage_ran(report, "official") or report["official"], _official_lines),
+                (report["trainers"], _trainer_lines),
+                (_stage_ran(report, "compiled") or report["compiled"], _compiled_lines),
                 (report["data"]["tree"] or report["data"]["runs"], _data_lines)]
     for present, section in sections:
         if present:

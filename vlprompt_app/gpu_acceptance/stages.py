@@ -169,6 +169,7 @@ def compile_settings(settings):
 
     parser = argparse.ArgumentParser()
     per_trainer.add_arguments(parser)
+    parser.add_argument("--clock", default="wall")  # tools/benchmark.py's option of every family
     if COMPILE_ARGV[0] not in parser._option_string_actions:
         return None
     eager, compiled = (per_trainer.settings_of(parser.parse_args(argv)) for argv in ([], COMPILE_ARGV))
