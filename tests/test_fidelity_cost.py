@@ -43,7 +43,7 @@ def test_report_on_the_tiny_clip(tiny_clip_files, official_git, tmp_path, monkey
     config, _ = tiny_clip_files
     real_run_side, sides = official_benchmark.run_side, []
 
-    def run_side(side, method, workdir, official_paths, clock):
+    def run_side(side, method, workdir, official_paths, clock, limit=None):
         sides.append((side, method, official_paths))
         return OFFICIAL if side == "official" else real_run_side(side, method, workdir, official_paths, clock)
 
@@ -114,7 +114,7 @@ def test_tool_names_what_is_missing(tmp_path, capsys):
 
 def test_a_failed_side_is_a_row_and_the_exit_status(official_git, monkeypatch, capsys):
     """A side that fails is reported in its method's row (the others are still measured) and main returns 1."""
-    def run_side(side, method, workdir, official_paths, clock):
+    def run_side(side, method, workdir, official_paths, clock, limit=None):
         raise official_benchmark.SideFailed(f"the {side} side of {method} failed (exit status 1): ...\ntraceback")
 
     monkeypatch.setattr(official_benchmark, "run_side", run_side)
@@ -127,6 +127,14 @@ def test_a_failed_side_is_a_row_and_the_exit_status(official_git, monkeypatch, c
     for method in ("CoOp", "MMA"):
         assert f"the ours side of {method} failed (exit status 1): ..." in printed
     assert "not measured (the row gives the error): CoOp, MMA" in printed
+
+
+def test_a_side_past_its_limit_fails_naming_the_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr(official_benchmark, "side_command", lambda argv: [sys.executable, "-c", "import time; "
+                                                                          "time.sleep(30)"])
+    with pytest.raises(official_benchmark.SideFailed, match="the ours side of CoOp did not finish within its limit "
+                                                             "of 0.5 s"):
+        official_benchmark.run_side("ours", "CoOp", str(tmp_path), [], "wall", limit=0.5)
 
 
 def test_batches_are_what_the_loader_gives():

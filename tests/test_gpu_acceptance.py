@@ -104,7 +104,7 @@ def test_the_last_step_that_runs_takes_the_rest_of_the_budget(tmp_path, monkeypa
     monkeypatch.setattr(run, "_gather_logs", lambda out_dir: None)
     report = run.run(str(tmp_path), official=str(tmp_path / "none"), rehearsal=True, budget_s=100,
                      stages=["data", "trainers"])
-    assert started == [("environment", 5), ("data-tree", 25), ("data", 42), ("trainers", 100)]
+    assert started == [("environment", 5), ("data-tree", 25), ("data", 40), ("trainers", 100)]
     skipped = {stage["stage"]: stage.get("skipped") for stage in report["stages"]}
     assert skipped["official"] == skipped["parity"] == "not selected (--stages)"
     started.clear()
@@ -190,6 +190,7 @@ def test_official_trees_plan_and_command(tmp_path):
     assert gpu[gpu.index("--methods") + 1:gpu.index("--device")] == measured
     assert gpu[gpu.index("--device") + 1] == "cuda" and gpu[gpu.index("--prec") + 1] == "recipe"
     assert gpu[gpu.index("--batch") + 1] == "0" and gpu[gpu.index("--classes") + 1] == "1000"  # the recipes' batches
+    assert gpu[gpu.index("--side-limit") + 1] == "45"
     assert gpu[-2:] == ["--dassl-git", dassl] and gpu.count("--official-git") == 2
     every = [f"{name}=x" for name in ("KaiyangZhou/CoOp", "Koorye/DePT", "yunncheng/MMRL", "muzairkhattak/PromptSRC")]
     on_cpu, refused = run.official_plan(run.REHEARSAL_SETTINGS, every, dassl)

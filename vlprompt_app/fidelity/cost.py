@@ -128,6 +128,9 @@ def add_arguments(parser):
                         "views, the recipe's)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: both sides on the GPU, the official code on its own CUDA path (no .cuda() no-op)")
+    parser.add_argument("--side-limit", type=float, metavar="SECONDS",
+                        help="stop a side's process after this many seconds and report the method as failed "
+                             "(default: no limit)")
     parser.add_argument("--prec", choices=PRECISIONS, default="fp32",
                         help="fp32: both sides in fp32 (the CPU comparison); recipe: each side in its recipe's "
                              "precision (ours: the config file's PREC; official: the cost spec's official_prec, "
@@ -218,8 +221,8 @@ def measure(args, on_record=None):
             official_commit, _, paths = exports[spec.repository]
             official_code = f"{spec.repository}@{official_commit[:8]}"
             try:
-                ours = run_side("ours", method, workdir, [], args.clock)
-                official = run_side("official", method, workdir, paths, args.clock)
+                ours = run_side("ours", method, workdir, [], args.clock, limit=args.side_limit)
+                official = run_side("official", method, workdir, paths, args.clock, limit=args.side_limit)
             except SideFailed as error:
                 print(error, file=sys.stderr)
                 records.append({"case": method, "official_code": official_code, "error": str(error).splitlines()[0]})
@@ -252,20 +255,25 @@ def recipe_batch(method):
     return cfg.DATALOADER.TRAIN_X.BATCH_SIZE
 
 
-def run_side(side, method, workdir, official_paths, clock):
+def run_side(side, method, workdir, official_paths, clock, limit=None):
     """Measure one side in a fresh process (``official_paths`` first on its PYTHONPATH, then this
-    repository); its result {"train"/"frozen": {clock: median s}, "learnable": n, "peak_memory_mib",
-    "seconds" (the process's wall time)}.
+    repository), stopped after ``limit`` seconds unless None; its result {"train"/"frozen": {clock:
+    median s}, "learnable": n, "peak_memory_mib", "seconds" (the process's wall time)}.
 
     Raises:
-        SideFailed: the process failed.
+        SideFailed: the process failed or ran past ``limit``.
     """
     env = side_environment(official_paths)
     if clock == "cpu":
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     command = side_command([f"cost-{side}", workdir, method])
     start = time.perf_counter()
-    done = subprocess.run(command, env=env, cwd=workdir, capture_output=True, text=True)
+    try:
+        done = subprocess.run(command, env=env, cwd=workdir, capture_output=True, text=True, timeout=limit)
+    except subprocess.TimeoutExpired as expired:
+        stderr = expired.stderr.decode(errors="replace") if isinstance(expired.stderr, bytes) else expired.stderr or ""
+        raise SideFailed(f"the {side} side of {method} did not finish within its limit of {limit:g} s (--side-limit): "
+                         f"{' '.join(command)}\n{stderr[-4000:]}") from None
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise SideFailed(f"the {side} side of {method} failed (exit status {done.returncode}): {' '.join(command)} "

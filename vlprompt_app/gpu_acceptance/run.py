@@ -54,7 +54,7 @@ GPU_SETTINGS = {  # the papers' settings: train batch 16, evaluation batch 250 (
     "threads": 0, "rounds": 3, "warmup": 1, "clock": "wall", "backbone": "ViT-B/16", "weights": "random",
     "opts": [], "cases": [], "compile_cases": [], "case_limit_s": 60, "flops": True, "peak_size": 8192,
     "peak_repeats": 10,
-    "official_batch": 0,  # each method's recipe batch
+    "official_batch": 0, "official_side_limit_s": 45,  # each method's recipe batch; seconds per side's process
     "data": {"root": os.path.join(tempfile.gettempdir(), "vlprompt_gpu_acceptance_data"), "classes": 1000,
              "train_per_class": 16, "val_per_class": 6, "size": [500, 375], "method": "DeAR:vit_b16_base2new",
              "shots": 16, "seed": 1, "workers": 0, "opts": ["OPTIM.MAX_EPOCH", "1", "MODEL.BACKBONE.WEIGHTS", "random"]},
@@ -72,7 +72,7 @@ STEPS = (("environment",), ("cuda-tests", "parity", "data-tree"), ("data",), ("o
          ("compiled",))
 STAGES = tuple(stage for step in STEPS for stage in step)
 # the share of the budget by which each step ends (named by its first stage; the last step that runs: the end)
-DEADLINES = {"environment": 0.05, "cuda-tests": 0.25, "data": 0.42, "official": 0.66, "trainers": 0.85,
+DEADLINES = {"environment": 0.05, "cuda-tests": 0.25, "data": 0.4, "official": 0.7, "trainers": 0.87,
              "compiled": 1.0}
 OUTPUTS = ("parity.jsonl", "trainers.jsonl", "compiled.jsonl", "official.jsonl", "official.json", "data.jsonl",
            "data_tree.json", "cuda-tests.xml")
@@ -174,12 +174,13 @@ def official_plan(settings, given, dassl):
 def official_argv(settings, methods, given, dassl):
     """``tools/benchmark.py official``'s options for ``methods``: on CUDA each side in its recipe's
     precision; on the CPU (the rehearsal) in fp32; the batch ``settings["official_batch"]`` (0:
-    each method's recipe batch)."""
+    each method's recipe batch); each side's process stopped after ``official_side_limit_s``, so
+    that one that hangs leaves the stage's time to the other methods."""
     cuda = settings["device"] == "cuda"
     argv = ["--methods", *methods, "--device", settings["device"], "--prec", "recipe" if cuda else "fp32",
             "--batch", str(settings["official_batch"]), "--classes", str(settings["classes"]),
             "--rounds", str(settings["rounds"]), "--warmup", str(settings["warmup"]),
-            "--threads", str(settings["threads"] or os.cpu_count())]
+            "--threads", str(settings["threads"] or os.cpu_count()), "--side-limit", str(settings["official_side_limit_s"])]
     for item in given:
         argv += ["--official-git", item]
     return argv + (["--dassl-git", dassl] if dassl else [])
