@@ -144,8 +144,10 @@ class LoaderWaits:
             _BaseDataLoaderIter.__next__ = original
 
 
-def protocol_argv(data, output):
-    """``tools/run_protocol.py``'s options of the chain (see the module docstring)."""
+def protocol_argv(data):
+    """``tools/run_protocol.py``'s options of the chain (see the module docstring); its runs go to
+    ``<root>/runs``."""
+    output = os.path.join(data["root"], "runs")
     return ["--protocol", "base2new", "--datasets", "imagenet", "--trainers", data["method"],
             "--shots", str(data["shots"]), "--seeds", str(data["seed"]), "--root", data["root"],
             "--output", output, "--in-process",
@@ -168,8 +170,7 @@ def chain(out_dir, settings):
 
     data = settings["data"]
     path = os.path.join(out_dir, "data.jsonl")
-    output = os.path.join(data["root"], "runs")
-    shutil.rmtree(output, ignore_errors=True)  # a fresh grid: nothing is skipped as completed
+    shutil.rmtree(os.path.join(data["root"], "runs"), ignore_errors=True)  # a fresh grid: nothing is skipped
     current = {"run": None, "images": 0}
 
     def on_pass(record):
@@ -192,7 +193,7 @@ def chain(out_dir, settings):
     original_run = train.run
     start = time.perf_counter()
     with LoaderWaits(on_pass).active(), mock.patch.object(train, "run", measured_run):
-        status = run_protocol.main(protocol_argv(data, output))
+        status = run_protocol.main(protocol_argv(data))
     _append(path, {"kind": "chain", "exit_status": status, "seconds": time.perf_counter() - start,
                    "method": data["method"], "classes": data["classes"]})
 

@@ -2,6 +2,7 @@
 ``acceptance.md`` (the checks of :mod:`.checks`, then one table per stage)."""
 import json
 import os
+import shlex
 import xml.etree.ElementTree as ElementTree
 
 from vlprompt.fileio import atomic_write, write_text
@@ -10,6 +11,7 @@ from vlprompt_app.benchmarking.report import format_table
 from vlprompt_app.fidelity import cost
 
 from .checks import checks
+from .data import protocol_argv
 
 
 def _read_jsonl(path):
@@ -170,10 +172,9 @@ def _data_lines(report):
         lines += [f"ImageNet layout, {tree['classes']} classes x ({tree['train']} train + {tree['val']} val) = "
                   f"{tree['images']:,} JPEGs of {tree['size'][0]}x{tree['size'][1]} ({tree['bytes'] / 2**20:.0f} MiB), "
                   + ("reused" if tree["reused"] else f"written in {tree['seconds']:.1f} s by {tree['processes']} processes")
-                  + f"; `tools/run_protocol.py --protocol base2new --trainers {settings['method']} --shots "
-                  f"{settings['shots']} --seeds {settings['seed']} --in-process --opts DATALOADER.NUM_WORKERS "
-                  f"{settings['workers'] or 'CPUs'} {' '.join(settings['opts'])}`. A step's wait is the time the "
-                  "loader's next() blocked; the step runs from one batch's arrival to the next.", ""]
+                  + "; `" + shlex.join(["python", "tools/run_protocol.py", *protocol_argv(settings)])
+                  + "`. A step's wait is the time the loader's next() blocked; the step runs from one batch's arrival "
+                  "to the next.", ""]
     pass_rows, run_rows = data_rows(data)
     if pass_rows:
         lines += [format_table(pass_rows, PASS_HEADERS, "github"), ""]
