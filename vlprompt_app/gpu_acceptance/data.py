@@ -2,7 +2,7 @@
 whole base-to-novel chain trained and tested from it, with the time each step waits for data.
 
     python -m vlprompt_app.gpu_acceptance.data tree OUT SETTINGS_JSON    # data_tree.json
-    python -m vlprompt_app.gpu_acceptance.data chain OUT SETTINGS_JSON   # data.jsonl
+    python -m vlprompt_app.commands.gpu_acceptance_chain OUT SETTINGS_JSON   # data.jsonl
 
 ``SETTINGS_JSON`` is the run's settings; its ``"data"`` entry (:data:`vlprompt_app.gpu_acceptance.run.GPU_SETTINGS`)
 gives the root folder of the tree (outside OUT: OUT comes back to the caller), the tree's shape
@@ -11,7 +11,8 @@ gives the root folder of the tree (outside OUT: OUT comes back to the caller), t
 
 * ``tree``: :func:`vlprompt_app.benchmarking.photos.write_imagenet_tree` with one writer process per
   CPU (a finished tree of the same shape is reused).
-* ``chain``: ``tools/run_protocol.py --protocol base2new`` over that tree (``--datasets imagenet``,
+* the chain (:mod:`vlprompt_app.commands.gpu_acceptance_chain`, in the command layer because it runs
+  train.py and run_protocol.py in-process): ``tools/run_protocol.py --protocol base2new`` over that tree (``--datasets imagenet``,
   one method, one seed), its runs in this process (``--in-process``): the training run on the base
   classes, which ends with the test on them, then the test on the new classes. Meanwhile every
   pass over a data loader is timed (:class:`LoaderWaits`: the time each ``next()`` of its iterator
@@ -22,7 +23,6 @@ gives the root folder of the tree (outside OUT: OUT comes back to the caller), t
 import contextlib
 import json
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -161,46 +161,9 @@ def _run_name(argv):
     return parts[parts.index("base2new") + 1] if "base2new" in parts else output
 
 
-def chain(out_dir, settings):
-    """Run the chain (see the module docstring) into data.jsonl: "pass" lines (with the run's name),
-    "run" lines ({"run", "exit_status", "seconds", "images"}), then one "chain" line."""
-    from unittest import mock
-
-    from vlprompt_app.commands import run_protocol, train
-
-    data = settings["data"]
-    path = os.path.join(out_dir, "data.jsonl")
-    shutil.rmtree(os.path.join(data["root"], "runs"), ignore_errors=True)  # a fresh grid: nothing is skipped
-    current = {"run": None, "images": 0}
-
-    def on_pass(record):
-        record = dict(record, kind="pass", run=current["run"])
-        if record["finished"]:
-            current["images"] += record["images"]
-        _append(path, record)
-        print(json.dumps(record), flush=True)
-
-    def measured_run(argv):
-        current.update(run=_run_name(argv), images=0)
-        start = time.perf_counter()
-        status = original_run(argv)
-        record = {"kind": "run", "run": current["run"], "exit_status": status,
-                  "seconds": time.perf_counter() - start, "images": current["images"]}
-        _append(path, record)
-        print(json.dumps(record), flush=True)
-        return status
-
-    original_run = train.run
-    start = time.perf_counter()
-    with LoaderWaits(on_pass).active(), mock.patch.object(train, "run", measured_run):
-        status = run_protocol.main(protocol_argv(data))
-    _append(path, {"kind": "chain", "exit_status": status, "seconds": time.perf_counter() - start,
-                   "method": data["method"], "classes": data["classes"]})
-
-
 def main(argv):
     command, out_dir, settings = argv
-    {"tree": tree, "chain": chain}[command](out_dir, json.loads(settings))
+    {"tree": tree}[command](out_dir, json.loads(settings))
 
 
 if __name__ == "__main__":

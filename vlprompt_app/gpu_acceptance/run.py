@@ -46,9 +46,6 @@ from .report import write_report
 
 CARRIED_FOLDER = ".gpu"  # what prepare fills by default (git-ignored), relative to the repository
 DASSL_FOLDER = "dassl"  # the exported Dassl.pytorch under --official, beside owner+name folders
-# the cases measured first by the trainers and compiled stages: those compared with their official
-# code, then DeAR (the others follow in the registry's order)
-FIRST_CASES = ("CoOp", "MaPLe", "PromptSRC", "MMRL", "DeAR")
 GPU_SETTINGS = {  # the papers' settings: train batch 16, evaluation batch 250 (DeAR's supplement), 1000 classes
     "batch": 16, "eval_batch": 250, "classes": 1000, "image_size": 224, "device": "cuda", "prec": "amp",
     "threads": 0, "rounds": 3, "warmup": 1, "clock": "wall", "backbone": "ViT-B/16", "weights": "random",
@@ -115,9 +112,10 @@ class Stage:
 
 
 def stage_command(stage, out_dir, settings):
-    if stage in ("data-tree", "data"):  # the data module imports no torch for the tree
-        return [sys.executable, "-m", "vlprompt_app.gpu_acceptance.data", "tree" if stage == "data-tree" else "chain",
-                out_dir, json.dumps(settings)]
+    if stage == "data-tree":  # the data module imports no torch for the tree
+        return [sys.executable, "-m", "vlprompt_app.gpu_acceptance.data", "tree", out_dir, json.dumps(settings)]
+    if stage == "data":
+        return [sys.executable, "-m", "vlprompt_app.commands.gpu_acceptance_chain", out_dir, json.dumps(settings)]
     if stage == "cuda-tests":
         return [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-o", "addopts=",
                 "--junitxml", os.path.join(out_dir, "cuda-tests.xml"), *gpu_test_files()]

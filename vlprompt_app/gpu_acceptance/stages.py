@@ -35,6 +35,10 @@ import traceback
 
 import torch
 
+# the cases measured first by the trainers and compiled stages: those compared with their official
+# code, then DeAR (the others follow in the registry's order)
+FIRST_CASES = ("CoOp", "MaPLe", "PromptSRC", "MMRL", "DeAR")
+
 
 def _append(path, record):
     with open(path, "a", encoding="utf-8") as f:
@@ -146,7 +150,6 @@ def trainers(out_dir, settings):
     first (its evaluation, batch x classes prompts, was the one left unmeasured when it came last)."""
     from vlprompt_app.benchmarking.per_trainer import progress_line
     from vlprompt_app.benchmarking.trainer_cases import check_coverage, project_trainers
-    from vlprompt_app.gpu_acceptance.run import FIRST_CASES
 
     check_coverage(project_trainers())
     path = os.path.join(out_dir, "trainers.jsonl")
@@ -185,7 +188,6 @@ def compiled(out_dir, settings):
     with_compile = compile_settings(eager)
     if with_compile is None:
         raise SystemExit("error: tools/benchmark.py trainers has no --compile option in this checkout")
-    from vlprompt_app.gpu_acceptance.run import FIRST_CASES
 
     path = os.path.join(out_dir, "compiled.jsonl")
     for case in ordered_cases(settings["compile_cases"], settings, FIRST_CASES):
