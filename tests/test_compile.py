@@ -159,3 +159,12 @@ def test_the_log_line_names_the_backend_the_mode_and_the_compiled_methods(tmp_pa
     assert capsys.readouterr().out == ("TRAIN.COMPILE: torch.compile (backend aot_eager, mode default) of "
                                        "CLIPAdapterCLIP.forward, CLIPAdapterCLIP.forward_features, "
                                        "CLIPAdapterCLIP.loss, CLIPAdapterCLIP.loss_features\n")
+
+
+def test_cuda_graphs_are_used_for_inductor_on_cuda_only():
+    from vlprompt.engine.compilation import compile_mode
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert compile_mode("inductor", cuda) == "reduce-overhead"
+    assert compile_mode("inductor", cpu) is None
+    assert compile_mode("aot_eager", cuda) is None and compile_mode("eager", cuda) is None
