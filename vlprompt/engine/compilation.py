@@ -22,7 +22,8 @@ CPU), "aot_eager" (traced forward and backward graphs run by PyTorch's own kerne
 (the traced forward graph only): the last two check that a step traces, without the cost of
 generating code. A trainer whose step cannot be traced into one graph says why in
 ``compile_graph_breaks`` (a class attribute); its methods are still compiled, each graph break
-then returning to Python.
+then returning to Python. A trainer that does not run its model through these methods says why
+in ``compile_refusal`` and refuses TRAIN.COMPILE before any data loads (the test-time trainers).
 """
 import torch
 
