@@ -57,8 +57,8 @@ def test_every_case_traces_its_step_and_compiles_it_exactly(case):
     record = compiled.check_case(case, "eager", evaluate=case.name in EVALUATED)
     assert record.fullgraph == (not declared)  # fullgraph: a graph break would have raised with its reason
     assert {"forward", "loss"} <= set(record.compiled) <= set(STEP_METHODS)
-    if case.kind == CACHED:
-        assert {"forward_features", "loss_features"} <= set(record.compiled)
+    if case.kind == CACHED:  # trained on cached features: forward_features (and loss_features, if the model has it)
+        assert "forward_features" in record.compiled
     # the eager backend runs the traced graph with the eager kernels: the same numbers
     assert_matches_eager(record, case, relative=0.0)
 
@@ -70,10 +70,11 @@ INDUCTOR_TOLERANCE = 3e-5
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["CoOp", "CLIPAdapter"])
-def test_inductor_compiles_representative_steps_within_fp32_rounding(name):
+@pytest.mark.parametrize("name, evaluate", [("CoOp", False), ("CLIPAdapter", True)])
+def test_inductor_compiles_representative_steps_within_fp32_rounding(name, evaluate):
+    """CoOp's step (inductor compiles its forward and backward); CLIP-Adapter's step and evaluation."""
     case = NAMED[name]
-    record = compiled.check_case(case, "inductor", evaluate=True)
+    record = compiled.check_case(case, "inductor", evaluate=evaluate)
     assert record.fullgraph
     assert_matches_eager(record, case, relative=INDUCTOR_TOLERANCE)
 
