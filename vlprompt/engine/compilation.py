@@ -10,7 +10,8 @@ that the model defines by its compiled version, on the model instance; nothing e
   prefix) and a compiled run resumes from, and writes, the same files as an eager one;
 * the backward pass, the optimizer step and the logging stay in the engine, as without compiling;
   the step's summary holds device tensors that the progress line reads when it prints
-  (``steps.step_summary``), so the compiled step makes the host wait for nothing;
+  (``steps.step_summary``), so reporting a step makes the host wait for nothing (the non-finite
+  loss check still reads one flag per step: it stops before the weights change);
 * shapes are static (``dynamic=False``): a batch of another size (an epoch's last, an evaluation's
   last) compiles once more. On CUDA the inductor backend runs in ``mode="reduce-overhead"``
   (CUDA graphs): the engine then marks the start of every step and evaluation batch

@@ -174,9 +174,9 @@ class SimpleTrainer(EvaluationMixin, TrainerBase):
     ``self.cfg``; :mod:`vlprompt.clip.preprocess`), ``check_declared_cfg(cfg)`` (what the class declares, e.g. ``precisions``) and
     ``check_cfg(cfg)`` (``self.cfg`` not yet set), all before any data is read; device,
     epochs / output dir / cfg / precision, ``build_data_loader()`` (labels checked),
-    ``build_model()``, evaluator, ``best_result``, ``register_hooks(build_hooks())``. After
-    ``build_model()`` the GradScaler is dropped if a registered optimizer holds half-precision
-    parameters (reference-style fp16 trainers).
+    ``build_model()``, ``compile_model(TRAIN.COMPILE)``, evaluator, ``best_result``,
+    ``register_hooks(build_hooks())``. After ``build_model()`` the GradScaler is dropped if a
+    registered optimizer holds half-precision parameters (reference-style fp16 trainers).
 
     Lifecycle: ``before_train`` checks the image files of the splits the run reads, then calls
     the hooks; ``after_train`` prints "Finish training", then calls the hooks. The default
