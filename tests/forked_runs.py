@@ -1,8 +1,15 @@
-"""Runs in processes forked from a forkserver, killed with SIGKILL at chosen points (the kill and
-resume tests of train.py and of tools/run_protocol.py)."""
+"""Runs in processes forked from a forkserver that imported torch, open_clip and the engine once:
+runs killed with SIGKILL at chosen points (the kill and resume tests of train.py and of
+tools/run_protocol.py), and ``run_script``, a ``python script.py ...`` command run without
+starting an interpreter (the command-line tests of train.py).
+"""
 import multiprocessing
 import os
+import runpy
 import signal
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -12,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # What a forked train.py or run_protocol.py run imports: vlprompt_app.commands.* import torch and
 # the engine only when they run, so the forkserver names the heavy modules itself (it runs with
 # the interpreter's default sys.path, hence installed modules only, not tests/).
-PRELOAD = ["torch", "torchvision", "open_clip", "vlprompt.engine", "vlprompt.clip", "vlprompt.data.datasets",
+PRELOAD = ["torch", "torchvision", "vlprompt.clip", "open_clip", "vlprompt.engine", "vlprompt.data.datasets",
            "vlprompt.evaluation", "vlprompt_app.commands.train", "vlprompt_app.commands.run_protocol"]
 
 
@@ -43,3 +50,88 @@ def launch(context, target, argv, kill=None):
             os.kill(process.pid, signal.SIGKILL)
     process.join(600)
     return process.exitcode, time.time() - start
+
+
+_CONTEXT = []
+
+
+def _script_child(script, args, cwd, env, stdout_path, stderr_path, new_session):
+    """Process target: ``script`` as ``__main__`` with ``args``, from ``cwd`` with ``env``, its
+    standard output and error written to the two files (one file when they are the same path), as
+    ``python script args`` would run it (unbuffered when ``env`` sets PYTHONUNBUFFERED)."""
+    if new_session:
+        os.setsid()
+    outputs = [stdout_path] if stderr_path == stdout_path else [stdout_path, stderr_path]
+    for fd, path in zip((1, 2), outputs):
+        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(handle, fd)
+        os.close(handle)
+    if len(outputs) == 1:
+        os.dup2(1, 2)
+    if env.get("PYTHONUNBUFFERED"):
+        sys.stdout.reconfigure(write_through=True)
+        sys.stderr.reconfigure(write_through=True)
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    script = os.path.abspath(script)
+    sys.argv = [script, *args]
+    runpy.run_path(script, run_name="__main__")  # sys.path is the test process's: the scripts import installed packages
+
+
+class ForkedScript:
+    """The command ``[sys.executable, script.py, *args]`` started in a process forked from this test
+    process's forkserver instead of a new interpreter, with ``subprocess.Popen``'s ``pid``, ``poll``,
+    ``wait`` and ``returncode``. The script runs as ``__main__`` with its argv, from ``cwd``, with
+    ``env`` (default: this process's environment), its outputs written to ``stdout_path`` and
+    ``stderr_path`` (the same path: one stream, as ``stderr=STDOUT``), in a session of its own when
+    ``new_session`` (its process group is then its own). Its exit status is the script's
+    (``sys.exit`` code; 1 with the traceback on standard error for an uncaught exception; minus the
+    signal when killed). What it saves is the interpreter start and the imports of torch, torchvision
+    and open_clip, about 6-8 s of CPU per command on the developers' machine; tests of the
+    interpreter's own behaviour (a command typed in a shell, PYTHONPATH, sys.path from the working
+    directory) start real processes instead."""
+
+    def __init__(self, command, stdout_path, stderr_path, cwd=ROOT, env=None, new_session=False):
+        executable, script, *args = command
+        if executable != sys.executable or not str(script).endswith(".py"):
+            raise ValueError(f"a forked script runs [sys.executable, script.py, ...], got {command[:2]}")
+        if not _CONTEXT:
+            _CONTEXT.append(forkserver_context())
+        self.args = command
+        for path in {str(stdout_path), str(stderr_path)}:  # they exist once the command is started, as with Popen
+            open(path, "w").close()
+        self._process = _CONTEXT[0].Process(target=_script_child, args=(
+            os.path.join(cwd, script), list(map(str, args)), str(cwd), dict(os.environ if env is None else env),
+            str(stdout_path), str(stderr_path), new_session))
+        self._process.start()
+        self.pid = self._process.pid
+
+    @property
+    def returncode(self):
+        return self._process.exitcode
+
+    def poll(self):
+        return self._process.exitcode
+
+    def wait(self, timeout=None):
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self._process.exitcode
+
+
+def run_script(command, cwd=ROOT, env=None, timeout=300):
+    """``subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)``
+    for ``command`` = [sys.executable, script.py, *args], run as a :class:`ForkedScript`."""
+    with tempfile.TemporaryDirectory() as folder:
+        stdout_path, stderr_path = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
+        process = ForkedScript(command, stdout_path, stderr_path, cwd=cwd, env=env)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait()
+            raise
+        outputs = [Path(path).read_text(errors="replace") for path in (stdout_path, stderr_path)]
+    return subprocess.CompletedProcess(command, process.returncode, *outputs)

@@ -127,8 +127,8 @@ def toy_backbone(tmp_path_factory):
 
 def test_every_config_naming_a_backbone_resolves_to_the_values_it_had(toy_backbone):
     """The snapshot holds each shipped config's merged values (tests/test_config_snapshot.py checks them);
-    resolved, every config that names a backbone (OpenAI's ViT-B/16, RN50, ..., the tiny synthetic and toy
-    CLIPs) has the preprocessing it had when configs/trainers/_base_/clip.yaml wrote it."""
+    resolved, every config that names a backbone (OpenAI's ViT-B/16, RN50, ..., the two tiny synthetic
+    backbones and the toy CLIP) has the preprocessing it had when configs/trainers/_base_/clip.yaml wrote it."""
     changes = snap.load_changes(snap.ROOT / "tests" / "fixtures" / "merged_configs_changes.yaml")
     applied, _ = snap.apply_changes(snap.load_snapshot(), changes)
     names = set()
@@ -147,7 +147,7 @@ def test_every_config_naming_a_backbone_resolves_to_the_values_it_had(toy_backbo
         expected = {key: snap.plain(flat[f"INPUT.{key}"] or value) for key, value in OPENAI_FAMILY_BEFORE.items()}
         assert {key: snap.plain(resolved[key]) for key in expected} == expected, path
     assert names == {"ViT-B/16", "ViT-B/32", "ViT-L/14", "RN50", "RN101", "configs/clip/tiny-synthetic-clip.json",
-                     "output/toy/tiny-clip.json"}
+                     "configs/clip/tiny-synthetic-eva02.json", "output/toy/tiny-clip.json"}
 
 
 def bands():

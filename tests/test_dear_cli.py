@@ -5,12 +5,12 @@ import json
 import shlex
 import os
 import re
-import subprocess
 import sys
 from collections import Counter
 
 import pytest
 import torch
+from forked_runs import run_script
 
 from vlprompt.clip.head_roles import parse_role_map
 from vlprompt.testing import TINY_CLIP_CONFIG, write_oxford_pets_tree, write_tiny_clip
@@ -55,7 +55,7 @@ def run_train(setup, output_dir, *extra):
         "TRAINER.DEAR.ROLE_MAP", role_map, "TRAINER.DEAR.INJECT_LAYER", "2",
         "TRAINER.DEAR.ATTRIBUTES", "['color', 'shape']", "DATASET.NUM_SHOTS", "4", *opts,
     ]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return run_script(command)
 
 
 def succeeded(result):

@@ -23,7 +23,8 @@ from vlprompt_app.fidelity.weights import write_weights
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A stand-in official result: its step 3x its frozen forward on the CPU clock, 5x on the wall clock.
-OFFICIAL = {"train": {"wall": 0.5, "cpu": 0.6}, "frozen": {"wall": 0.1, "cpu": 0.2}, "learnable": 512}
+OFFICIAL = {"train": {"wall": 0.5, "cpu": 0.6}, "frozen": {"wall": 0.1, "cpu": 0.2}, "learnable": 512,
+            "peak_memory_mib": 800.0}
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ def test_report_on_the_tiny_clip(tiny_clip_files, official_git, tmp_path, monkey
     config, _ = tiny_clip_files
     real_run_side, sides = official_benchmark.run_side, []
 
-    def run_side(side, method, workdir, official_paths, clock):
+    def run_side(side, method, workdir, official_paths, clock, limit=None):
         sides.append((side, method, official_paths))
         return OFFICIAL if side == "official" else real_run_side(side, method, workdir, official_paths, clock)
 
@@ -71,19 +72,33 @@ def test_report_on_the_tiny_clip(tiny_clip_files, official_git, tmp_path, monkey
     assert record["ours_over_official"] == record["ours_ratio"] / record["official_ratio"]
     assert record["ours_over_official_train_ms"] == record["ours_train_cpu_ms"] / 600.0
     assert record["over_contract"] == (record["ours_over_official"] > 0.5)
+    assert record["batch"] == 2 and report["settings"]["batches"] == {"CoOp": 2}
+    assert record["ours_peak_mib"] > 0  # our side's process measured its peak RSS over one step
+    assert record["ours_over_official_peak"] == record["ours_peak_mib"] / 800.0
     assert "CoOp" in printed and official_benchmark.summary_lines(report)[0] in printed
 
 
 @pytest.mark.parametrize("clock, ratio, over", [("cpu", 1 / 3, False), ("wall", 0.6, True)])
 def test_record_compares_the_two_cost_ratios(clock, ratio, over):
     """Ours: step 1x its frozen forward on the CPU clock, 3x on the wall clock; the official 3x and 5x."""
-    ours = {"train": {"wall": 0.3, "cpu": 0.25}, "frozen": {"wall": 0.1, "cpu": 0.25}, "learnable": 512}
+    ours = {"train": {"wall": 0.3, "cpu": 0.25}, "frozen": {"wall": 0.1, "cpu": 0.25}, "learnable": 512,
+            "peak_memory_mib": 300.0}
     record = official_benchmark.method_record("CoOp", "KaiyangZhou/CoOp@ff61507c", ours, OFFICIAL, clock)
     assert record["ours_over_official"] == pytest.approx(ratio)
     assert record["over_contract"] is over
     assert record["official_train_ms"] == 1000 * OFFICIAL["train"][clock]
+    assert record["ours_over_official_peak"] == pytest.approx(0.375)
     row, = official_benchmark.table_rows([record])
-    assert row[0] == "CoOp" and row[-2:] == [f"{record['ours_over_official_train_ms']:.2f}", "yes" if over else ""]
+    cells = dict(zip(official_benchmark.HEADERS, row))
+    assert row[0] == "CoOp" and cells["train ms ours / official"] == f"{record['ours_over_official_train_ms']:.2f}"
+    assert cells["> 0.5"] == ("yes" if over else "") and cells["peak ours / official"] == "0.38"
+
+
+def test_recipe_batch_is_the_case_config_batch():
+    """--batch 0 gives each method the batch of its recipe: CoOp's config trains at 32, MaPLe's, PromptSRC's
+    and MMRL's at 4."""
+    assert {method: official_benchmark.recipe_batch(method) for method in ("CoOp", "MaPLe", "PromptSRC", "MMRL")} == {
+        "CoOp": 32, "MaPLe": 4, "PromptSRC": 4, "MMRL": 4}
 
 
 def test_tool_names_what_is_missing(tmp_path, capsys):
@@ -99,7 +114,7 @@ def test_tool_names_what_is_missing(tmp_path, capsys):
 
 def test_a_failed_side_is_a_row_and_the_exit_status(official_git, monkeypatch, capsys):
     """A side that fails is reported in its method's row (the others are still measured) and main returns 1."""
-    def run_side(side, method, workdir, official_paths, clock):
+    def run_side(side, method, workdir, official_paths, clock, limit=None):
         raise official_benchmark.SideFailed(f"the {side} side of {method} failed (exit status 1): ...\ntraceback")
 
     monkeypatch.setattr(official_benchmark, "run_side", run_side)
@@ -112,6 +127,14 @@ def test_a_failed_side_is_a_row_and_the_exit_status(official_git, monkeypatch, c
     for method in ("CoOp", "MMA"):
         assert f"the ours side of {method} failed (exit status 1): ..." in printed
     assert "not measured (the row gives the error): CoOp, MMA" in printed
+
+
+def test_a_side_past_its_limit_fails_naming_the_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr(official_benchmark, "side_command", lambda argv: [sys.executable, "-c", "import time; "
+                                                                          "time.sleep(30)"])
+    with pytest.raises(official_benchmark.SideFailed, match="the ours side of CoOp did not finish within its limit "
+                                                             "of 0.5 s"):
+        official_benchmark.run_side("ours", "CoOp", str(tmp_path), [], "wall", limit=0.5)
 
 
 def test_batches_are_what_the_loader_gives():
@@ -150,7 +173,7 @@ def test_our_side_takes_the_spec_hooks_and_the_loader_batch(tiny_clip_files, tmp
     spec = dataclasses.replace(coop, cost=dataclasses.replace(
         coop.cost, our_after_build=our_after_build, our_nodes={"DATALOADER": {"K_TRANSFORMS": 2, "RETURN_IMG0": True}}))
     monkeypatch.setitem(METHODS, "CoOp", spec)
-    monkeypatch.setattr(official_benchmark, "_timed", lambda frozen, train, settings, learnable: train() or {})
+    monkeypatch.setattr(official_benchmark, "_timed", lambda frozen, train, settings, learnable, peak: train() or {})
     official_benchmark.our_side(str(tmp_path), "CoOp")
     assert seen["views"] == 2
     batch = seen["batch"]
@@ -217,11 +240,12 @@ def test_official_step_side_times_the_hook_step(tiny_clip_files, tmp_path, monke
     monkeypatch.setattr(official_benchmark.torch, "load", lambda path, weights_only: inputs if "inputs" in str(path)
                         else {})
     result = official_benchmark.official_side(str(tmp_path), "Episodic")
-    assert result["learnable"] == 3 * 2 + 2 and seen["steps"] == 1
+    assert result["learnable"] == 3 * 2 + 2 and seen["steps"] == 2  # the peak's step, then the timed round
     assert seen["request"] == {"method": "Episodic", "backbone": config, "classnames": ["a", "b", "c"]}
     assert seen["weights"] == str(tmp_path / "weights.pt")
     assert torch.equal(seen["images"], inputs["views"][:4]) and seen["frozen"] is seen["images"]
-    assert set(result) == {"train", "frozen", "learnable"} and result["train"]["cpu"] > 0
+    assert set(result) == {"train", "frozen", "learnable", "peak_memory_mib"} and result["train"]["cpu"] > 0
+    assert result["peak_memory_mib"] > 0
     assert spec.needs_dassl is False and seen["stand_ins"]
 
 
@@ -234,7 +258,7 @@ def test_our_side_times_an_episode_or_a_cached_step(tiny_clip_files, tmp_path, m
     inputs = _side_workdir(tmp_path, config, size, views=views, method=method)
     steps = []
 
-    def timed(frozen, train, settings, learnable):
+    def timed(frozen, train, settings, learnable, peak):
         train()
         steps.append(learnable)
         return {}

@@ -6,13 +6,13 @@ tools/run_protocol.py on such a tree."""
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
+from forked_runs import run_script
 from mini_datasets import cfg_for
 from vlprompt.clip.templates import dataset_template
 from vlprompt.config import ConfigError
@@ -526,7 +526,7 @@ def test_train_py_runs_coop_on_a_generated_tree(tmp_path):
                    "--dataset-config-file", "configs/datasets/image_folder.yaml",
                    "--config-file", "configs/trainers/CoOp/synthetic.yaml", "--output-dir", str(output),
                    "--seed", "1", "OPTIM.MAX_EPOCH", "2", *extra]
-        return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        return run_script(command, timeout=600)
 
     result = train(tmp_path / "run")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

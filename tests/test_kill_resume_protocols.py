@@ -1,6 +1,7 @@
-"""Kill and resume of protocol grids: ``tools/run_protocol.py`` started as a real subprocess in a
-session of its own, its process group killed with SIGKILL at a seeded random moment, and the same
-command started again until it finishes, ends with the uninterrupted grid's results.
+"""Kill and resume of protocol grids: ``tools/run_protocol.py`` started as a process of its own
+(forked from a forkserver that imported torch once) in a session of its own, its process group
+killed with SIGKILL at a seeded random moment, and the same command started again until it
+finishes, ends with the uninterrupted grid's results.
 
 Two grids on a miniature OxfordPets (4 classes, 2 of them base, 2 new; 2 train, 1 val and 5 test
 images per class) with the project's tiny synthetic CLIP, each call running its runs in-process
@@ -35,13 +36,13 @@ import random
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from forked_runs import ForkedScript
 
 pytestmark = pytest.mark.e2e
 
@@ -76,16 +77,15 @@ def setup(tmp_path_factory):
 
 class Call:
     """One ``tools/run_protocol.py`` command, started in a new session (its own process group)
-    with its output going to ``stdout_path``."""
+    with its output going to ``stdout_path`` (a process forked from the forkserver: see
+    forked_runs.ForkedScript)."""
 
     def __init__(self, argv, stdout_path: Path):
         self.stdout_path = stdout_path
         self.started = time.time()
-        with open(stdout_path, "w") as out:
-            env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
-            self.process = subprocess.Popen([sys.executable, str(ROOT / "tools" / "run_protocol.py"), *argv],
-                                            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
+        self.process = ForkedScript([sys.executable, str(ROOT / "tools" / "run_protocol.py"), *argv],
+                                    stdout_path, stdout_path, env=env, new_session=True)
 
     def lines(self):
         return self.stdout_path.read_text().splitlines()

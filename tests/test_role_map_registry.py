@@ -56,12 +56,13 @@ def test_a_symlinked_checkout_path_is_the_same_key(elsewhere):
 
 def test_every_registered_map_loads_and_declares_its_own_key():
     entries = registered_role_maps()
-    assert [e.name for e in entries] == ["vit_b16_openai", "tiny_synthetic", "tiny_synthetic_discovered"]
+    assert [e.name for e in entries] == ["vit_b16_openai", "tiny_synthetic", "tiny_synthetic_discovered",
+                                         "tiny_synthetic_eva02_discovered"]
     for entry in entries:
         role_map = load_role_map(entry.file)
         assert backbone_key(role_map.backbone, role_map.weights) == (entry.backbone, entry.weights), entry.name
     defaults = [(e.backbone, e.weights) for e in entries if e.default]
-    assert len(defaults) == len(set(defaults)) == 2
+    assert len(defaults) == len(set(defaults)) == 3
 
 
 def test_a_name_or_a_path_overrides_auto(elsewhere):

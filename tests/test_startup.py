@@ -51,3 +51,33 @@ def test_a_config_error_is_reported_before_open_clip_and_torchvision_load():
                                      "--output-dir", "unused", "OPTIM.LRR", "0.1"])
     assert (status, modules) == (2, "['torch', 'trainers']")
     assert 'Unknown config key "OPTIM.LRR"' in stderr
+
+
+HF_PROBE = """
+import sys
+from vlprompt.clip import load_clip
+from vlprompt.testing import TINY_CLIP_CONFIG
+import json, os, tempfile
+folder = tempfile.mkdtemp()
+path = os.path.join(folder, "tiny.json")
+json.dump(TINY_CLIP_CONFIG, open(path, "w"))
+load_clip(path, "random")
+import open_clip.hf_model as hf_model
+print("after a CLIP text tower:", "transformers" in sys.modules, hf_model.transformers is None)
+from vlprompt.clip.open_clip_import import enable_hf_text_towers
+enable_hf_text_towers()
+from open_clip.model import HFTextEncoder
+namespace = HFTextEncoder.__init__.__globals__
+print("after enabling:", namespace["transformers"] is sys.modules["transformers"],
+      namespace["AutoConfig"].__module__.startswith("transformers."))
+"""
+
+
+def test_open_clip_loads_without_transformers_until_a_hugging_face_text_tower_needs_it():
+    """A model with open_clip's own text tower does not import transformers (1-2 s of CPU per
+    process); enabling Hugging Face text towers gives the text-tower class open_clip builds the
+    real transformers names (it said "pip install transformers" without them)."""
+    result = subprocess.run([sys.executable, "-c", HF_PROBE], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[-2:] == ["after a CLIP text tower: False True", "after enabling: True True"], result.stdout

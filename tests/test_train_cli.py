@@ -13,6 +13,7 @@ import sys
 
 import pytest
 import torch
+from forked_runs import run_script
 
 from vlprompt.testing import write_oxford_pets_tree, write_tiny_clip
 
@@ -52,10 +53,13 @@ def train_argv(setup, output_dir, *extra):
             "OPTIM.MAX_EPOCH", str(EPOCHS), "TRAIN.CHECKPOINT_FREQ", "1", "TRAINER.COOP.CSC", "True", *opts]
 
 
-def run_train(setup, output_dir, *extra, expect_ok=True):
-    """Run train.py in a subprocess (the real command line)."""
+def run_train(setup, output_dir, *extra, expect_ok=True, new_interpreter=False):
+    """Run the command ``python train.py ...`` (in a forked process, or a new interpreter)."""
     command = [sys.executable, "train.py", *train_argv(setup, output_dir, *extra)]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if new_interpreter:
+        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    else:
+        result = run_script(command)
     if expect_ok:
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
@@ -196,6 +200,6 @@ def test_a_full_disk_while_writing_a_checkpoint_keeps_the_last_one(setup, tmp_pa
 
 
 def test_bad_input_exits_2_without_traceback_from_the_shell(setup, tmp_path):
-    result = run_train(setup, tmp_path / "bad", "OPTIM.LR", "1", expect_ok=False)
+    result = run_train(setup, tmp_path / "bad", "OPTIM.LR", "1", expect_ok=False, new_interpreter=True)
     assert result.returncode == 2
     assert "OPTIM.LR" in result.stderr and "Traceback" not in result.stderr

@@ -1,4 +1,7 @@
 """CLIP loading, tokenization, templates and the prompted runner."""
+from .open_clip_import import defer_transformers
+
+defer_transformers()  # before anything below imports open_clip
 from .loading import OPENAI_MODELS, BackboneConfig, CLIPLoadError, backbone_config, load_clip, resolve_model_name
 from .tokenizer_files import check_tokenizer, get_tokenizer_for
 from .runner import (

@@ -55,6 +55,7 @@ import torch
 
 from vlprompt.fileio import file_sha256
 
+from .open_clip_import import enable_hf_text_towers
 from .small_models import register_small_towers
 
 __all__ = [
@@ -421,6 +422,8 @@ def load_clip(name, weights="", device="cpu", trust_torchscript=False):
     from open_clip.transformer import QuickGELU
 
     model_name, is_openai_name = resolve_model_name(name)
+    if "hf_model_name" in (open_clip.get_model_config(model_name) or {}).get("text_cfg", {}):
+        enable_hf_text_towers()
     if not weights:
         if not is_openai_name:
             raise CLIPLoadError(

@@ -7,6 +7,8 @@ one set of weights, so it is registered under the pair that ``MODEL.BACKBONE.NAM
     name               backbone, weights                                          file
     vit_b16_openai     ViT-B/16, openai                                           configs/head_roles/vit_b16_openai.yaml
     tiny_synthetic     configs/clip/tiny-synthetic-clip.json, weights/tiny-...pt  configs/head_roles/tiny_synthetic.yaml
+    tiny_synthetic_eva02_discovered  configs/clip/tiny-synthetic-eva02.json, weights/tiny-...-eva02.pt
+                                     configs/head_roles/tiny_synthetic_eva02_discovered.yaml
 
 ``find_role_map(spec, backbone, weights)`` reads ``TRAINER.DEAR.ROLE_MAP``:
 
@@ -206,3 +208,5 @@ register_role_map("tiny_synthetic", "configs/clip/tiny-synthetic-clip.json", "we
                   "configs/head_roles/tiny_synthetic.yaml")
 register_role_map("tiny_synthetic_discovered", "configs/clip/tiny-synthetic-clip.json",
                   "weights/tiny-synthetic-clip.pt", "configs/head_roles/tiny_synthetic_discovered.yaml", default=False)
+register_role_map("tiny_synthetic_eva02_discovered", "configs/clip/tiny-synthetic-eva02.json",
+                  "weights/tiny-synthetic-eva02.pt", "configs/head_roles/tiny_synthetic_eva02_discovered.yaml")

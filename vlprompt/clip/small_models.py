@@ -16,16 +16,20 @@ what it is and shrink only width, depth and input size (32x32 images, patch 8, 1
 * ``vlprompt_tiny_vit_reg``: timm ``VisionTransformer`` with a class token and two register
   tokens, pooled by the class token (the layout of register-token ViTs).
 
+* ``vlprompt_synthetic_eva02``: the image tower of the project's second synthetic backbone
+  (``configs/clip/tiny-synthetic-eva02.json``): ``vlprompt_tiny_eva02``'s architecture at the
+  tiny CLIP's size (6 blocks of 16 heads of width 8).
+
 They are built with random weights offline; tests pair them with small text towers
-(``vlprompt.testing.FAMILY_TEST_CONFIGS``) and the project's second synthetic backbone
-uses one of them. ``register_small_towers`` registers them; ``vlprompt.clip.loading`` calls it
+(``vlprompt.testing.FAMILY_TEST_CONFIGS``). ``register_small_towers`` registers them; ``vlprompt.clip.loading`` calls it
 before it builds a model.
 """
 from functools import partial
 
 __all__ = ["SMALL_TOWERS", "register_small_towers"]
 
-SMALL_TOWERS = ("vlprompt_tiny_siglip", "vlprompt_tiny_eva02", "vlprompt_tiny_pe_core", "vlprompt_tiny_vit_reg")
+SMALL_TOWERS = ("vlprompt_tiny_siglip", "vlprompt_tiny_eva02", "vlprompt_tiny_pe_core", "vlprompt_tiny_vit_reg",
+                "vlprompt_synthetic_eva02")
 
 _COMMON = dict(img_size=32, patch_size=8)
 # Options timm's create_model passes to every entry point that concern pretrained weights, which
@@ -55,12 +59,16 @@ def _definitions():
                         norm_layer=partial(torch.nn.LayerNorm, eps=1e-6))
         return _build(VisionTransformer, defaults, kwargs)
 
+    eva02 = dict(depth=6, qkv_fused=False, mlp_ratio=4 * 2 / 3, swiglu_mlp=True, scale_mlp=True,
+                 scale_attn_inner=True, use_rot_pos_emb=True, ref_feat_shape=(4, 4), global_pool="token")
+
     def vlprompt_tiny_eva02(**kwargs):
         """EVA02-CLIP-style tower: RoPE, SwiGLU with inner norm, attention inner norm, class token."""
-        defaults = dict(embed_dim=32, depth=6, num_heads=4, qkv_fused=False, mlp_ratio=4 * 2 / 3, swiglu_mlp=True,
-                        scale_mlp=True, scale_attn_inner=True, use_rot_pos_emb=True, ref_feat_shape=(4, 4),
-                        global_pool="token")
-        return _build(Eva, defaults, kwargs)
+        return _build(Eva, dict(eva02, embed_dim=32, num_heads=4), kwargs)
+
+    def vlprompt_synthetic_eva02(**kwargs):
+        """The second synthetic backbone's tower: the EVA02-style tower at width 128, 16 heads of width 8."""
+        return _build(Eva, dict(eva02, embed_dim=128, num_heads=16), kwargs)
 
     def vlprompt_tiny_pe_core(**kwargs):
         """PE-Core-style tower: AttentionRope, pre-block norm, xy RoPE grid, layer scale, attention pool."""
@@ -76,7 +84,7 @@ def _definitions():
         return _build(VisionTransformer, defaults, kwargs)
 
     return {fn.__name__: fn for fn in (vlprompt_tiny_siglip, vlprompt_tiny_eva02, vlprompt_tiny_pe_core,
-                                       vlprompt_tiny_vit_reg)}
+                                       vlprompt_tiny_vit_reg, vlprompt_synthetic_eva02)}
 
 
 def register_small_towers():

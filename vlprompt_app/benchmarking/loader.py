@@ -11,14 +11,12 @@ pairs override the config (e.g. INPUT.SIZE "(336, 336)").
 import argparse
 import contextlib
 import io
-import json
 import os
 
-import numpy as np
 import torch
-from PIL import Image
 
 from vlprompt_app.benchmarking.measure import clocks
+from vlprompt_app.benchmarking.photos import write_dtd_tree
 from vlprompt.config import get_cfg_default, merge_from_file, merge_from_list
 from vlprompt.data import build_data_loader
 from vlprompt.data.datasets import build_dataset
@@ -29,34 +27,6 @@ from vlprompt_app.project import import_project_package
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 DTD_CONFIG = str(repository_root() / "configs" / "datasets" / "dtd.yaml")
-
-
-def write_synthetic(root, classes=10, per_class=64, size=(500, 375), seed=0):
-    """Write `root/dtd/` (images/<class>/<class>_NNNN.jpg + split JSON, every image in train) unless present.
-
-    Images are smooth random colour fields with fine noise, saved as JPEG quality 90,
-    which gives file sizes and decode costs close to ImageNet photos.
-    """
-    base = os.path.join(root, "dtd")
-    split_path = os.path.join(base, "split_zhou_DescribableTextures.json")
-    if os.path.isfile(split_path):
-        return
-    rng = np.random.default_rng(seed)
-    width, height = size
-    train = []
-    for label in range(classes):
-        name = f"class{label:02d}"
-        os.makedirs(os.path.join(base, "images", name), exist_ok=True)
-        for i in range(per_class):
-            coarse = Image.fromarray(rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)).resize(size, Image.BICUBIC)
-            pixels = np.asarray(coarse, dtype=np.int16) + rng.integers(-12, 13, (height, width, 3))
-            relative = f"{name}/{name}_{i:04d}.jpg"
-            Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(
-                os.path.join(base, "images", relative), quality=90
-            )
-            train.append([relative, label, name])
-    with open(split_path, "w") as f:
-        json.dump({"train": train, "val": train[:1], "test": train[:1]}, f)
 
 
 def build_cfg(args):
@@ -116,7 +86,7 @@ def measure(args):
     import_project_package("datasets")
     if args.synthetic:
         classes, per_class = args.synthetic_images
-        write_synthetic(args.synthetic, classes, per_class, tuple(args.synthetic_size))
+        write_dtd_tree(args.synthetic, classes, per_class, tuple(args.synthetic_size))
         args.root, args.dataset_config_file = args.synthetic, DTD_CONFIG
     cfg = build_cfg(args)
     with contextlib.redirect_stdout(io.StringIO()):

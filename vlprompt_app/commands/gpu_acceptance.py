@@ -38,7 +38,7 @@ def build_parser():
     run.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES, metavar="STAGE",
                      help=f"the stages to run (default all: {' '.join(STAGES)}; the environment always runs)")
     run.add_argument("--cases", nargs="+", default=[], metavar="CASE",
-                     help="the cases (or trainers) of the parity and trainers stages (default all)")
+                     help="the cases (or trainers) of the parity, trainers and compiled stages (default all)")
     return parser
 
 
@@ -54,7 +54,7 @@ def main(argv=None):
         return 0
     import torch
 
-    from vlprompt_app.gpu_acceptance.report import checks
+    from vlprompt_app.gpu_acceptance.checks import checks
     from vlprompt_app.gpu_acceptance.run import run as run_stages
 
     if not args.rehearsal and not torch.cuda.is_available():

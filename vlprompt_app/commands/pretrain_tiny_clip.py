@@ -30,6 +30,7 @@ import torch
 
 import open_clip
 
+from vlprompt.clip.small_models import register_small_towers
 from vlprompt.synthetic.pretraining import PairBatches, attribute_probe, multi_positive_loss
 from vlprompt.fileio import atomic_write, write_text
 from vlprompt.paths import repository_root
@@ -97,11 +98,13 @@ def format_probe(probe):
 def main(argv=None):
     args = build_parser().parse_args(argv)
     environment = " ".join(f"{k}={os.environ[k]}" for k in THREAD_VARIABLES if k in os.environ)
-    command = " ".join(shlex.quote(a) for a in ["python", os.path.relpath(__file__, os.getcwd())] + list(argv or sys.argv[1:]))
+    tool = os.path.relpath(repository_root() / "tools" / "pretrain_tiny_clip.py", os.getcwd())  # the command line, not this module
+    command = " ".join(shlex.quote(a) for a in ["python", tool] + list(argv or sys.argv[1:]))
     command = f"{environment} {command}" if environment else command
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 
+    register_small_towers()  # a model config may name the project's small timm towers
     open_clip.add_model_config(args.model_config)
     model_name = os.path.splitext(os.path.basename(args.model_config))[0]
     model = open_clip.create_model(model_name, pretrained=None)
@@ -152,7 +155,7 @@ def main(argv=None):
         digest = hashlib.sha256(f.read()).hexdigest()
     record = os.path.splitext(args.out)[0] + ".txt"
     write_text(
-        f"Tiny CLIP of the synthetic benchmark, pretrained by tools/pretrain_tiny_clip.py.\n\n"
+        f"{model_name}: a CLIP of the synthetic benchmark, pretrained by tools/pretrain_tiny_clip.py.\n\n"
         f"command: {command}\n"
         f"seed: {args.seed}\n"
         f"model config: {from_root(args.model_config)}\n"

@@ -48,8 +48,16 @@ K_TRANSFORMS views when the side's config has DATALOADER.K_TRANSFORMS > 1 (the s
 every view), and the images again as "img0" with DATALOADER.RETURN_IMG0.
 
 Both sides read one weights file (the equivalence's seeded random CLIP, ``weights.py``), one batch
-of ``--batch`` seeded random images with labels 0, 1, ... modulo ``--classes``, and the class
-names "class number i" of the per-trainer benchmark. A side's cost ratio is its step over its
+of ``--batch`` seeded random images with labels 0, 1, ... modulo ``--classes`` (``--batch 0``: each
+method's recipe batch, ``recipe_batch``: the first B of one set of seeded images), and the class
+names "class number i" of the per-trainer benchmark.
+
+Each side also reports its peak memory: before the timed rounds (and, on the official side,
+before the official frozen unit's separate CLIP is built) one untimed step runs after the
+peak was reset, and ``peak_memory_mib`` reads it (CUDA: ``torch.cuda.max_memory_allocated``,
+so the weights, the optimizer's state and the step's activations; CPU: the process's peak
+resident set). "peak ours / official" is their quotient, which the project wants at most 0.5
+on a GPU at the papers' settings, as the step time. A side's cost ratio is its step over its
 unit (same process, same rounds), so the two sides' ratios compare across processes and load;
 "ours / official" is our cost ratio over the official one, which the project's cost contract
 wants at most 0.5 (flagged otherwise); the table also gives the quotient of the two steps' times alone and the
@@ -66,6 +74,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from types import SimpleNamespace
 
 import torch
@@ -108,7 +117,9 @@ def add_arguments(parser):
     parser.add_argument("--dassl-git", help="clone (or git directory) of Dassl.pytorch, for the repositories "
                         "without their own fork")
     parser.add_argument("--backbone", default="ViT-B/16", help="OpenAI CLIP name (or an open_clip config file)")
-    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=4,
+                        help="training batch of both sides (0: each method's recipe batch, the DATALOADER.TRAIN_X."
+                             "BATCH_SIZE of its benchmark case's config file)")
     parser.add_argument("--classes", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
@@ -117,6 +128,9 @@ def add_arguments(parser):
                         "views, the recipe's)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: both sides on the GPU, the official code on its own CUDA path (no .cuda() no-op)")
+    parser.add_argument("--side-limit", type=float, metavar="SECONDS",
+                        help="stop a side's process after this many seconds and report the method as failed "
+                             "(default: no limit)")
     parser.add_argument("--prec", choices=PRECISIONS, default="fp32",
                         help="fp32: both sides in fp32 (the CPU comparison); recipe: each side in its recipe's "
                              "precision (ours: the config file's PREC; official: the cost spec's official_prec, "
@@ -178,12 +192,16 @@ def measure(args, on_record=None):
         raise SystemExit(f"error: --views must be at least 1, got {args.views}")
     settings["views"] = {method: args.views or METHODS[method].cost.views for method in methods
                          if METHODS[method].cost.views is not None}
+    if args.batch < 0:
+        raise SystemExit(f"error: --batch must be at least 1, or 0 for each method's recipe batch; got {args.batch}")
+    settings["batches"] = {method: args.batch or recipe_batch(method) for method in methods}
     with tempfile.TemporaryDirectory(prefix="benchmark_official_") as workdir:
         settings["image_size"], _ = write_weights(args.backbone, WEIGHTS_SEED, os.path.join(workdir, "weights.pt"))
         generator = torch.Generator().manual_seed(IMAGES_SEED)
         size = settings["image_size"]
-        images = torch.randn((args.batch, 3, size, size), generator=generator)
-        labels = torch.arange(args.batch) % args.classes
+        batch = max(settings["batches"].values())  # a method takes the first of these images
+        images = torch.randn((batch, 3, size, size), generator=generator)
+        labels = torch.arange(batch) % args.classes
         inputs = {"images": images, "labels": labels}
         views = max(settings["views"].values(), default=0)
         if views:  # one test image's views, for the test-time methods (each takes its first ``views``)
@@ -203,13 +221,14 @@ def measure(args, on_record=None):
             official_commit, _, paths = exports[spec.repository]
             official_code = f"{spec.repository}@{official_commit[:8]}"
             try:
-                ours = run_side("ours", method, workdir, [], args.clock)
-                official = run_side("official", method, workdir, paths, args.clock)
+                ours = run_side("ours", method, workdir, [], args.clock, limit=args.side_limit)
+                official = run_side("official", method, workdir, paths, args.clock, limit=args.side_limit)
             except SideFailed as error:
                 print(error, file=sys.stderr)
                 records.append({"case": method, "official_code": official_code, "error": str(error).splitlines()[0]})
             else:
                 records.append(method_record(method, official_code, ours, official, args.clock))
+            records[-1]["batch"] = settings["batches"][method]
             if on_record is not None:
                 on_record(records[-1])
     return settings, records
@@ -219,28 +238,55 @@ class SideFailed(RuntimeError):
     """One side of a method could not be measured (its first line names it; the rest is its stderr)."""
 
 
-def run_side(side, method, workdir, official_paths, clock):
+def recipe_batch(method):
+    """The training batch of ``method``'s recipe: its benchmark case's batch, else the
+    DATALOADER.TRAIN_X.BATCH_SIZE of the case's config file (with its ``_BASE_`` files)."""
+    from vlprompt.config import extend_cfg, get_cfg_default, merge_from_file
+    from vlprompt_app.benchmarking.trainer_cases import ROOT, case_named
+    from vlprompt_app.project import import_project_package
+
+    import_project_package("trainers")  # their config nodes
+    case = case_named(METHODS[method].cost.case or method)
+    if case.batch:
+        return case.batch
+    cfg = get_cfg_default()
+    extend_cfg(cfg)
+    merge_from_file(cfg, os.path.join(ROOT, "configs", "trainers", case.config))
+    return cfg.DATALOADER.TRAIN_X.BATCH_SIZE
+
+
+def run_side(side, method, workdir, official_paths, clock, limit=None):
     """Measure one side in a fresh process (``official_paths`` first on its PYTHONPATH, then this
-    repository); its result {"train"/"frozen": {clock: median s}, "learnable": n}.
+    repository), stopped after ``limit`` seconds unless None; its result {"train"/"frozen": {clock:
+    median s}, "learnable": n, "peak_memory_mib", "seconds" (the process's wall time)}.
 
     Raises:
-        SideFailed: the process failed.
+        SideFailed: the process failed or ran past ``limit``.
     """
     env = side_environment(official_paths)
     if clock == "cpu":
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     command = side_command([f"cost-{side}", workdir, method])
-    done = subprocess.run(command, env=env, cwd=workdir, capture_output=True, text=True)
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(command, env=env, cwd=workdir, capture_output=True, text=True, timeout=limit)
+    except subprocess.TimeoutExpired as expired:
+        stderr = expired.stderr.decode(errors="replace") if isinstance(expired.stderr, bytes) else expired.stderr or ""
+        raise SideFailed(f"the {side} side of {method} did not finish within its limit of {limit:g} s (--side-limit): "
+                         f"{' '.join(command)}\n{stderr[-4000:]}") from None
+    seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise SideFailed(f"the {side} side of {method} failed (exit status {done.returncode}): {' '.join(command)} "
                          f"with PYTHONPATH={env['PYTHONPATH']}\n{done.stderr[-4000:]}")
+    print(f"{method}: the {side} side measured in {seconds:.0f} s", file=sys.stderr, flush=True)
     with open(os.path.join(workdir, f"{side}-{method}.json")) as f:
-        return json.load(f)
+        return dict(json.load(f), seconds=seconds)
 
 
 def method_record(method, official_code, ours, official, clock):
     """The record of a method from the two sides' results: ms on both clocks, each side's cost
-    ratio train / frozen by ``clock``, and ours / official of the cost ratios and of the train times."""
+    ratio train / frozen by ``clock``, ours / official of the cost ratios and of the train times, and
+    (when both sides read it) each side's peak memory and their quotient."""
     record = {"case": method, "official_code": official_code, "clock": clock}
     for name, side in (("ours", ours), ("official", official)):
         for part in ("train", "frozen"):
@@ -249,9 +295,13 @@ def method_record(method, official_code, ours, official, clock):
             record[f"{name}_{part}_ms"] = record[f"{name}_{part}_{clock}_ms"]
         record[f"{name}_ratio"] = record[f"{name}_train_ms"] / record[f"{name}_frozen_ms"]
         record[f"{name}_learnable"] = side["learnable"]
+        record[f"{name}_peak_mib"] = side.get("peak_memory_mib")
+        record[f"{name}_side_s"] = side.get("seconds")
     record["ours_over_official"] = record["ours_ratio"] / record["official_ratio"]
     record["ours_over_official_train_ms"] = record["ours_train_ms"] / record["official_train_ms"]
     record["over_contract"] = record["ours_over_official"] > CONTRACT_RATIO
+    peaks = record["ours_peak_mib"], record["official_peak_mib"]
+    record["ours_over_official_peak"] = peaks[0] / peaks[1] if None not in peaks else None
     return record
 
 
@@ -266,18 +316,30 @@ def _side_inputs(workdir, method):
     views = settings.get("views", {}).get(method)
     if views:
         return settings, inputs["views"][:views].to(device), torch.zeros(views, dtype=torch.long, device=device)
-    return settings, inputs["images"].to(device), inputs["labels"].to(device)
+    batch = settings.get("batches", {}).get(method)  # None: all the images
+    return settings, inputs["images"][:batch].to(device), inputs["labels"][:batch].to(device)
 
 
-def _timed(frozen, train, settings, learnable):
-    """{"train"/"frozen": {clock: median s}, "learnable": n} of interleaved rounds; ``learnable`` is
-    the count, or a function giving it after the rounds."""
+def _step_peak(train, settings):
+    """The peak memory (MiB, ``peak_memory_mib``) of one untimed call of ``train`` after the peak was reset."""
+    from vlprompt_app.benchmarking.measure import peak_memory_mib, reset_peak_memory
+
+    device = torch.device(settings["device"])
+    reset_peak_memory(device)
+    with contextlib.redirect_stdout(io.StringIO()):
+        train()
+    return peak_memory_mib(device)
+
+
+def _timed(frozen, train, settings, learnable, peak):
+    """{"train"/"frozen": {clock: median s}, "learnable": n, "peak_memory_mib": ``peak``} of
+    interleaved rounds; ``learnable`` is the count, or a function giving it after the rounds."""
     from vlprompt_app.benchmarking.measure import medians, time_interleaved
 
     with contextlib.redirect_stdout(io.StringIO()):
         times = time_interleaved({"frozen": frozen, "train": train}, torch.device(settings["device"]),
                                  settings["rounds"], settings["warmup"])
-    return dict(medians(times), learnable=learnable() if callable(learnable) else learnable)
+    return dict(medians(times), learnable=learnable() if callable(learnable) else learnable, peak_memory_mib=peak)
 
 
 def loader_batch(images, labels, dataloader_cfg):
@@ -342,7 +404,7 @@ def our_side(workdir, method):
                 with trainer.model.evaluation(), torch.no_grad():
                     trainer.adapt_and_predict(images)
 
-            return _timed(frozen, train, settings, trainer.episode_learnable())
+            return _timed(frozen, train, settings, trainer.episode_learnable(), _step_peak(train, settings))
         if case.kind == CACHED:  # the features the feature cache gives, computed once
             with torch.no_grad():
                 batch = {"features": trainer.model.encode_image_features(images), "label": labels}
@@ -356,7 +418,7 @@ def our_side(workdir, method):
             trainer.forward_backward(batch)
 
         learnable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
-        return _timed(frozen, train, settings, learnable)
+        return _timed(frozen, train, settings, learnable, _step_peak(train, settings))
 
 
 # The design of an unprompted CLIP for the vendored clip packages whose build_model takes one
@@ -406,10 +468,6 @@ def official_side(workdir, method):
         cost.before_build(module, cfg)
     with contextlib.redirect_stdout(io.StringIO()):
         trainer.build_model()
-        half = recipe and cost.official_prec == "fp16"  # the official CLIP's own dtypes on CUDA
-        clip_model = _plain_official_clip(official_clip, torch.load(weights_path, weights_only=True), spec,
-                                          fp32=not half)
-    clip_model.to(trainer.device)
     if not recipe:
         trainer.model.float()
     if spec.prepare_official_model is not None and not recipe:
@@ -421,16 +479,23 @@ def official_side(workdir, method):
     batch = loader_batch(images, labels, cfg.DATALOADER)
     step = cost.step or (lambda trainer, batch: trainer.forward_backward(batch))
 
-    def frozen():
-        with torch.no_grad():
-            clip_model.encode_image(images.to(clip_model.dtype))
-
     def train():
         trainer.set_model_mode("train")
         step(trainer, batch)
 
+    peak = _step_peak(train, settings)  # before the unit's CLIP is built
+    half = recipe and cost.official_prec == "fp16"  # the official CLIP's own dtypes on CUDA
+    with contextlib.redirect_stdout(io.StringIO()):
+        clip_model = _plain_official_clip(official_clip, torch.load(weights_path, weights_only=True), spec,
+                                          fp32=not half)
+    clip_model.to(trainer.device)
+
+    def frozen():
+        with torch.no_grad():
+            clip_model.encode_image(images.to(clip_model.dtype))
+
     learnable = sum(p.numel() for group in trainer.optim.param_groups for p in group["params"] if p.requires_grad)
-    return _timed(frozen, train, settings, learnable)
+    return _timed(frozen, train, settings, learnable, peak)
 
 
 def _set_official_precision(cfg, spec, precision):
@@ -449,6 +514,7 @@ def _official_step_side(spec, settings, weights_path, images, labels, method):
     request = {"method": method, "backbone": settings["backbone"], "classnames": settings["classnames"]}
     with contextlib.redirect_stdout(io.StringIO()):
         train, optimizer = spec.cost.step_side(request, weights_path, {"images": images, "labels": labels})
+    peak = _step_peak(train, settings)  # before the unit's CLIP is built
     from clip import clip as official_clip
 
     clip_model = _plain_official_clip(official_clip, torch.load(weights_path, weights_only=True), spec)
@@ -460,14 +526,15 @@ def _official_step_side(spec, settings, weights_path, images, labels, method):
     def learnable():  # the optimizer's parameters the timed steps gave a gradient (those it updates)
         return sum(p.numel() for group in optimizer.param_groups for p in group["params"] if p.grad is not None)
 
-    return _timed(frozen, train, settings, learnable)
+    return _timed(frozen, train, settings, learnable, peak)
 
 
 # --------------------------------------------------------------------------- report
 
-HEADERS = ["method", "official code", "learnable ours", "learnable official", "ours train ms", "ours frozen ms",
+HEADERS = ["method", "official code", "B", "learnable ours", "learnable official", "ours train ms", "ours frozen ms",
            "ours train / frozen", "official train ms", "official frozen ms", "official train / frozen",
-           "ours / official", "train ms ours / official", "> 0.5"]
+           "ours / official", "train ms ours / official", "> 0.5", "peak MiB ours", "peak MiB official",
+           "peak ours / official"]
 
 
 def table_rows(records):
@@ -475,13 +542,19 @@ def table_rows(records):
 
 
 def _row(r):
+    batch = r.get("batch", "")
     if "error" in r:
-        return [r["case"], r["official_code"], r["error"]] + [""] * (len(HEADERS) - 3)
-    return [r["case"], r["official_code"], f"{r['ours_learnable']:,}", f"{r['official_learnable']:,}",
+        return [r["case"], r["official_code"], batch, r["error"]] + [""] * (len(HEADERS) - 4)
+
+    def number(key, form):
+        return "" if r.get(key) is None else format(r[key], form)
+
+    return [r["case"], r["official_code"], batch, f"{r['ours_learnable']:,}", f"{r['official_learnable']:,}",
             f"{r['ours_train_ms']:.0f}", f"{r['ours_frozen_ms']:.0f}", f"{r['ours_ratio']:.2f}",
             f"{r['official_train_ms']:.0f}", f"{r['official_frozen_ms']:.0f}", f"{r['official_ratio']:.2f}",
             f"{r['ours_over_official']:.2f}", f"{r['ours_over_official_train_ms']:.2f}",
-            "yes" if r["over_contract"] else ""]
+            "yes" if r["over_contract"] else "", number("ours_peak_mib", ".0f"), number("official_peak_mib", ".0f"),
+            number("ours_over_official_peak", ".2f")]
 
 
 def header_line(settings):
@@ -490,9 +563,15 @@ def header_line(settings):
                f"0; frozen = the views' forward; views {', '.join(f'{m} {v}' for m, v in episodes.items())})"
                if episodes else "")
     return (f"One training step (forward, loss, backward, optimizer step), ours and the official code's{episode}: "
-            f"{settings['backbone']} random weights, batch {settings['batch']}, {settings['classes']} classes, "
+            f"{settings['backbone']} random weights, {_batch_words(settings)}, {settings['classes']} classes, "
             f"{settings['image_size']} px, {_precision_words(settings)}, {_device_words(settings)}; median of {settings['rounds']} "
             f"rounds after {settings['warmup']}; {settings['clock']} clock")
+
+
+def _batch_words(settings):
+    if settings["batch"]:
+        return f"batch {settings['batch']}"
+    return "each method's recipe batch (column B)"
 
 
 def _precision_words(settings):
@@ -513,7 +592,9 @@ def summary_lines(report):
     failed = [record["case"] for record in results if "error" in record]
     verdict = f"over {CONTRACT_RATIO}: {', '.join(over)}" if over else f"every method measured at most {CONTRACT_RATIO}"
     lines = ["ours / official = (ours train / frozen) / (official train / frozen), each side's frozen CLIP image "
-             f"forward of the same batch in the same process; the contract wants at most {CONTRACT_RATIO}: {verdict}"]
+             f"forward of the same batch in the same process; the contract wants at most {CONTRACT_RATIO}: {verdict}",
+             "peak MiB: one untimed step's peak (CUDA max allocated: weights, optimizer state, activations; CPU: the "
+             "side process's peak RSS)"]
     if failed:
         lines.append(f"not measured (the row gives the error): {', '.join(failed)}")
     return lines

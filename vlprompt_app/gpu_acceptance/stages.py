@@ -1,4 +1,5 @@
-"""The stages of the GPU acceptance run, each run in its own process and writing its own JSON.
+"""The stages of the GPU acceptance run that measure project code, each run in its own process and
+writing its own JSON (the data stages: :mod:`vlprompt_app.gpu_acceptance.data`).
 
     python -m vlprompt_app.gpu_acceptance.stages STAGE OUT_DIR SETTINGS_JSON
 
@@ -6,25 +7,37 @@
 * ``parity``: CUDA against CPU outputs of every benchmark case on the tiny CLIP
   (:mod:`vlprompt_app.gpu_acceptance.parity`), one JSON line per case in ``parity.jsonl``.
 * ``trainers``: every benchmark case's training step and evaluation (the per-trainer benchmark's
-  ``measure_case``: images/s, peak memory, cost ratios) at the given settings, one JSON line per
-  case in ``trainers.jsonl`` as soon as it is measured, so a stage stopped at its time limit keeps
-  what it measured; a case that fails becomes an error record and the stage goes on. With
-  ``tiny_configs`` in the settings (the rehearsal's tiny CLIP) each case takes its synthetic config.
-
+  ``measure_case``: images/s, peak memory, cost ratios, and with ``flops`` in the settings the
+  FLOPs of each call and the fraction of the matmul peak measured in the same process) at the
+  given settings, one JSON line per case in ``trainers.jsonl`` as soon as it is measured, so a
+  stage stopped at its time limit keeps what it measured. CoCoOp's case comes first (its
+  evaluation encodes batch x classes prompts: at 1000 classes and evaluation batch 250 the
+  costliest), then those of ``FIRST_CASES``. A case that fails, or runs past ``case_limit_s``
+  (``time_limit``), becomes an error record and the stage goes on. With ``tiny_configs`` in the
+  settings (the rehearsal's tiny CLIP) each case takes its synthetic config.
+* ``compiled``: each case of ``compile_cases`` (all when empty) measured twice in this process,
+  eager and with the per-trainer benchmark's ``--compile`` (``compile_settings``), each under
+  ``case_limit_s``, one JSON line per case in ``compiled.jsonl``.
 * ``official``: ``tools/benchmark.py official``'s measurement (ours against the official code), one
   JSON line per method in ``official.jsonl`` as soon as it is measured, the report in ``official.json``.
 
 The CUDA-only tests run through pytest (``-m gpu``); :mod:`vlprompt_app.gpu_acceptance.run`
 starts every stage and writes the report.
 """
+import contextlib
 import gc
 import json
 import os
 import platform
+import signal
 import sys
 import traceback
 
 import torch
+
+# the cases measured first by the trainers and compiled stages: those compared with their official
+# code, then DeAR (the others follow in the registry's order)
+FIRST_CASES = ("CoOp", "MaPLe", "PromptSRC", "MMRL", "DeAR")
 
 
 def _append(path, record):
@@ -81,28 +94,108 @@ def parity(out_dir, settings):
         _release(device)
 
 
-def trainers(out_dir, settings):
-    """trainers.jsonl: the per-trainer benchmark's record of every case, at ``settings``."""
-    from vlprompt_app.benchmarking.per_trainer import measure_case, progress_line
-    from vlprompt_app.benchmarking.trainer_cases import check_coverage, project_trainers, select_cases
+def ordered_cases(names, settings, first):
+    """The cases of ``names`` (all when empty), the cases named in ``first`` first (in its order),
+    then in the registry's order; each case's synthetic config with ``tiny_configs`` in the
+    settings (the rehearsal's tiny CLIP)."""
+    from vlprompt_app.benchmarking.trainer_cases import select_cases
     from vlprompt_app.gpu_acceptance.parity import tiny_case
 
-    check_coverage(project_trainers())
-    device = torch.device(settings["device"])
-    path = os.path.join(out_dir, "trainers.jsonl")
-    # the cases whose evaluation encodes class text per image (CoCoOp) last: the costliest
-    cases = sorted(select_cases(settings["cases"]), key=lambda case: case.trainer == "CoCoOp")
-    if settings.get("tiny_configs"):  # the tiny CLIP: each case's synthetic config
-        cases = [tiny_case(case) for case in cases]
-    for case in cases:
-        try:
+    first = tuple(first)
+    cases = sorted(select_cases(names), key=lambda case: (first + (case.name,)).index(case.name))
+    return [tiny_case(case) for case in cases] if settings.get("tiny_configs") else cases
+
+
+class CaseStopped(Exception):
+    """A case ran past its time limit (``case_limit_s``)."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds):
+    """Raise CaseStopped in this (the main) thread once ``seconds`` have passed (SIGALRM; a call in
+    C code, e.g. a CUDA synchronisation, ends first)."""
+    def expire(signum, frame):
+        raise CaseStopped(f"stopped at its limit of {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def measured(case, settings):
+    """The per-trainer benchmark's record of ``case`` at ``settings`` (without its rounds' times),
+    or an error record: the case failed, or ran past ``settings["case_limit_s"]`` (then also
+    ``"stopped": True``)."""
+    from vlprompt_app.benchmarking.per_trainer import measure_case
+
+    try:
+        with time_limit(settings["case_limit_s"]):
             record = measure_case(case, settings)
-            record.pop("rounds")
-        except Exception:
-            record = _error_record(case)
+        record.pop("rounds")
+        return record
+    except CaseStopped as stopped:
+        return {"case": case.name, "trainer": case.trainer, "error": [str(stopped)], "stopped": True}
+    except Exception:
+        return _error_record(case)
+    finally:
+        _release(torch.device(settings["device"]))
+
+
+def trainers(out_dir, settings):
+    """trainers.jsonl: the per-trainer benchmark's record of every case at ``settings``, CoCoOp's
+    first (its evaluation, batch x classes prompts, was the one left unmeasured when it came last)."""
+    from vlprompt_app.benchmarking.per_trainer import progress_line
+    from vlprompt_app.benchmarking.trainer_cases import check_coverage, project_trainers
+
+    check_coverage(project_trainers())
+    path = os.path.join(out_dir, "trainers.jsonl")
+    for case in ordered_cases(settings["cases"], settings, ("CoCoOp",) + FIRST_CASES):
+        record = measured(case, settings)
         _append(path, record)
         print(progress_line(record), flush=True)
-        _release(device)
+
+
+COMPILE_ARGV = ["--compile"]  # the per-trainer benchmark's option that compiles the measured calls
+
+
+def compile_settings(settings):
+    """``settings`` as the per-trainer benchmark's ``--compile`` changes them (the settings it
+    builds from its command line with the option, against without), or None while its command
+    line has no such option."""
+    import argparse
+
+    from vlprompt_app.benchmarking import per_trainer
+
+    parser = argparse.ArgumentParser()
+    per_trainer.add_arguments(parser)
+    parser.add_argument("--clock", default="wall")  # tools/benchmark.py's option of every family
+    if COMPILE_ARGV[0] not in parser._option_string_actions:
+        return None
+    eager, compiled = (per_trainer.settings_of(parser.parse_args(argv)) for argv in ([], COMPILE_ARGV))
+    return dict(settings, **{key: value for key, value in compiled.items() if eager.get(key) != value})
+
+
+def compiled(out_dir, settings):
+    """compiled.jsonl: per case of ``compile_cases`` (all when empty) {"case", "trainer", "eager": its
+    record at ``settings``, "compiled": its record at ``compile_settings(settings)``} (without FLOPs)."""
+    from vlprompt_app.benchmarking.per_trainer import progress_line
+
+    eager = dict(settings, flops=False)
+    with_compile = compile_settings(eager)
+    if with_compile is None:
+        raise SystemExit("error: tools/benchmark.py trainers has no --compile option in this checkout")
+
+    path = os.path.join(out_dir, "compiled.jsonl")
+    for case in ordered_cases(settings["compile_cases"], settings, FIRST_CASES):
+        record = {"case": case.name, "trainer": case.trainer, "eager": measured(case, eager)}
+        print("eager    " + progress_line(record["eager"]), flush=True)
+        record["compiled"] = measured(case, with_compile)
+        print("compiled " + progress_line(record["compiled"]), flush=True)
+        _append(path, record)
 
 
 def official(out_dir, settings):
@@ -128,7 +221,8 @@ def official(out_dir, settings):
     write_report(finish_report(report, measured_settings, records), os.path.join(out_dir, "official.json"))
 
 
-STAGES = {"environment": environment, "parity": parity, "official": official, "trainers": trainers}
+STAGES = {"environment": environment, "parity": parity, "official": official, "trainers": trainers,
+          "compiled": compiled}
 
 
 def main(argv):
