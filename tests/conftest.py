@@ -36,9 +36,10 @@ def tiny_clip_files(tmp_path_factory):
 HEAVIEST_FILES = (
     "test_fidelity.py", "test_kill_resume.py", "test_readme_own_images.py", "test_kill_resume_protocols.py",
     "test_readme.py", "test_run_lock.py", "test_ddp_gloo.py", "test_gpu_acceptance.py", "test_dear_cli.py",
-    "test_predict_all_trainers.py", "test_mixed_precision.py", "test_run_protocol.py", "test_train_cli.py",
-    "test_role_map_provenance.py", "test_tools_cwd.py", "test_trainer_families.py", "test_kill_resume_ttt.py",
-    "test_rada_fft.py", "test_benchmark_families.py", "test_fft_ttt_protocols.py", "test_fidelity_cost.py",
+    "test_predict_all_trainers.py", "test_compile.py", "test_mixed_precision.py", "test_run_protocol.py",
+    "test_train_cli.py", "test_role_map_provenance.py", "test_tools_cwd.py", "test_trainer_families.py",
+    "test_kill_resume_ttt.py", "test_rada_fft.py", "test_benchmark_families.py", "test_fft_ttt_protocols.py",
+    "test_fidelity_cost.py",
 )
 OFFICIAL_FILES = ("test_fidelity*.py",)
 

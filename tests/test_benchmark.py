@@ -359,3 +359,35 @@ def test_synthetic_builds_every_case_from_its_synthetic_config_for_the_tiny_clip
     record = per_trainer.measure_case(dear, settings)
     assert record["config"] == "configs/trainers/DeAR/synthetic.yaml" and record["train"]["ratio"] > 0
     assert record["train"]["target"] is None and record["flops"] is None
+
+
+def test_compile_times_the_compiled_step_and_evaluation_in_the_eager_rounds(tiny_clip_files, tmp_path, capsys):
+    """--compile BACKEND: the compiled calls join the same rounds (their medians next to the eager ones of
+    the same record), dynamo's counts, and a trainer that refuses TRAIN.COMPILE says why."""
+    from vlprompt.engine.test_time import TestTimeTrainer
+
+    config, weights = tiny_clip_files
+    path = tmp_path / "compiled.json"
+    argv = ["trainers", "--backbone", config, "--weights", weights, "--image-size", "32", "--classes", "6",
+            "--trainers", "LP", "RAdaTTT", "--rounds", "2", "--warmup", "0", "--clock", "cpu", "--threads", "0",
+            "--in-process", "--no-flops", "--compile", "eager", "--json", str(path), "TRAINER.RADATTT.NUM_VIEWS", "10"]
+    assert benchmark.main(argv) == 0
+    printed = capsys.readouterr().out
+    with open(path) as file:
+        records = {record["case"]: record for record in json.load(file)["results"]}
+    linear_probe = records["LP"]
+    info = linear_probe["compile"]
+    assert (info["backend"], info["mode"], info["methods"]) == ("eager", "default", ["forward", "forward_features", "loss"])
+    assert info["graphs"] >= 2 and info["graph_breaks"] == 0 and info["compile_s"] > 0
+    for part in ("train", "eval first", "eval"):
+        assert len(linear_probe["rounds"][f"{part} compiled"]["cpu"]) == 2
+        assert info[part]["compiled_ms"] == 1000 * statistics.median(linear_probe["rounds"][f"{part} compiled"]["cpu"])
+    assert info["train"]["eager_ms"] == linear_probe["train"]["cpu_ms"]
+    assert records["RAdaTTT"]["compile"] == {"backend": "eager", "refused": TestTimeTrainer.compile_refusal}
+    assert "Compiled against eager: TRAIN.COMPILE eager (mode default), median ms" in printed
+    assert f"Not compiled (RAdaTTT): {TestTimeTrainer.compile_refusal}" in printed
+    lines = printed.splitlines()
+    table = next(index for index, line in enumerate(lines) if line.startswith("Compiled against eager"))
+    row = next(line for line in lines[table:] if line.startswith("LP "))
+    speed_up = info["train"]["eager_ms"] / info["train"]["compiled_ms"]
+    assert f"{info['train']['eager_ms']:.1f}" in row and f"{speed_up:.2f}" in row

@@ -78,6 +78,7 @@ from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.distributed import all_gather_rows, dataset_wrapper, epoch_seed, item_seeded_loader
 from vlprompt.engine.fine_tuning import FullFineTuningTrainer, add_fine_tuning_keys
+from vlprompt.engine.steps import step_summary
 from vlprompt.optim import build_optimizer
 from vlprompt.utils import count_num_param, load_pretrained_weights
 
@@ -206,6 +207,9 @@ class FLYPCLIP(PromptedCLIP):
         sentences = [fill_template(template, name) for template in templates for name in classnames]
         token_ids = tokenizer(sentences).view(len(templates), len(classnames), -1)
         self.register_buffer("token_ids", token_ids.to(clip.logit_scale.device), persistent=False)
+        # the last position of the longest caption: a batch's captions are computed up to it, so the
+        # text tower never reads a batch's own longest position from the device
+        self.caption_last = int(clip.text.eot_positions(token_ids.flatten(0, 1)).max())
         self.head_batch_size = head_batch_size
         self.requires_grad_(True)
 
@@ -228,7 +232,7 @@ class FLYPCLIP(PromptedCLIP):
         """The zero-shot head [C, E] (normalised by ``class_text_features``): per class, the mean of
         its T normalised caption features."""
         sentences = self.token_ids.flatten(0, 1)
-        features = torch.cat([F.normalize(self.clip.encode_text(chunk).float(), dim=-1)
+        features = torch.cat([F.normalize(self.clip.encode_text(chunk, last=self.caption_last).float(), dim=-1)
                               for chunk in sentences.split(self.head_batch_size)])
         return features.view(*self.token_ids.shape[:2], -1).mean(dim=0)
 
@@ -239,7 +243,7 @@ class FLYPCLIP(PromptedCLIP):
         image_features = F.normalize(self.clip.encode_image_plain(images).float(), dim=-1)
         if captions is None:
             return self.cosine_logits(image_features, self.class_text_features())
-        text_features = F.normalize(self.clip.encode_text(captions).float(), dim=-1)
+        text_features = F.normalize(self.clip.encode_text(captions, last=self.caption_last).float(), dim=-1)
         return image_features, text_features, self.logit_scale.float()
 
 
@@ -305,5 +309,5 @@ class FLYP(FullFineTuningTrainer):
             loss, logits, terms = self.model.loss(images, labels, templates, self.network)
         self.model_backward_and_update(loss, terms=terms)
         targets = torch.arange(logits.shape[0], device=logits.device)
-        return self.finish_step({"loss": loss.item(), "scale": float(terms["scale"]),
-                                 "acc": (logits.argmax(dim=1) == targets).float().mean().item() * 100})
+        accuracy = (logits.argmax(dim=1) == targets).float().mean() * 100
+        return self.finish_step(step_summary(loss, terms, accuracy))

@@ -56,6 +56,7 @@ from vlprompt.config import ConfigError, check_choice, check_range, register_cfg
 from vlprompt.engine import TRAINER_REGISTRY, ClipTrainer
 from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.option_rules import DatasetRule
+from vlprompt.engine.steps import step_summary
 from vlprompt.methods.prograd_templates import PROGRAD_TEMPLATES
 from vlprompt.methods.text_context import CoOpCLIP
 from vlprompt.metrics import compute_accuracy
@@ -240,7 +241,7 @@ class ProGrad(ClipTrainer):
             loss_ce, loss_kl, logits = self.model.losses(images, labels)
         terms = {"xe_loss": loss_ce.detach(), "kl_loss": loss_kl.detach()}
         self.prograd_backward_and_update(loss_ce, loss_kl, terms)
-        summary = {"loss": loss_ce.item(), "kl_loss": loss_kl.item(), "acc": compute_accuracy(logits, labels)[0].item()}
+        summary = step_summary(loss_ce, {"kl_loss": loss_kl}, compute_accuracy(logits, labels)[0])
         if (self.batch_idx + 1) == self.num_batches:
             self.update_lr()
         return summary

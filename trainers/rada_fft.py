@@ -29,6 +29,7 @@ from vlprompt.config import ConfigError, register_cfg_extension
 from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.benchmark_case import TRAIN, Case
 from vlprompt.engine.fine_tuning import FullFineTuningTrainer, add_fine_tuning_keys
+from vlprompt.engine.steps import step_summary
 from vlprompt.methods.rada import add_generator_keys, add_mask_loss_keys, build_rational_adapter, check_rada_node
 from vlprompt.metrics import compute_accuracy
 from vlprompt.optim import build_optimizer
@@ -143,9 +144,7 @@ class RAdaFFT(FullFineTuningTrainer):
             logits, mask = self.network(images)
             loss, terms = self.model.objective(logits, mask, labels)
         self.model_backward_and_update(loss)
-        summary = {"loss": loss.item(), **{name: float(value) for name, value in terms.items()}}
-        summary["acc"] = compute_accuracy(logits, labels)[0].item()
-        return self.finish_step(summary)
+        return self.finish_step(step_summary(loss, terms, compute_accuracy(logits, labels)[0]))
 
     def model_inference(self, input):
         with self.autocast():

@@ -355,6 +355,8 @@ class SkipTuning(ClipTrainer):
     # The step starts from images: the frozen lower blocks (what the per-epoch cache costs per image),
     # then the tuned upper blocks with the class-wise skip.
     benchmark_cases = (Case("SkipTuning/vit_b16_bs4.yaml", TRAIN),)
+    compile_graph_breaks = ("class-wise skip: the classes a step keeps depend on its batch (which and how many), "
+                            "so the step's text pass has a data-dependent shape")
 
     vit_required_for = "its tuned upper blocks read cached block inputs"
 

@@ -163,6 +163,9 @@ _C.TRAIN.NONFINITE_LOSS = "stop"
 # Project key: on a CPU, run TRAINER.<NAME>.PREC as on CUDA (fp16/amp autocast with a
 # GradScaler, bf16 autocast) instead of fp32; slow, for checking mixed precision without a GPU
 _C.TRAIN.CPU_AUTOCAST = False
+# Project key: torch.compile the model's training-step forward and loss and its evaluation
+# forward with this backend: "" (off), "inductor", "aot_eager" or "eager" (vlprompt/engine/compilation.py)
+_C.TRAIN.COMPILE = ""
 
 ###########################
 # Feature cache (project keys; vlprompt/data/feature_cache.py)

@@ -22,6 +22,7 @@ from vlprompt.data.transforms.names import AVAI_CHOICES, INTERPOLATIONS, RESIZE_
 from vlprompt.optim.lr_scheduler import AVAI_SCHEDS
 from vlprompt.optim.optimizer import AVAI_OPTIMS
 
+from .compilation import check_compile_cfg
 from .eval_scope import check_eval_scope
 
 __all__ = ["validate_cfg", "check_training_cfg", "UNSUPPORTED_KEYS"]
@@ -164,6 +165,7 @@ def _check_train_and_test(cfg):
     check_range("TRAIN.PRINT_FREQ", cfg.TRAIN.PRINT_FREQ, minimum=1)
     check_range("TRAIN.CHECKPOINT_ITERS", cfg.TRAIN.CHECKPOINT_ITERS, minimum=0, why="0 turns mid-epoch checkpoints off.")
     check_choice("TRAIN.NONFINITE_LOSS", cfg.TRAIN.NONFINITE_LOSS, NONFINITE_LOSS_CHOICES)
+    check_compile_cfg(cfg)
     check_choice("TEST.SPLIT", cfg.TEST.SPLIT, TEST_SPLITS)
     check_choice("TEST.FINAL_MODEL", cfg.TEST.FINAL_MODEL, FINAL_MODELS)
     check_eval_scope(cfg.TEST.ROLE)

@@ -29,6 +29,7 @@ import time
 import torch
 from tqdm import tqdm
 
+from .compilation import mark_step
 from .hooks import HookBase
 from .results import make_results_record
 from .run_folder import RunFolder
@@ -78,6 +79,7 @@ class EvaluationMixin:
         prediction_map = self.dm.dataset.prediction_map
         for batch in tqdm(data_loader):
             input, label = self.parse_batch_test(batch)
+            mark_step(self.compile_mode)
             output = self.model_inference(input)
             if prediction_map is not None:
                 output = prediction_map.project(output)

@@ -231,6 +231,8 @@ class TestTimeTrainer(ClipTrainer):
     """
 
     learns = False  # nothing to train beforehand: evaluate with --eval-only
+    compile_refusal = ("it adapts at test time, one episode per image (views selected by their entropy, "
+                       "optimizer steps per image), which TRAIN.COMPILE does not compile")
     episode_node = None
 
     @property

@@ -38,6 +38,7 @@ from vlprompt.utils import AverageMeter, MetricMeter, tolist_if_not
 from .amp import PRECISIONS, MixedPrecision, precision_key, resolve_precision
 from .build import TRAINER_REGISTRY
 from .checkpointing import CheckpointHook, CheckpointingMixin
+from .compilation import compile_step_methods, mark_step
 from .config_checks import check_training_cfg, validate_cfg
 from .evaluation import EvaluationMixin, FinalEvaluationHook
 from .hooks import HookBase, call_hooks
@@ -71,6 +72,7 @@ class TrainerBase(OptimizationMixin, CheckpointingMixin, WriterMixin):
         self._scheds = OrderedDict()
         super().__init__()
         self.amp = MixedPrecision("fp32", torch.device("cpu"))
+        self.compile_mode = None  # torch.compile's mode of the step methods (SimpleTrainer.compile_model)
         self.run_info = dict(RUN_INFO_DEFAULTS)
         self.time_created = time.time()
         self.hooks = []
@@ -172,9 +174,9 @@ class SimpleTrainer(EvaluationMixin, TrainerBase):
     ``self.cfg``; :mod:`vlprompt.clip.preprocess`), ``check_declared_cfg(cfg)`` (what the class declares, e.g. ``precisions``) and
     ``check_cfg(cfg)`` (``self.cfg`` not yet set), all before any data is read; device,
     epochs / output dir / cfg / precision, ``build_data_loader()`` (labels checked),
-    ``build_model()``, evaluator, ``best_result``, ``register_hooks(build_hooks())``. After
-    ``build_model()`` the GradScaler is dropped if a registered optimizer holds half-precision
-    parameters (reference-style fp16 trainers).
+    ``build_model()``, ``compile_model(TRAIN.COMPILE)``, evaluator, ``best_result``,
+    ``register_hooks(build_hooks())``. After ``build_model()`` the GradScaler is dropped if a
+    registered optimizer holds half-precision parameters (reference-style fp16 trainers).
 
     Lifecycle: ``before_train`` checks the image files of the splits the run reads, then calls
     the hooks; ``after_train`` prints "Finish training", then calls the hooks. The default
@@ -197,6 +199,11 @@ class SimpleTrainer(EvaluationMixin, TrainerBase):
     # The cost benchmark's cases of this trainer (vlprompt.engine.benchmark_case.Case); every trainer
     # of trainers/ declares its own in its class body (the application collects them from the registry).
     benchmark_cases = ()
+    # TRAIN.COMPILE (vlprompt/engine/compilation.py): why this trainer's step cannot be traced into
+    # one graph ("" = it can: tests/test_compile.py checks every benchmark case's step for graph
+    # breaks unless this is set), and why the trainer refuses TRAIN.COMPILE ("" = it does not).
+    compile_graph_breaks = ""
+    compile_refusal = ""
 
     def __init__(self, cfg):
         super().__init__()
@@ -218,6 +225,7 @@ class SimpleTrainer(EvaluationMixin, TrainerBase):
         self._checked_splits = set()
         self.build_data_loader()
         self.build_model()
+        self.compile_mode = self.compile_model(cfg.TRAIN.COMPILE)
         self.amp.drop_scaler_for_half_parameters([optim for optim in self._optims.values() if optim is not None])
         self.evaluator = build_evaluator(cfg, lab2cname=self.lab2cname)
         self.best_result = -np.inf
@@ -226,7 +234,8 @@ class SimpleTrainer(EvaluationMixin, TrainerBase):
     @classmethod
     def check_declared_cfg(cls, cfg):
         """Check what the class declares (subclasses extend it, calling super): the precision
-        (``TRAINER.<NAME>.PREC``, where the trainer's node has one) must be one of ``precisions``.
+        (``TRAINER.<NAME>.PREC``, where the trainer's node has one) must be one of ``precisions``,
+        and TRAIN.COMPILE must be empty for a trainer with a ``compile_refusal``.
 
         Raises:
             ConfigError: naming the key, the allowed values and the value given.
@@ -234,6 +243,9 @@ class SimpleTrainer(EvaluationMixin, TrainerBase):
         key = precision_key(cfg)
         if key is not None:
             check_choice(key, resolve_precision(cfg), cls.precisions)
+        if cfg.TRAIN.COMPILE and cls.compile_refusal:
+            raise ConfigError(f"TRAIN.COMPILE is {cfg.TRAIN.COMPILE!r}, but {cfg.TRAINER.NAME} does not compile: "
+                              f"{cls.compile_refusal}. Leave TRAIN.COMPILE empty.")
 
     def check_cfg(self, cfg):
         """Hook to validate trainer-specific config keys; called after ``check_declared_cfg`` and
@@ -292,6 +304,19 @@ class SimpleTrainer(EvaluationMixin, TrainerBase):
             f"{type(self).__name__} must override build_model(): build self.model, its optimizer "
             "(build_optimizer) and scheduler (build_lr_scheduler), and call self.register_model(name, model, optim, sched)"
         )
+
+    def compile_model(self, backend, fullgraph=False):
+        """With a TRAIN.COMPILE ``backend`` (not ""), compile the step methods of ``self.model``
+        (:mod:`.compilation`; ``fullgraph``: a graph break raises) and print what was compiled;
+        returns torch.compile's mode (None: the default, or nothing compiled)."""
+        if not backend:
+            return None
+        names, mode = compile_step_methods(self.model, backend, self.device, fullgraph)
+        model = type(self.model).__name__
+        breaks = f"; graph breaks expected: {self.compile_graph_breaks}" if self.compile_graph_breaks else ""
+        print(f"TRAIN.COMPILE: torch.compile (backend {backend}, mode {mode or 'default'}) of "
+              f"{', '.join(f'{model}.{name}' for name in names)}{breaks}")
+        return mode
 
     def build_hooks(self):
         """The hooks of this trainer, in calling order (override to add or replace hooks)."""
@@ -378,6 +403,7 @@ class TrainerX(SimpleTrainer):
         end = time.time()
         for self.batch_idx, batch in enumerate(batches, start=first_batch):
             data_time.update(time.time() - end)
+            mark_step(self.compile_mode)
             loss_summary = self.forward_backward(batch)
             batch_time.update(time.time() - end)
             losses.update(loss_summary)

@@ -72,6 +72,8 @@ class CoCoOpCLIP(PromptedCLIP):
         node: cfg.TRAINER.COCOOP.
     """
 
+    device_caches = PromptedCLIP.device_caches + ("_pair_chunks",)
+
     def __init__(self, clip, tokenizer, classnames, node):
         super().__init__(clip)
         self.prompt_learner = ConditionalContext(
@@ -79,40 +81,62 @@ class CoCoOpCLIP(PromptedCLIP):
             feature_dim=clip.text.output_dim,  # image and text features share CLIP's embedding
         )
         self.chunk_size = node.TEXT_CHUNK_SIZE
+        self._pair_chunks = None
 
     def forward(self, images):
         image_features = F.normalize(self.clip.encode_image(images), dim=-1)
         contexts = self.prompt_learner.conditioned(image_features)
         return self.logit_scale * self.conditional_similarities(image_features, contexts)
 
+    def pair_chunks(self, num_images, device):
+        """(pairs [B·C], [(images [n], classes [n], pooled positions [n]) per chunk]) for B images.
+
+        The B x C (image, class) pairs, indexed image * C + class, class-major from the shortest
+        sentence to the longest, cut into chunks of ``chunk_size``. They depend on B and the class
+        list only, so they are made once per B (and device, and class list) and the same tensors
+        come back: the text tower reads each chunk's longest position from the device once, not at
+        every step.
+        """
+        eot = self.prompt_learner.eot  # a new class list is a new tensor
+        if self._pair_chunks is None or self._pair_chunks[0] is not eot:
+            self._pair_chunks = (eot, {})
+        plans = self._pair_chunks[1]
+        key = (num_images, str(device))
+        if key not in plans:
+            num_classes = self.prompt_learner.num_classes
+            first_pair = torch.arange(num_images, device=device) * num_classes
+            pairs = (eot.argsort(stable=True).unsqueeze(1) + first_pair).flatten()
+            chunks = [(chunk // num_classes, chunk % num_classes, eot[chunk % num_classes])
+                      for chunk in pairs.split(self.chunk_size)]
+            plans[key] = (pairs, chunks)
+        return plans[key]
+
     def conditional_similarities(self, image_features, contexts):
         """cos(f_b, text(contexts_b, c)) for all images b and classes c: [B, C].
 
         The B x C prompts are encoded ``chunk_size`` at a time, class by class from the
-        shortest sentence to the longest, so that a chunk's text pass (which computes
-        positions up to its longest sentence) holds sentences of similar lengths. When
+        shortest sentence to the longest (``pair_chunks``), so that a chunk's text pass (which
+        computes positions up to its longest sentence) holds sentences of similar lengths. When
         training needs more than one chunk, each chunk's text pass is recomputed in the
         backward pass instead of being kept (activation checkpointing), so training
         memory is bounded by the chunk too; the gradients are the same.
         """
         num_images, num_classes = image_features.shape[0], self.prompt_learner.num_classes
-        by_length = self.prompt_learner.eot.argsort(stable=True)
-        first_pair = torch.arange(num_images, device=image_features.device) * num_classes
-        pairs = (by_length.unsqueeze(1) + first_pair).flatten()  # index image * C + class, class-major
-        chunks = pairs.split(self.chunk_size)
+        pairs, chunks = self.pair_chunks(num_images, image_features.device)
         recompute = torch.is_grad_enabled() and len(chunks) > 1
         similarities = []
-        for chunk in chunks:
-            images, classes = chunk // num_classes, chunk % num_classes
+        for images, classes, eot in chunks:
             if recompute:
-                text = checkpoint(self.encode_pairs, contexts[images], classes, use_reentrant=False)
+                text = checkpoint(self.encode_pairs, contexts[images], classes, eot, use_reentrant=False)
             else:
-                text = self.encode_pairs(contexts[images], classes)
+                text = self.encode_pairs(contexts[images], classes, eot)
             similarities.append((image_features[images] * F.normalize(text, dim=-1)).sum(dim=-1))
         similarities = torch.cat(similarities)
         return similarities.new_empty(pairs.shape).index_copy(0, pairs, similarities).view(num_images, num_classes)
 
-    def encode_pairs(self, contexts, classes):
-        """Text features [N, E] of N (context [N, n, D], class [N]) prompts."""
+    def encode_pairs(self, contexts, classes, eot=None):
+        """Text features [N, E] of N (context [N, n, D], class [N]) prompts; ``eot``: the classes'
+        pooled positions [N] (default: looked up)."""
         prompts = self.prompt_learner
-        return self.clip.text(embeddings=prompts.pair_embeddings(contexts, classes), eot=prompts.eot[classes]).features
+        eot = prompts.eot[classes] if eot is None else eot
+        return self.clip.text(embeddings=prompts.pair_embeddings(contexts, classes), eot=eot).features

@@ -101,13 +101,14 @@ def build_cfg(case, prec, device, output_dir, backbone=(SYNTHETIC_CLIP, SYNTHETI
     return cfg
 
 
-def build_trainer(case, prec, device, output_dir):
-    """The case's trainer class on ``CLASSES`` stand-in classes, built from ``build_cfg``."""
+def build_trainer(case, prec, device, output_dir, opts=()):
+    """The case's trainer class on ``CLASSES`` stand-in classes, built from ``build_cfg`` (``opts``:
+    more KEY VALUE overrides)."""
     trainer_class = TRAINER_REGISTRY.get(case.trainer)
     contract_class = type(f"MixedPrecision{case.trainer}", (SyntheticClasses, trainer_class),
                           {"benchmark_classes": CLASSES})
     torch.manual_seed(0)  # before case.prepare too: PromptKD's stand-in teacher is drawn at random
-    cfg = build_cfg(case, prec, device, output_dir)
+    cfg = build_cfg(case, prec, device, output_dir, opts=opts)
     with contextlib.redirect_stdout(io.StringIO()):
         trainer = contract_class(cfg)
         if case.after_build is not None:

@@ -42,6 +42,15 @@ requests as its time is), and the process measures its matmul peak in the step's
 (:mod:`vlprompt_app.benchmarking.flops`). A second table gives per case the FLOPs of a training
 step and of an evaluation batch, the FLOPs per second of their median times and that as a
 percentage of the peak, on the report's clock.
+
+Compiled against eager (``--compile BACKEND``, a TRAIN.COMPILE backend): after building a case's
+trainer, its model's step methods are compiled as TRAIN.COMPILE compiles them
+(:mod:`vlprompt.engine.compilation`) and each round also runs the training step and the
+evaluation with the compiled methods in place (``train compiled``, ``eval first compiled``, ``eval
+compiled``), interleaved with the eager ones on the same trainer. The first round, untimed,
+compiles; its time is the case's ``compile_s``. A third table gives per case the eager and
+compiled medians, their ratio, the compile time and the graphs and graph breaks dynamo made. A
+trainer that refuses TRAIN.COMPILE (the test-time ones) is measured eagerly and its row says why.
 """
 import argparse
 import contextlib
@@ -57,6 +66,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 
 import torch
+from torch._dynamo.utils import counters
 
 from vlprompt_app.benchmarking.flops import counting_flops, matmul_peak
 from vlprompt_app.benchmarking.measure import clocks, current_rss_mib, peak_memory_mib, reset_peak_memory
@@ -66,6 +76,7 @@ from vlprompt_app.benchmarking.trainer_cases import (
     project_trainers, select_cases, synthetic_case, training_batch,
 )
 from vlprompt.engine.benchmark_case import CACHED, TEST_TIME, TRAIN
+from vlprompt.engine.compilation import COMPILE_BACKENDS, compile_step_methods, mark_step
 from vlprompt.paths import repository_root
 from vlprompt_app.project import import_project_package
 
@@ -177,6 +188,36 @@ def case_calls(case, trainer, settings):
     return calls, counts, references
 
 
+def compiled_calls(trainer, calls, backend):
+    """The training and evaluation calls of ``calls`` again, with ``trainer.model``'s step methods
+    compiled with ``backend`` in place while they run (parts renamed "... compiled").
+
+    Returns:
+        (the compiled calls, {"backend", "mode", "methods"}); the model stays eager between them.
+    """
+    model = trainer.model
+    names, mode = compile_step_methods(model, backend, trainer.device)
+    compiled = {name: vars(model).pop(name) for name in names}
+
+    def with_compiled(run, is_step):
+        def call():
+            vars(model).update(compiled)
+            trainer.compile_mode = mode
+            try:
+                if is_step:
+                    mark_step(mode)
+                return run()
+            finally:
+                trainer.compile_mode = None
+                for name in names:
+                    vars(model).pop(name)
+        return call
+
+    twins = [Call(with_compiled(call.run, call.parts == ("train",)), tuple(f"{part} compiled" for part in call.parts),
+                  call.loader) for call in calls if call.parts[0] in ("train", "eval first", "eval")]
+    return twins, {"backend": backend, "mode": mode or "default", "methods": names}
+
+
 def time_rounds(calls, device, rounds, warmup):
     """{timed part: {"wall": [s, ...], "cpu": [s, ...]}} of the timed rounds (calls interleaved)."""
     times = {part: {"wall": [], "cpu": []} for call in calls for part in call.parts}
@@ -232,13 +273,22 @@ def measure_case(case, settings):
         learnable = (trainer.episode_learnable() if case.kind == TEST_TIME  # tuned inside each episode
                      else sum(param.numel() for param in trainer.model.parameters() if param.requires_grad))
         calls, counts, references = case_calls(case, trainer, settings)
+        compiled, compile_info, backend = [], None, settings.get("compile")
+        if backend and trainer.compile_refusal:
+            compile_info = {"backend": backend, "refused": trainer.compile_refusal}
+        elif backend:
+            torch._dynamo.reset()  # another case's graphs of the code objects cases share (in-process runs)
+            compiled, compile_info = compiled_calls(trainer, calls, backend)
+            counters.clear()
         memory_after_build = torch.cuda.memory_allocated() / 2**20 if device.type == "cuda" else current_rss_mib()
         reset_peak_memory(device)
         start = time.perf_counter()
-        time_rounds(calls, device, 1, 0)  # the first round fills the caches: not timed
+        first_round = time_rounds(calls + compiled, device, 1, 0)  # fills the caches, compiles: not timed
         first_round_s = time.perf_counter() - start
-        times = time_rounds(calls, device, settings["rounds"], settings["warmup"])
+        times = time_rounds(calls + compiled, device, settings["rounds"], settings["warmup"])
         peak = peak_memory_mib(device)
+        if compiled:
+            compile_info.update(compile_fields(first_round, times, settings["clock"]))
         if settings.get("flops"):  # untimed, after the timed rounds and the memory peak
             flops = count_part_flops(calls)
             matmul = matmul_peak(device, trainer.amp.dtype or torch.float32, settings["peak_size"],
@@ -252,7 +302,25 @@ def measure_case(case, settings):
         "peak_memory_mib": peak, "memory_after_build_mib": memory_after_build,
         "memory_kind": "cuda max allocated" if device.type == "cuda" else "process peak RSS",
         "build_s": build_s, "first_round_s": first_round_s, "rounds": times, "flops": flops, "matmul_peak": matmul,
+        "compile": compile_info,
     }
+
+
+def compile_fields(first_round, times, clock):
+    """{"compile_s", "graphs", "graph_breaks", and per part "train"/"eval"/"eval first": {"eager_ms",
+    "compiled_ms"}}: the first round's wall time of the compiled calls less the eager ones' (what
+    compiling cost, the C++ compiler's processes included), dynamo's counts, and the medians of the
+    timed rounds on ``clock``."""
+    def first(part):
+        return first_round[part]["wall"][0] if part in first_round else 0.0
+
+    parts = [part for part in ("train", "eval first", "eval") if f"{part} compiled" in times]
+    fields = {"compile_s": sum(first(f"{part} compiled") - first(part) for part in parts),
+              "graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values())}
+    for part in parts:
+        fields[part] = {f"{kind}_ms": 1000 * statistics.median(times[name][clock])
+                        for kind, name in (("eager", part), ("compiled", f"{part} compiled"))}
+    return fields
 
 
 def timing_fields(case, clock, times, counts, references):
@@ -407,18 +475,58 @@ def limit_rows(records, clock):
 
 
 def tables(report):
-    """The distance-to-the-limit table under the main one, when the run counted FLOPs."""
+    """Under the main table: the distance-to-the-limit table when the run counted FLOPs, and the
+    compiled-against-eager table with ``--compile``."""
     settings = report["settings"]
+    found = []
     rows = limit_rows(report["results"], settings["clock"])
-    if not rows:
-        return []
-    peak = next(record["matmul_peak"] for record in report["results"] if record.get("matmul_peak"))
-    per = "CPU-second" if settings["clock"] == "cpu" else "second"
-    title = (f"\nDistance to the limit: FLOPs counted by FlopCounterMode (matrix products and attention, forward "
-             f"and backward) per call, per {per} of its median time ({settings['clock']} clock), and as a "
-             f"percentage of the peak measured in the case's process (best of {peak['repeats']} "
-             f"{peak['size']}x{peak['size']} {peak['dtype']} matmuls)")
-    return [(title, LIMIT_HEADERS, rows)]
+    if rows:
+        peak = next(record["matmul_peak"] for record in report["results"] if record.get("matmul_peak"))
+        per = "CPU-second" if settings["clock"] == "cpu" else "second"
+        title = (f"\nDistance to the limit: FLOPs counted by FlopCounterMode (matrix products and attention, "
+                 f"forward and backward) per call, per {per} of its median time ({settings['clock']} clock), and "
+                 f"as a percentage of the peak measured in the case's process (best of {peak['repeats']} "
+                 f"{peak['size']}x{peak['size']} {peak['dtype']} matmuls)")
+        found.append((title, LIMIT_HEADERS, rows))
+    if settings.get("compile"):
+        modes = sorted({record["compile"]["mode"] for record in report["results"]
+                        if (record.get("compile") or {}).get("mode")})
+        title = (f"\nCompiled against eager: TRAIN.COMPILE {settings['compile']} (mode {', '.join(modes) or '-'}), "
+                 f"median ms of the same rounds ({settings['clock']} clock), eager / compiled (> 1: compiled is "
+                 "faster), the first round's extra wall time (compiling) and dynamo's graphs and graph breaks")
+        refusals = {}
+        for record in report["results"]:
+            if "refused" in (record.get("compile") or {}):
+                refusals.setdefault(record["compile"]["refused"], []).append(record["case"])
+        title += "".join(f"\nNot compiled ({', '.join(cases)}): {why}" for why, cases in refusals.items())
+        found.append((title, COMPILE_HEADERS, compile_rows(report["results"])))
+    return found
+
+
+COMPILE_HEADERS = ["case", "train eager", "train compiled", "train speed-up", "eval eager", "eval compiled",
+                   "eval speed-up", "eval first eager", "eval first compiled", "compile s (wall)", "graphs", "breaks"]
+
+
+def compile_rows(records):
+    """Rows of the compiled-against-eager table (a refusing trainer's row gives its reason)."""
+    rows = []
+    for record in records:
+        info = record.get("compile") or {}
+        if "error" in record or not info:
+            continue
+        if "refused" in info:
+            rows.append([record["case"], "refuses TRAIN.COMPILE"])
+            continue
+        cells = []
+        for part in ("train", "eval"):
+            times = info.get(part)
+            cells += (["", "", ""] if times is None else
+                      [f"{times['eager_ms']:.1f}", f"{times['compiled_ms']:.1f}",
+                       f"{times['eager_ms'] / times['compiled_ms']:.2f}"])
+        first = info.get("eval first")
+        cells += ["", ""] if first is None else [f"{first['eager_ms']:.1f}", f"{first['compiled_ms']:.1f}"]
+        rows.append([record["case"], *cells, f"{info['compile_s']:.1f}", info["graphs"], info["graph_breaks"]])
+    return rows
 
 
 def comparison_lines(report, before, before_path, table_format):
@@ -454,6 +562,9 @@ def add_arguments(parser):
                         help="do not count FLOPs nor measure the matmul peak (the distance-to-the-limit table)")
     parser.add_argument("--peak-size", type=int, default=2048, help="the peak's matmul is [N, N] @ [N, N]")
     parser.add_argument("--peak-repeats", type=int, default=5, help="timed peak matmuls (the best counts)")
+    parser.add_argument("--compile", choices=COMPILE_BACKENDS, default="",
+                        help="also time every case's step and evaluation compiled with this TRAIN.COMPILE backend, "
+                             "in the same rounds as the eager ones")
     parser.add_argument("opts", nargs=argparse.REMAINDER, help="KEY VALUE config overrides for every case")
 
 
@@ -482,7 +593,7 @@ def settings_of(args):
     to ViT-B/16, random weights and 224 px, or to the tiny synthetic CLIP's with ``--synthetic``."""
     settings = {key: getattr(args, key) for key in ("batch", "eval_batch", "classes", "device", "prec", "threads",
                                                     "rounds", "warmup", "clock", "synthetic", "flops", "peak_size",
-                                                    "peak_repeats")}
+                                                    "peak_repeats", "compile")}
     defaults = ((SYNTHETIC_CLIP, SYNTHETIC_WEIGHTS, SYNTHETIC_IMAGE_SIZE) if args.synthetic
                 else ("ViT-B/16", "random", 224))
     for key, default in zip(("backbone", "weights", "image_size"), defaults):

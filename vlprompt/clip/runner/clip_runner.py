@@ -102,6 +102,6 @@ class CLIPRunner(nn.Module):
             return self.plain_visual(images)
         return self.visual(images, plan, rows=()).features
 
-    def encode_text(self, token_ids, plan=EMPTY_PLAN):
-        """Text features [N, E] (not normalised)."""
-        return self.text(token_ids, plan).features
+    def encode_text(self, token_ids, plan=EMPTY_PLAN, last=None):
+        """Text features [N, E] (not normalised); ``last``: see ``TextTower.forward``."""
+        return self.text(token_ids, plan, last=last).features

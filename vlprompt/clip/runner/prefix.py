@@ -110,7 +110,23 @@ class HostValues:
         return len(self._entries)
 
     def get(self, tensor, name, compute):
-        """``compute(tensor)``, remembered under ``name`` for this tensor object."""
+        """``compute(tensor)``, remembered under ``name`` for this tensor object.
+
+        Inside torch.compile a value known for this tensor object is a constant of the traced
+        graph (dynamo guards on the tensor's identity and on this map); an unknown one is
+        computed and remembered outside the graph, which breaks it (the next call, with the
+        value known, is traced again as one graph). A traced lookup does not read the version
+        counter (dynamo cannot): a compiled step must not change such a tensor in place, as no
+        method here does.
+        """
+        if torch.compiler.is_compiling():  # looked up by identity: dynamo cannot take id() of every tensor
+            for reference, _, values in self._entries.values():
+                if reference() is tensor and name in values:
+                    return values[name]
+            return self._remember_untraced(tensor, name, compute)
+        return self._remember(tensor, name, compute)
+
+    def _remember(self, tensor, name, compute):
         if tensor.is_inference():
             return compute(tensor)
         key = id(tensor)
@@ -125,6 +141,10 @@ class HostValues:
         if len(self._entries) > self.size:
             self._entries.popitem(last=False)
         return values[name]
+
+    @torch.compiler.disable
+    def _remember_untraced(self, tensor, name, compute):
+        return self._remember(tensor, name, compute)
 
     def clear(self):
         self._entries.clear()

@@ -134,7 +134,7 @@ class TextTower(Tower):
         return x @ self.text_projection
 
     def forward(self, token_ids=None, plan=EMPTY_PLAN, embeddings=None, eot=None, all_tokens=False, hidden=None,
-                start=0):
+                start=0, last=None):
         """Encode sentences.
 
         Args:
@@ -150,6 +150,9 @@ class TextTower(Tower):
                 sentences ``token_ids`` (e.g. rows of ``prefix(token_ids, start)``), at
                 least up to their last pooled position; the tower continues from there.
             start: first block to run when ``hidden`` is given.
+            last: the last position to compute, at least the largest pooled position (default: that
+                position, read from the device once per ``eot`` or ``token_ids`` tensor): a method
+                whose sentences change per step (a batch's captions) gives a bound it knows.
 
         Returns:
             TowerOutput with features [N, E], the pooled positions (moved by tokens
@@ -162,7 +165,7 @@ class TextTower(Tower):
             raise ValueError(
                 "TextTower continues from hidden states with the token_ids they belong to, not embeddings."
             )
-        state = self._state(token_ids if embeddings is None else embeddings, eot, token_ids)
+        state = self._state(token_ids if embeddings is None else embeddings, eot, token_ids, last)
         first = plan.first_layer(self.num_layers)
         if hidden is not None:
             if not 0 <= start < self.num_layers:
@@ -188,10 +191,10 @@ class TextTower(Tower):
             pooled = x[:, 0]
         return TowerOutput(features=self.project(pooled), tokens=x, eot=state.eot)
 
-    def _state(self, sequence, eot=None, token_ids=None):
+    def _state(self, sequence, eot=None, token_ids=None, last=None):
         """Run state of a batch: pooled positions [N] (``eot``, else those of
         ``token_ids``; a tower pooled at its last position pools L-1 whatever ``eot`` says), their
-        maximum, and the full length L of ``sequence`` [N, L(, D)].
+        maximum (or ``last``, a bound the caller knows), and the full length L of ``sequence`` [N, L(, D)].
 
         The maximum is read from the device once per ``eot`` or ``token_ids`` tensor (see
         HostValues). Meta tensors (models built for their shapes only) have no values:
@@ -203,9 +206,9 @@ class TextTower(Tower):
             eot = torch.full(sequence.shape[:1], sequence.shape[1] - 1, dtype=torch.long, device=sequence.device)
         elif eot is None:
             eot = self.eot_positions(token_ids)
-        if self.causal and eot.numel() and not eot.is_meta:
+        if last is None and self.causal and eot.numel() and not eot.is_meta:
             last = self._host_values.get(source, "last", lambda _: int(eot.max()))
-        else:  # a bidirectional tower computes every position (as do shape-only meta tensors)
+        elif last is None:  # a bidirectional tower computes every position (as do shape-only meta tensors)
             last = sequence.shape[1] - 1
         return RunState(eot=eot, last=last, length=sequence.shape[1], pool_last=pool_last)
 
@@ -241,8 +244,7 @@ class TextTower(Tower):
         return self._prefix_cache.get(key, compute)
 
     def _compute_prefix(self, token_ids, stop, last=None, pooled=False):
-        state = self._state(token_ids, token_ids=token_ids)
-        state.last = state.last if last is None else last
+        state = self._state(token_ids, token_ids=token_ids, last=last)
         x = self.embed(token_ids)[:, : state.last + 1]
         x = x + self.positional_embedding[: x.shape[1]].to(x.dtype)
         return self.run_blocks(x, 0, stop, state=state, rows=_pooled_rows if pooled else None)
