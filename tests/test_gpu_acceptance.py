@@ -26,16 +26,19 @@ def test_rehearsal_runs_every_stage_and_reports(tmp_path):
                            "--official", str(tmp_path / "no_trees"), "--budget", "3600"], cwd=ROOT,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert sorted(os.listdir(out)) == ["acceptance.json", "acceptance.md", "cuda-tests.xml", "data.jsonl",
-                                       "data_tree.json", "environment.json", "logs.txt", "parity.jsonl",
-                                       "trainers.jsonl"]
+    assert sorted(os.listdir(out)) == ["acceptance.json", "acceptance.md", "compiled.jsonl", "cuda-tests.xml",
+                                       "data.jsonl", "data_tree.json", "environment.json", "logs.txt",
+                                       "parity.jsonl", "trainers.jsonl"]
     report = json.loads((out / "acceptance.json").read_text())
     stages = {stage["stage"]: stage for stage in report["stages"]}
     assert [stage["stage"] for stage in report["stages"]] == list(run.STAGES)
     assert all(stages[name]["exit_status"] == 0 and stages[name]["cpu_s"] > 0
-               for name in ("environment", "cuda-tests", "parity", "data-tree", "data", "trainers"))
+               for name in ("environment", "cuda-tests", "parity", "data-tree", "data", "trainers", "compiled"))
     assert "no exported official tree" in stages["official"]["skipped"]
-    assert stages["compiled"]["skipped"].startswith("not available")  # until the benchmark has --compile
+    coop, tpt = report["compiled"]  # CoOp's step and evaluation traced (eager backend), TPT refuses
+    assert coop["case"] == "CoOp" and coop["graphs"] >= 2 and coop["graph_breaks"] == 0
+    assert coop["eager"]["train"]["wall_ms"] > 0 and coop["compiled"]["eval"]["images_per_s"] > 0
+    assert tpt["case"] == "TPT" and "test-time" in tpt["refused"]
     rehearsed = {"CoCoOp", "CoOp", "DeAR", "RAda", "RAda (images)", "TPT", "CoCoOp+TPT", "MaPLe+TPT"}
     # CPU against CPU: the same weights, values and batch give the same outputs
     assert {record["case"] for record in report["parity"]} == rehearsed
@@ -146,7 +149,7 @@ def test_checks_fail_on_what_the_run_found():
     slow_dear = [_measured("DeAR", "DeAR", 20.0, images_per_s=800.0)]
     assert _report(trainers=slow_dear)["DeAR trains at least 1500 images/s (batch 16, AMP)"] is False
     fast_compiled = [{"case": "DeAR", "eager": slow_dear[0], "compiled": _measured("DeAR", "DeAR", 8.0, 2000.0)}]
-    verdicts = _report(trainers=slow_dear, compiled=fast_compiled)
+    verdicts = _report(trainers=slow_dear, compiled=fast_compiled + [{"case": "TPT", "trainer": "TPT", "refused": "x"}])
     assert verdicts["DeAR trains at least 1500 images/s (batch 16, AMP)"] is True  # the compiled step counts
     assert verdicts["a compiled training step at least 2x as fast as the eager one (every case measured)"] is True
     slow_compiled = [{"case": "DeAR", "eager": slow_dear[0], "compiled": _measured("DeAR", "DeAR", 12.0)}]
@@ -336,34 +339,39 @@ def test_a_case_past_its_limit_becomes_a_stopped_record(monkeypatch):
     assert record == {"case": "CoOp", "trainer": "CoOp", "error": ["stopped at its limit of 0.2 s"], "stopped": True}
 
 
-def test_the_compiled_stage_passes_the_benchmarks_compile_option(tmp_path, monkeypatch):
-    """Without --compile in the per-trainer benchmark the stage is not available; with it, each case is
-    measured eager and with the settings the option gives."""
+def test_the_compiled_stage_measures_each_case_with_the_benchmarks_compile_option(tmp_path, monkeypatch):
+    """Each case is measured once with the settings' backend (eager and compiled calls in the same
+    rounds); its record splits into the two sides, a refusal and an error kept as such."""
     from vlprompt_app.benchmarking import per_trainer
 
-    assert stages.compile_settings(run.REHEARSAL_SETTINGS) is None  # this checkout's benchmark has no --compile
-    add_arguments, settings_of = per_trainer.add_arguments, per_trainer.settings_of
-
-    def with_compile(parser):
-        add_arguments(parser)
-        parser.add_argument("--compile", action="store_true")
-
-    monkeypatch.setattr(per_trainer, "add_arguments", with_compile)
-    monkeypatch.setattr(per_trainer, "settings_of", lambda args: dict(settings_of(args), compile=args.compile))
     seen = []
 
     def measure_case(case, settings):
-        seen.append((case.name, settings.get("compile"), settings["flops"]))
-        return {"case": case.name, "rounds": {}, "train": None, "eval": {"ratio": 1.0}, "build_s": 0.0}
+        seen.append((case.name, settings["compile"], settings["flops"]))
+        if case.name == "TPT":
+            return {"case": "TPT", "trainer": "TPT", "rounds": {}, "compile": {"backend": "eager", "refused": "views"}}
+        if case.name == "RAda":
+            raise RuntimeError("boom")
+        return {"case": case.name, "trainer": case.trainer, "rounds": {}, "train": {"images": 2},
+                "eval": {"images": 4}, "compile": {"backend": "eager", "compile_s": 1.5, "graphs": 2, "graph_breaks": 0,
+                                                   "train": {"eager_ms": 10.0, "compiled_ms": 4.0},
+                                                   "eval": {"eager_ms": 8.0, "compiled_ms": 2.0}}}
 
     monkeypatch.setattr(per_trainer, "measure_case", measure_case)
-    settings = dict(run.REHEARSAL_SETTINGS, compile_cases=["DeAR", "CoOp"])
-    assert stages.compile_settings(settings) == dict(settings, compile=True)
-    stages.compiled(str(tmp_path), settings)
-    assert seen == [("CoOp", None, False), ("CoOp", True, False), ("DeAR", None, False), ("DeAR", True, False)]
-    records = [json.loads(line) for line in (tmp_path / "compiled.jsonl").read_text().splitlines()]
-    assert [(r["case"], r["eager"]["case"], r["compiled"]["case"]) for r in records] == [
-        ("CoOp", "CoOp", "CoOp"), ("DeAR", "DeAR", "DeAR")]
+    monkeypatch.setattr(per_trainer, "progress_line", lambda record: record["case"])
+    stages.compiled(str(tmp_path), dict(run.REHEARSAL_SETTINGS, compile_cases=["TPT", "CoOp", "RAda"]))
+    assert seen == [("CoOp", "eager", False), ("TPT", "eager", False), ("RAda", "eager", False)]
+    coop, tpt, rada = [json.loads(line) for line in (tmp_path / "compiled.jsonl").read_text().splitlines()]
+    assert coop["eager"] == {"train": {"wall_ms": 10.0, "images_per_s": 200.0}, "eval": {"wall_ms": 8.0,
+                                                                                          "images_per_s": 500.0}}
+    assert coop["compiled"] == {"train": {"wall_ms": 4.0, "images_per_s": 500.0}, "eval": {"wall_ms": 2.0,
+                                                                                            "images_per_s": 2000.0}}
+    assert (coop["compile_s"], coop["graphs"], coop["graph_breaks"]) == (1.5, 2, 0)
+    assert tpt == {"case": "TPT", "trainer": "TPT", "refused": "views"}
+    assert rada["eager"]["error"][-1] == rada["compiled"]["error"][-1] == "RuntimeError: boom"
+    rows = acceptance_report.compiled_rows([coop, tpt, rada])
+    assert rows[0] == ["CoOp", "10.0", "4.0", "2.50", "8.0", "2.0", "4.00", "1.5", "2", "0"]
+    assert rows[1][:2] == ["TPT", "refuses: views"] and rows[2][:2] == ["RAda", "RuntimeError: boom"]
 
 
 def test_the_imagenet_tree_is_drawn_alike_by_any_number_of_writers_and_reused(tmp_path):

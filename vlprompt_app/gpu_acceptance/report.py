@@ -101,32 +101,38 @@ def _trainer_lines(report):
     return lines
 
 
-COMPILED_HEADERS = ["case", "eager train ms", "compiled train ms", "train speed-up", "eager eval img/s",
-                    "compiled eval img/s", "eval speed-up"]
+COMPILED_HEADERS = ["case", "eager train ms", "compiled train ms", "train speed-up", "eager eval ms",
+                    "compiled eval ms", "eval speed-up", "compile s", "graphs", "graph breaks"]
 
 
 def compiled_rows(records):
-    """[case, eager and compiled train ms, speed-up, eager and compiled eval images/s, speed-up]."""
+    """[case, eager and compiled train ms, speed-up, eager and compiled eval ms, speed-up, compile
+    s, graphs, graph breaks] (a refusing trainer: its reason; a failed case: its error)."""
+    def times(eager, compiled):
+        if not eager or not compiled:
+            return ["", "", ""]
+        return [f"{eager['wall_ms']:.1f}", f"{compiled['wall_ms']:.1f}", f"{eager['wall_ms'] / compiled['wall_ms']:.2f}"]
+
     rows = []
     for record in records:
-        eager, compiled = record["eager"], record["compiled"]
-        failed = [f"{name}: " + (side["error"][-1] if side["error"] else "?")
-                  for name, side in (("eager", eager), ("compiled", compiled)) if "error" in side]
-        if failed:
-            rows.append([record["case"], "; ".join(failed)] + [""] * (len(COMPILED_HEADERS) - 2))
+        if "refused" in record:
+            rows.append([record["case"], "refuses: " + record["refused"]] + [""] * (len(COMPILED_HEADERS) - 2))
             continue
-        train = eager["train"] and compiled["train"]
-        rows.append([record["case"], f"{eager['train']['wall_ms']:.1f}" if train else "",
-                     f"{compiled['train']['wall_ms']:.1f}" if train else "",
-                     f"{eager['train']['wall_ms'] / compiled['train']['wall_ms']:.2f}" if train else "",
-                     f"{eager['eval']['images_per_s']:.4g}", f"{compiled['eval']['images_per_s']:.4g}",
-                     f"{compiled['eval']['images_per_s'] / eager['eval']['images_per_s']:.2f}"])
+        eager, compiled = record["eager"], record["compiled"]
+        if "error" in eager or "error" in compiled:
+            error = eager.get("error") or compiled.get("error")
+            rows.append([record["case"], error[-1] if error else "?"] + [""] * (len(COMPILED_HEADERS) - 2))
+            continue
+        rows.append([record["case"]] + times(eager["train"], compiled["train"]) + times(eager["eval"], compiled["eval"])
+                    + [f"{record['compile_s']:.1f}", str(record["graphs"]), str(record["graph_breaks"])])
     return rows
 
 
 def _compiled_lines(report):
     stage = next((s for s in report["stages"] if s["stage"] == "compiled"), {})
-    lines = ["## Eager against compiled (the per-trainer benchmark's --compile; wall clock, same process)", ""]
+    backend = report.get("settings", {}).get("compile_backend", "?")
+    lines = [f"## Eager against compiled (the per-trainer benchmark's --compile {backend}; wall clock, same rounds)",
+             ""]
     if stage.get("skipped"):
         return lines + [stage["skipped"]]
     return lines + [format_table(compiled_rows(report["compiled"]), COMPILED_HEADERS, "github")]

@@ -20,8 +20,9 @@ Stages (each in its own process and process group, its output in ``OUT/logs/<sta
    their FLOPs and the fraction of the measured matmul peak (``trainers.jsonl``); CoCoOp's first
    (its evaluation encodes batch x classes prompts: at 1000 classes and evaluation batch 250 the
    costliest), each case within ``case_limit_s``.
-6. ``compiled``: every case eager and with the per-trainer benchmark's ``--compile``
-   (``compiled.jsonl``); skipped, saying so, while the benchmark has no such option.
+6. ``compiled``: every case eager and compiled, interleaved in the same rounds (the per-trainer
+   benchmark's ``--compile``, with TRAIN.COMPILE's ``inductor`` backend, CUDA graphs on CUDA; the
+   rehearsal's ``eager`` backend traces without generating code) (``compiled.jsonl``).
 
 Each step may run until its share of the budget (``DEADLINES``, cumulative: a step that ends early
 leaves its time to the next; the last step that runs takes what is left); a stage still running
@@ -49,7 +50,7 @@ DASSL_FOLDER = "dassl"  # the exported Dassl.pytorch under --official, beside ow
 GPU_SETTINGS = {  # the papers' settings: train batch 16, evaluation batch 250 (DeAR's supplement), 1000 classes
     "batch": 16, "eval_batch": 250, "classes": 1000, "image_size": 224, "device": "cuda", "prec": "amp",
     "threads": 0, "rounds": 3, "warmup": 1, "clock": "wall", "backbone": "ViT-B/16", "weights": "random",
-    "opts": [], "cases": [], "compile_cases": [], "case_limit_s": 60, "flops": True, "peak_size": 8192,
+    "opts": [], "cases": [], "compile_cases": [], "compile_backend": "inductor", "case_limit_s": 60, "flops": True, "peak_size": 8192,
     "peak_repeats": 10,
     "official_batch": 0, "official_side_limit_s": 45,  # each method's recipe batch; seconds per side's process
     "data": {"root": os.path.join(tempfile.gettempdir(), "vlprompt_gpu_acceptance_data"), "classes": 1000,
@@ -59,7 +60,7 @@ GPU_SETTINGS = {  # the papers' settings: train batch 16, evaluation batch 250 (
 REHEARSAL_CASES = ["CoCoOp", "CoOp", "DeAR", "RAda", "TPT"]
 REHEARSAL_SETTINGS = dict(GPU_SETTINGS, batch=2, eval_batch=4, classes=4, image_size=32, device="cpu", threads=1,
                           rounds=1, warmup=0, backbone="configs/clip/tiny-synthetic-clip.json", tiny_configs=True,
-                          cases=REHEARSAL_CASES, compile_cases=["CoOp"], peak_size=128, peak_repeats=2,
+                          cases=REHEARSAL_CASES, compile_cases=["CoOp", "TPT"], compile_backend="eager", peak_size=128, peak_repeats=2,
                           official_batch=2,
                           data=dict(GPU_SETTINGS["data"], root=None, classes=4, train_per_class=16, val_per_class=2,
                                     size=[64, 48], method="DeAR:synthetic", workers=1,
@@ -188,8 +189,6 @@ def run(out_dir, official=None, rehearsal=False, budget_s=330.0, stages=STAGES, 
     """Run the ``stages`` (the environment always) into ``out_dir`` within ``budget_s`` seconds, the
     parity, trainers and compiled stages over ``cases`` (case or trainer names; default: the
     settings'); returns the report dict."""
-    from .stages import compile_settings
-
     start = time.monotonic()
     settings = json.loads(json.dumps(REHEARSAL_SETTINGS if rehearsal else GPU_SETTINGS))  # a deep copy
     if cases:
@@ -217,8 +216,6 @@ def run(out_dir, official=None, rehearsal=False, budget_s=330.0, stages=STAGES, 
         if name == "official" and not measured:
             return (f"no exported official tree under {official!r} for {', '.join(unavailable)} "
                     "(tools/gpu_acceptance.py prepare writes them)")
-        if name == "compiled" and compile_settings(settings) is None:
-            return "not available: tools/benchmark.py trainers has no --compile option in this checkout"
         return None
 
     done = []

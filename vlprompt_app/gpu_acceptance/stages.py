@@ -15,9 +15,9 @@ writing its own JSON (the data stages: :mod:`vlprompt_app.gpu_acceptance.data`).
   costliest), then those of ``FIRST_CASES``. A case that fails, or runs past ``case_limit_s``
   (``time_limit``), becomes an error record and the stage goes on. With ``tiny_configs`` in the
   settings (the rehearsal's tiny CLIP) each case takes its synthetic config.
-* ``compiled``: each case of ``compile_cases`` (all when empty) measured twice in this process,
-  eager and with the per-trainer benchmark's ``--compile`` (``compile_settings``), each under
-  ``case_limit_s``, one JSON line per case in ``compiled.jsonl``.
+* ``compiled``: each case of ``compile_cases`` (all when empty) measured in this process with the
+  per-trainer benchmark's ``--compile`` at ``compile_backend`` (eager and compiled calls in the
+  same rounds), each under ``case_limit_s``, one JSON line per case in ``compiled.jsonl``.
 * ``official``: ``tools/benchmark.py official``'s measurement (ours against the official code), one
   JSON line per method in ``official.jsonl`` as soon as it is measured, the report in ``official.json``.
 
@@ -159,43 +159,40 @@ def trainers(out_dir, settings):
         print(progress_line(record), flush=True)
 
 
-COMPILE_ARGV = ["--compile"]  # the per-trainer benchmark's option that compiles the measured calls
+def compiled_sides(record):
+    """{"case", "trainer", "eager", "compiled"} from a per-trainer record measured with
+    ``compile``: each side {"train": {"wall_ms", "images_per_s"} or None, "eval": {"wall_ms",
+    "images_per_s"}} from the medians of the same interleaved rounds; an error record gives both
+    sides its error; a trainer that refuses compiling gives {"refused": its reason}."""
+    head = {"case": record["case"], "trainer": record["trainer"]}
+    if "error" in record:
+        return dict(head, eager={"error": record["error"]}, compiled={"error": record["error"]})
+    info = record["compile"] or {}
+    if "refused" in info:
+        return dict(head, refused=info["refused"])
 
+    def side(kind):
+        return {part: None if part not in info else
+                {"wall_ms": info[part][f"{kind}_ms"],
+                 "images_per_s": record[part]["images"] / info[part][f"{kind}_ms"] * 1000}
+                for part in ("train", "eval")}
 
-def compile_settings(settings):
-    """``settings`` as the per-trainer benchmark's ``--compile`` changes them (the settings it
-    builds from its command line with the option, against without), or None while its command
-    line has no such option."""
-    import argparse
-
-    from vlprompt_app.benchmarking import per_trainer
-
-    parser = argparse.ArgumentParser()
-    per_trainer.add_arguments(parser)
-    parser.add_argument("--clock", default="wall")  # tools/benchmark.py's option of every family
-    if COMPILE_ARGV[0] not in parser._option_string_actions:
-        return None
-    eager, compiled = (per_trainer.settings_of(parser.parse_args(argv)) for argv in ([], COMPILE_ARGV))
-    return dict(settings, **{key: value for key, value in compiled.items() if eager.get(key) != value})
+    return dict(head, eager=side("eager"), compiled=side("compiled"), backend=info.get("backend"),
+                compile_s=info.get("compile_s"), graphs=info.get("graphs"), graph_breaks=info.get("graph_breaks"))
 
 
 def compiled(out_dir, settings):
-    """compiled.jsonl: per case of ``compile_cases`` (all when empty) {"case", "trainer", "eager": its
-    record at ``settings``, "compiled": its record at ``compile_settings(settings)``} (without FLOPs)."""
+    """compiled.jsonl: per case of ``compile_cases`` (all when empty) the per-trainer benchmark's
+    ``--compile settings["compile_backend"]`` measurement (eager and compiled calls interleaved in
+    the same rounds on one trainer, without FLOPs) as its two sides (compiled_sides)."""
     from vlprompt_app.benchmarking.per_trainer import progress_line
 
-    eager = dict(settings, flops=False)
-    with_compile = compile_settings(eager)
-    if with_compile is None:
-        raise SystemExit("error: tools/benchmark.py trainers has no --compile option in this checkout")
-
+    with_compile = dict(settings, flops=False, compile=settings["compile_backend"])
     path = os.path.join(out_dir, "compiled.jsonl")
     for case in ordered_cases(settings["compile_cases"], settings, FIRST_CASES):
-        record = {"case": case.name, "trainer": case.trainer, "eager": measured(case, eager)}
-        print("eager    " + progress_line(record["eager"]), flush=True)
-        record["compiled"] = measured(case, with_compile)
-        print("compiled " + progress_line(record["compiled"]), flush=True)
-        _append(path, record)
+        record = measured(case, with_compile)
+        print(progress_line(record), flush=True)
+        _append(path, compiled_sides(record))
 
 
 def official(out_dir, settings):
