@@ -15,12 +15,15 @@ __all__ = ["TINY_CLIP_CONFIG", "write_tiny_clip"]
 
 def pytest_configure(config):
     """Under pytest-xdist (``-n N``), each of the N worker processes gets an equal share of the
-    CPU cores as torch threads, so that the workers do not oversubscribe the machine."""
+    CPU cores as torch threads, and so do the processes its tests start (OMP_NUM_THREADS, unless
+    set), so that the workers and their runs do not oversubscribe the machine."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1:
         import torch
 
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+        share = max(1, (os.cpu_count() or 1) // workers)
+        os.environ.setdefault("OMP_NUM_THREADS", str(share))
+        torch.set_num_threads(share)
 
 
 @pytest.fixture(scope="session")

@@ -74,6 +74,10 @@ def _script_child(script, args, cwd, env, stdout_path, stderr_path, new_session)
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
+    if env.get("OMP_NUM_THREADS", "").isdigit():  # what a new interpreter's torch would read at import
+        import torch
+
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
     script = os.path.abspath(script)
     sys.argv = [script, *args]
     runpy.run_path(script, run_name="__main__")  # sys.path is the test process's: the scripts import installed packages
@@ -135,3 +139,33 @@ def run_script(command, cwd=ROOT, env=None, timeout=300):
             raise
         outputs = [Path(path).read_text(errors="replace") for path in (stdout_path, stderr_path)]
     return subprocess.CompletedProcess(command, process.returncode, *outputs)
+
+
+def run_commands(script, cwd=ROOT, env=None, timeout=900):
+    """A shell script of ``python script.py ...`` commands (a README code block: one command per
+    line, ``\\`` continuations, ``#`` comments) run as ``bash -e`` runs it, each command a
+    :func:`run_script`: in order, stopping at the first that fails; a CompletedProcess with the
+    concatenated standard output and error and the failing (else last) command's exit status.
+    Any other command, or shell syntax beyond words and quotes, is refused (ValueError): such a
+    script needs a real shell."""
+    import shlex
+
+    commands = []
+    for line in script.replace("\\\n", " ").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        words = shlex.split(line)
+        if words[0] != "python" or not words[1].endswith(".py") or any(
+                word in ("|", "&&", "||", ";", ">", "<", "&") for word in words):
+            raise ValueError(f"not a plain 'python script.py ...' command: {line}")
+        commands.append([sys.executable, *words[1:]])
+    stdout, stderr, status = [], [], 0
+    for command in commands:
+        done = run_script(command, cwd=cwd, env=env, timeout=timeout)
+        stdout.append(done.stdout)
+        stderr.append(done.stderr)
+        status = done.returncode
+        if status != 0:
+            break
+    return subprocess.CompletedProcess(script, status, "".join(stdout), "".join(stderr))

@@ -38,7 +38,7 @@ def test_rehearsal_runs_every_stage_and_reports(tmp_path):
     coop, tpt = report["compiled"]  # CoOp's step and evaluation traced (eager backend), TPT refuses
     assert coop["case"] == "CoOp" and coop["graphs"] >= 2 and coop["graph_breaks"] == 0
     assert coop["eager"]["train"]["wall_ms"] > 0 and coop["compiled"]["eval"]["images_per_s"] > 0
-    assert tpt["case"] == "TPT" and "test-time" in tpt["refused"]
+    assert tpt["case"] == "CoCoOp+TPT" and "adapts at test time" in tpt["refused"]
     rehearsed = {"CoCoOp", "CoOp", "DeAR", "RAda", "RAda (images)", "TPT", "CoCoOp+TPT", "MaPLe+TPT"}
     # CPU against CPU: the same weights, values and batch give the same outputs
     assert {record["case"] for record in report["parity"]} == rehearsed
@@ -348,9 +348,9 @@ def test_the_compiled_stage_measures_each_case_with_the_benchmarks_compile_optio
 
     def measure_case(case, settings):
         seen.append((case.name, settings["compile"], settings["flops"]))
-        if case.name == "TPT":
-            return {"case": "TPT", "trainer": "TPT", "rounds": {}, "compile": {"backend": "eager", "refused": "views"}}
-        if case.name == "RAda":
+        if case.name == "CoCoOp+TPT":
+            return {"case": case.name, "trainer": "TPT", "rounds": {}, "compile": {"backend": "eager", "refused": "views"}}
+        if case.name == "CLIPAdapter":
             raise RuntimeError("boom")
         return {"case": case.name, "trainer": case.trainer, "rounds": {}, "train": {"images": 2},
                 "eval": {"images": 4}, "compile": {"backend": "eager", "compile_s": 1.5, "graphs": 2, "graph_breaks": 0,
@@ -359,19 +359,19 @@ def test_the_compiled_stage_measures_each_case_with_the_benchmarks_compile_optio
 
     monkeypatch.setattr(per_trainer, "measure_case", measure_case)
     monkeypatch.setattr(per_trainer, "progress_line", lambda record: record["case"])
-    stages.compiled(str(tmp_path), dict(run.REHEARSAL_SETTINGS, compile_cases=["TPT", "CoOp", "RAda"]))
-    assert seen == [("CoOp", "eager", False), ("TPT", "eager", False), ("RAda", "eager", False)]
-    coop, tpt, rada = [json.loads(line) for line in (tmp_path / "compiled.jsonl").read_text().splitlines()]
+    stages.compiled(str(tmp_path), dict(run.REHEARSAL_SETTINGS, compile_cases=["CoCoOp+TPT", "CoOp", "CLIPAdapter"]))
+    assert seen == [("CoOp", "eager", False), ("CLIPAdapter", "eager", False), ("CoCoOp+TPT", "eager", False)]
+    coop, rada, tpt = [json.loads(line) for line in (tmp_path / "compiled.jsonl").read_text().splitlines()]
     assert coop["eager"] == {"train": {"wall_ms": 10.0, "images_per_s": 200.0}, "eval": {"wall_ms": 8.0,
                                                                                           "images_per_s": 500.0}}
     assert coop["compiled"] == {"train": {"wall_ms": 4.0, "images_per_s": 500.0}, "eval": {"wall_ms": 2.0,
                                                                                             "images_per_s": 2000.0}}
     assert (coop["compile_s"], coop["graphs"], coop["graph_breaks"]) == (1.5, 2, 0)
-    assert tpt == {"case": "TPT", "trainer": "TPT", "refused": "views"}
+    assert tpt == {"case": "CoCoOp+TPT", "trainer": "TPT", "refused": "views"}
     assert rada["eager"]["error"][-1] == rada["compiled"]["error"][-1] == "RuntimeError: boom"
     rows = acceptance_report.compiled_rows([coop, tpt, rada])
     assert rows[0] == ["CoOp", "10.0", "4.0", "2.50", "8.0", "2.0", "4.00", "1.5", "2", "0"]
-    assert rows[1][:2] == ["TPT", "refuses: views"] and rows[2][:2] == ["RAda", "RuntimeError: boom"]
+    assert rows[1][:2] == ["CoCoOp+TPT", "refuses: views"] and rows[2][:2] == ["CLIPAdapter", "RuntimeError: boom"]
 
 
 def test_the_imagenet_tree_is_drawn_alike_by_any_number_of_writers_and_reused(tmp_path):

@@ -6,11 +6,10 @@ import csv
 import io
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from forked_runs import run_commands
 from test_readme import code_blocks, section
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,9 +30,7 @@ def test_own_images_commands_and_python_example_run(tmp_path, monkeypatch):
     (script,) = code_blocks(text, "bash")
     (example,) = code_blocks(text, "python")
     out = f"{tmp_path}/output/"
-    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    result = subprocess.run(["bash", "-e", "-c", script.replace("output/", out)], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=900)
+    result = run_commands(script.replace("output/", out))  # as tests/test_readme.py's main job
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
     assert f"Wrote 10 classes x 40 images to {out}my_images: {', '.join(CLASSES)}" in result.stdout

@@ -60,7 +60,7 @@ GPU_SETTINGS = {  # the papers' settings: train batch 16, evaluation batch 250 (
 REHEARSAL_CASES = ["CoCoOp", "CoOp", "DeAR", "RAda", "TPT"]
 REHEARSAL_SETTINGS = dict(GPU_SETTINGS, batch=2, eval_batch=4, classes=4, image_size=32, device="cpu", threads=1,
                           rounds=1, warmup=0, backbone="configs/clip/tiny-synthetic-clip.json", tiny_configs=True,
-                          cases=REHEARSAL_CASES, compile_cases=["CoOp", "TPT"], compile_backend="eager", peak_size=128, peak_repeats=2,
+                          cases=REHEARSAL_CASES, compile_cases=["CoOp", "CoCoOp+TPT"], compile_backend="eager", peak_size=128, peak_repeats=2,
                           official_batch=2,
                           data=dict(GPU_SETTINGS["data"], root=None, classes=4, train_per_class=16, val_per_class=2,
                                     size=[64, 48], method="DeAR:synthetic", workers=1,
