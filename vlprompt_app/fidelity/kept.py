@@ -223,14 +223,15 @@ class _KeptText:
     states at a block) keeps its results."""
 
     def forward(self, token_ids=None, plan=EMPTY_PLAN, embeddings=None, eot=None, all_tokens=False, hidden=None,
-                start=0):
-        compute = functools.partial(super().forward, token_ids, plan, embeddings, eot, all_tokens, hidden, start)
+                start=0, last=None):
+        compute = functools.partial(super().forward, token_ids, plan, embeddings, eot, all_tokens, hidden, start,
+                                    last)
         source = token_ids if embeddings is None else embeddings
         if source is None:
             return compute()
         try:
             key = ("forward", token_ids, embeddings, eot, hidden, None if hidden is None else int(start),
-                   _plan_key(plan), bool(all_tokens), _autocast(source))
+                   _plan_key(plan), bool(all_tokens), _autocast(source), None if last is None else int(last))
         except _Uncacheable:
             return compute()
         return _kept_run(self, key, [token_ids, embeddings, eot, hidden, key[6]], compute)
