@@ -25,7 +25,9 @@ def test_pretraining_writes_a_loadable_fp16_checkpoint_and_its_record(tmp_path, 
     torch.testing.assert_close(model.state_dict()["visual.proj"], stored["visual.proj"].float())
     record = (tmp_path / "weights" / "tiny.txt").read_text()
     assert "--seed 3 --steps 3" in record and "seed: 3\n" in record and "sha256" in record
-    assert re.search(r"^command: python \S*tools/pretrain_tiny_clip\.py --model-config ", record, re.M), record
+    # the thread variables of the environment (OMP_NUM_THREADS under xdist) precede the command
+    assert re.search(r"^command: (?:[A-Z_]+=\S+ )*python \S*tools/pretrain_tiny_clip\.py --model-config ", record,
+                     re.M), record
     # CPU time of the trainer and of the rendering workers (none here), so the cost reads right on a loaded machine.
     cpu = re.search(r"CPU time: [\d.]+ min for the training process and ([\d.]+) min for the rendering "
                     r"worker\(s\) \(([\d.]+) s per step", record)
