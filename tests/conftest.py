@@ -1,5 +1,6 @@
 """Shared fixtures (a tiny random CLIP saved to local files), the ``official`` mark and the order
 in which test files are handed to pytest-xdist workers."""
+import fcntl
 import fnmatch
 import os
 
@@ -30,6 +31,22 @@ def pytest_configure(config):
 def tiny_clip_files(tmp_path_factory):
     """(config_json, weights_pt) of a tiny random CLIP, shared by the session."""
     return write_tiny_clip(str(tmp_path_factory.mktemp("tiny_clip")), name="tiny-clip-test")
+
+
+@pytest.fixture(scope="session")
+def synthetic_data(tmp_path_factory):
+    """A data root holding the rendered SyntheticShapes set, rendered once per test session and
+    shared by the xdist workers (under their common temporary folder, behind a file lock); tests
+    read it and may add split files, which the library writes atomically."""
+    from vlprompt.synthetic.downstream import SETS, ensure_dataset
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the session's folder, above each worker's own
+    with open(base / "synthetic_data.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ensure_dataset(str(base / "synthetic_data"), SETS["SyntheticShapes"])
+    return base / "synthetic_data"
 
 
 # Test files by cost, heaviest first (per-file sums of a ``--durations`` record of the suite).

@@ -99,21 +99,19 @@ def context():
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    """(folder, CLIP config, CLIP weights): a tiny random CLIP and the rendered SyntheticShapes set."""
-    from vlprompt.synthetic.downstream import SETS, ensure_dataset
+def setup(tmp_path_factory, synthetic_data):
+    """(folder, CLIP config, CLIP weights, data root): a tiny random CLIP and the rendered SyntheticShapes set."""
     from vlprompt.testing import write_tiny_clip
 
     base = tmp_path_factory.mktemp("kill_resume")
     config, weights = write_tiny_clip(str(base), name="tiny-clip-kill")
-    ensure_dataset(str(base / "data"), SETS["SyntheticShapes"])
-    return base, config, weights
+    return base, config, weights, synthetic_data
 
 
 def _argv(setup, output_dir):
-    base, config, weights = setup
+    base, config, weights, data = setup
     return [
-        "--root", str(base / "data"), "--trainer", "CoOp", "--seed", "1", "--output-dir", str(output_dir),
+        "--root", str(data), "--trainer", "CoOp", "--seed", "1", "--output-dir", str(output_dir),
         "--dataset-config-file", str(ROOT / "configs/datasets/synthetic_shapes.yaml"),
         "--config-file", str(ROOT / "configs/trainers/CoOp/synthetic.yaml"),
         "MODEL.BACKBONE.NAME", config, "MODEL.BACKBONE.WEIGHTS", weights,

@@ -2,9 +2,10 @@
 map whose header names a command is what that command writes today.
 
 The command is read from the header (a comment line starting with ``python tools/``, with
-``\\`` continuation lines), run as written except for its output and data folders (moved
-into a temporary folder), and its role map is compared with the committed file: the YAML
-body (every non-comment line) must be identical. A command that needs something CI does
+``\\`` continuation lines), run as written (as tests/forked_runs.py runs a script) except for its
+output folders (moved into a temporary folder) and its data root (the session's rendered synthetic
+data), and its role map is compared with the committed file: the YAML body (every non-comment
+line) must be identical. A command that needs something CI does
 not have (a hub model's weights, an optional package) is skipped for that map only, with
 the reason.
 """
@@ -12,17 +13,17 @@ import glob
 import importlib.util
 import os
 import shlex
-import subprocess
 import sys
 
 import pytest
+from forked_runs import run_script
 
 from vlprompt.clip.head_roles import load_role_map
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAPS = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "configs/head_roles/*.yaml")))
-# Flags whose value is a folder or file the command writes or fills: moved into tmp_path.
-OUTPUT_FLAGS = {"--output": "map.yaml", "--output-dir": "out", "--root": "data"}
+# Flags whose value is a folder or file the command writes: moved into tmp_path.
+OUTPUT_FLAGS = {"--output": "map.yaml", "--output-dir": "out"}
 
 
 def header(path):
@@ -82,15 +83,17 @@ def missing_requirement(argv):
     return ""
 
 
-def regenerate(argv, tmp_path):
-    """Run the header's command with its outputs in ``tmp_path``; the written map's path."""
+def regenerate(argv, tmp_path, data_root):
+    """Run the header's command with its outputs in ``tmp_path`` and its ``--root`` (the synthetic
+    data, rendered on first use) at ``data_root``; the written map's path."""
     argv = list(argv)
     for flag, name in OUTPUT_FLAGS.items():
         if flag in argv:
             argv[argv.index(flag) + 1] = str(tmp_path / name)
+    if "--root" in argv:
+        argv[argv.index("--root") + 1] = str(data_root)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    result = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=600)
+    result = run_script([sys.executable, *argv[1:]], cwd=ROOT, env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     if "--output" in argv:
         return tmp_path / OUTPUT_FLAGS["--output"]
@@ -121,11 +124,11 @@ def test_every_map_names_a_command_or_the_source_it_was_transcribed_from(path):
 
 @pytest.mark.parametrize("path", [p for p in MAPS if header_command(p)])
 @pytest.mark.e2e
-def test_map_is_what_its_header_command_writes(path, tmp_path):
+def test_map_is_what_its_header_command_writes(path, tmp_path, synthetic_data):
     argv = header_command(path)
     reason = missing_requirement(argv)
     if reason:
         pytest.skip(f"{path}: {reason}")
-    written = regenerate(argv, tmp_path)
+    written = regenerate(argv, tmp_path, synthetic_data)
     assert body(written) == body(os.path.join(ROOT, path)), (
         f"{path} differs from what its header's command writes now ({' '.join(argv)})")

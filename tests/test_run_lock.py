@@ -1,12 +1,14 @@
 """The run folder's lock: one process at a time runs into an OUTPUT_DIR.
 
-Unit tests of vlprompt/engine/run_lock.py, then real train.py processes: a second run of a held
+Unit tests of vlprompt/engine/run_lock.py, then train.py processes (forked as tests/forked_runs.py
+runs scripts, each its own process with its own pid): a second run of a held
 folder refuses (exit status 2, naming the holder), a holder killed with SIGKILL leaves a stale
 lock that the next run takes over, and an --eval-only run into its own folder runs beside a
 holder of its --model-dir.
 """
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +17,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from forked_runs import ForkedScript, run_script
 
 from vlprompt.engine.run_folder import RunFolder
 from vlprompt.engine.run_lock import FOREIGN_LOCK_STALE_AFTER, LOCK_FILENAME, RunFolderBusyError
@@ -147,21 +150,19 @@ sys.exit(train.run(sys.argv[1:]))
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    """(folder, CLIP config, CLIP weights): a tiny random CLIP and the rendered SyntheticShapes set."""
-    from vlprompt.synthetic.downstream import SETS, ensure_dataset
+def setup(tmp_path_factory, synthetic_data):
+    """(folder, CLIP config, CLIP weights, data root): a tiny random CLIP and the rendered SyntheticShapes set."""
     from vlprompt.testing import write_tiny_clip
 
     base = tmp_path_factory.mktemp("run_lock")
     config, weights = write_tiny_clip(str(base), name="tiny-clip-lock")
-    ensure_dataset(str(base / "data"), SETS["SyntheticShapes"])
-    return base, config, weights
+    return base, config, weights, synthetic_data
 
 
 def _argv(setup, output_dir, *extra):
-    base, config, weights = setup
+    base, config, weights, data = setup
     return [
-        "--root", str(base / "data"), "--trainer", "CoOp", "--seed", "1", "--output-dir", str(output_dir),
+        "--root", str(data), "--trainer", "CoOp", "--seed", "1", "--output-dir", str(output_dir),
         "--dataset-config-file", str(ROOT / "configs/datasets/synthetic_shapes.yaml"),
         "--config-file", str(ROOT / "configs/trainers/CoOp/synthetic.yaml"), *extra,
         "MODEL.BACKBONE.NAME", config, "MODEL.BACKBONE.WEIGHTS", weights,
@@ -174,23 +175,25 @@ def _env(go_file):
 
 
 def _start_paused(argv, go_file):
-    """train.py started in a process that holds its folder and waits for ``go_file``."""
-    return subprocess.Popen([sys.executable, "-c", PAUSED_TRAIN, *argv], cwd=ROOT, env=_env(go_file),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    """train.py started in a process that holds its folder and waits for ``go_file``; its output
+    goes to ``paused.txt`` beside ``go_file``."""
+    script = go_file.parent / "paused_train.py"
+    script.write_text(PAUSED_TRAIN)
+    output = go_file.parent / "paused.txt"
+    return ForkedScript([sys.executable, str(script), *argv], output, output, env=_env(go_file))
 
 
 def _wait_for_lock(folder, process):
     deadline = time.time() + 240
     while not (folder / LOCK_FILENAME).exists():
-        assert process.poll() is None, process.communicate()[0][-3000:]
+        assert process.poll() is None, (folder.parent / "paused.txt").read_text()[-3000:]
         assert time.time() < deadline, "the paused run never took its folder"
         time.sleep(0.1)
     return json.loads((folder / LOCK_FILENAME).read_text())
 
 
 def _train(argv, go_file):
-    return subprocess.run([sys.executable, "train.py", *argv], cwd=ROOT, env=_env(go_file),
-                          capture_output=True, text=True, timeout=300)
+    return run_script([sys.executable, "train.py", *argv], env=_env(go_file), timeout=300)
 
 
 @pytest.mark.e2e
@@ -210,7 +213,7 @@ def test_two_train_py_processes_never_run_one_folder(setup, tmp_path):
     # the holder's log and config; the refused run wrote nothing (no second, timestamped log)
     assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "log.txt", LOCK_FILENAME]
 
-    first.kill()  # SIGKILL: the lock stays behind, stale
+    os.kill(first.pid, signal.SIGKILL)  # the lock stays behind, stale
     first.wait()
     assert json.loads((run / LOCK_FILENAME).read_text())["pid"] == first.pid
     go.touch()
@@ -228,7 +231,6 @@ def test_two_train_py_processes_never_run_one_folder(setup, tmp_path):
     assert evaluation.returncode == 0, evaluation.stdout[-3000:] + evaluation.stderr[-3000:]
     assert RunFolder(tmp_path / "eval").completed and not (tmp_path / "eval" / LOCK_FILENAME).exists()
     go.touch()
-    output, _ = retrain.communicate(timeout=300)
-    assert retrain.returncode == 0, output[-3000:]
+    assert retrain.wait(300) == 0, (tmp_path / "paused.txt").read_text()[-3000:]
     assert not (run / LOCK_FILENAME).exists()
 

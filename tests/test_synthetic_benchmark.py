@@ -81,9 +81,9 @@ def run_base(root, output_dir, trainer, flags=(), opts=()):
 
 
 @pytest.mark.e2e
-def test_coop_learns_beyond_zero_shot_on_the_synthetic_base_classes(tmp_path, monkeypatch):
+def test_coop_learns_beyond_zero_shot_on_the_synthetic_base_classes(tmp_path, monkeypatch, synthetic_data):
     monkeypatch.chdir(ROOT)
-    zero_shot = run_base(tmp_path / "data", tmp_path / "zs", "ZeroshotCLIP", flags=["--eval-only"])
-    coop = run_base(tmp_path / "data", tmp_path / "coop", "CoOp", opts=["OPTIM.MAX_EPOCH", "3"])
+    zero_shot = run_base(synthetic_data, tmp_path / "zs", "ZeroshotCLIP", flags=["--eval-only"])
+    coop = run_base(synthetic_data, tmp_path / "coop", "CoOp", opts=["OPTIM.MAX_EPOCH", "3"])
     assert 25.0 <= zero_shot <= 85.0
     assert coop >= zero_shot + MARGIN, f"CoOp {coop:.1f}% vs zero-shot {zero_shot:.1f}%"
