@@ -96,3 +96,12 @@ def test_the_project_package_lists_no_module():
     named = [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level]
     assert named == []
     assert len(registered_trainer_names()) >= 35
+
+
+def test_a_name_is_looked_up_in_the_files_that_spell_its_class():
+    """``only=`` answers [name] or [] like the full list (a class spelled but not registered, a
+    name that is a prefix of another, an unknown name)."""
+    names = registered_trainer_names()
+    assert all(registered_trainer_names(only=name) == [name] for name in names)
+    assert registered_trainer_names(only="DeA") == [] and registered_trainer_names(only="NoSuchMethod") == []
+    assert "DeARCLIP" not in names and registered_trainer_names(only="DeARCLIP") == []  # in dear.py, not registered

@@ -175,14 +175,14 @@ def check_trainer_flag(name):
     """An unknown ``--trainer`` fails before torch and the methods are imported. Known are the
     trainers of ``trainers/`` (read from its source) and, when the engine is already imported
     (train.run called in-process), whatever its registry holds."""
-    names = registered_trainer_names()
     engine = sys.modules.get("vlprompt.engine")
-    if engine is not None:
-        names = sorted(set(names) | set(engine.TRAINER_REGISTRY.registered_names()))
-    if name and name not in names:
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f" (do you mean {close[0]}?)" if close else ""
-        raise ConfigError(f"Unknown trainer '{name}'{hint}. Registered trainers: {', '.join(names)}.")
+    registry = set(engine.TRAINER_REGISTRY.registered_names()) if engine is not None else set()
+    if not name or name in registry or registered_trainer_names(only=name):
+        return
+    names = sorted(set(registered_trainer_names()) | registry)  # every name, for the message
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f" (do you mean {close[0]}?)" if close else ""
+    raise ConfigError(f"Unknown trainer '{name}'{hint}. Registered trainers: {', '.join(names)}.")
 
 
 def check_names(cfg):
