@@ -94,7 +94,7 @@ def _gradient_difference(eager, compiled):
                default=0.0)
 
 
-def check_case(case, backend="eager", evaluate=False, steps=2):
+def check_case(case, backend="eager", evaluate=False, steps=2, opts=()):
     """Run ``case`` eagerly and compiled with ``backend`` from the same state (module docstring).
 
     Args:
@@ -102,6 +102,7 @@ def check_case(case, backend="eager", evaluate=False, steps=2):
         backend: the TRAIN.COMPILE backend ("eager", "aot_eager" or "inductor").
         evaluate: also compare the evaluation logits of a trained case (always for eval-only).
         steps: training steps compared.
+        opts: more KEY VALUE config overrides (e.g. a smaller CLIP, whose graph compiles sooner).
 
     Returns:
         SimpleNamespace with ``compiled`` (the model's compiled method names), ``fullgraph``
@@ -116,7 +117,7 @@ def check_case(case, backend="eager", evaluate=False, steps=2):
     counters.clear()
     evaluate = evaluate or case.kind == EVAL_ONLY
     with tempfile.TemporaryDirectory(prefix="compiled_") as output_dir:
-        trainer = mixed_precision.build_trainer(case, "fp32", "cpu", osp.join(output_dir, "run"))
+        trainer = mixed_precision.build_trainer(case, "fp32", "cpu", osp.join(output_dir, "run"), opts=opts)
         device = trainer.device
         inputs = (mixed_precision.random_images(BATCH, 1, device),
                   [mixed_precision.random_images(BATCH, seed, device) for seed in range(2, 2 + steps)],
