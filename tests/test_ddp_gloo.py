@@ -86,7 +86,8 @@ def launch(launcher, data_root, output_dir, clip_files, trainer="RAdaFFT",
     """Run train.py with ``launcher`` like a grid run; return the run folder."""
     run = Run(str(output_dir), train_argv(data_root, output_dir, clip_files, trainer, config, extra), None,
               output_dir.name)
-    (outcome,) = execute_chain(Chain((run,)), launcher, {"OMP_NUM_THREADS": "1"})
+    env = {} if launcher.in_process else {"OMP_NUM_THREADS": "1"}  # an in-process run has the worker's threads
+    (outcome,) = execute_chain(Chain((run,)), launcher, env)
     assert outcome.status == OK, (output_dir / "console.txt").read_text()[-3000:]
     return output_dir
 
@@ -130,8 +131,9 @@ def assert_trained_alike(single, ddp, trainer, steps=4):
 @pytest.mark.e2e
 def test_two_gloo_processes_train_as_one_process_with_the_same_global_batch(data_root, tiny_clip_files, tmp_path,
                                                                              trainer, config):
-    single = launch(Launcher(str(ROOT / "train.py"), cwd=str(ROOT)), data_root, tmp_path / "single", tiny_clip_files,
-                    trainer, config)
+    # the one-process reference in this process (train.py's function), the two processes by torchrun
+    single = launch(Launcher(str(ROOT / "train.py"), in_process=train.run, cwd=str(ROOT)), data_root,
+                    tmp_path / "single", tiny_clip_files, trainer, config)
     ddp = launch(Launcher(str(ROOT / "train.py"), cwd=str(ROOT), nproc_per_node=2), data_root, tmp_path / "ddp",
                  tiny_clip_files, trainer, config)
     assert "DistributedDataParallel" not in (single / "log.txt").read_text()
