@@ -184,12 +184,20 @@ def compiled_sides(record):
 def compiled(out_dir, settings):
     """compiled.jsonl: per case of ``compile_cases`` (all when empty) the per-trainer benchmark's
     ``--compile settings["compile_backend"]`` measurement (eager and compiled calls interleaved in
-    the same rounds on one trainer, without FLOPs) as its two sides (compiled_sides)."""
+    the same rounds on one trainer, without FLOPs) as its two sides (compiled_sides); a trainer
+    whose class refuses TRAIN.COMPILE is recorded with its reason without being built."""
     from vlprompt_app.benchmarking.per_trainer import progress_line
+
+    from vlprompt.engine import TRAINER_REGISTRY
 
     with_compile = dict(settings, flops=False, compile=settings["compile_backend"])
     path = os.path.join(out_dir, "compiled.jsonl")
     for case in ordered_cases(settings["compile_cases"], settings, FIRST_CASES):
+        refusal = TRAINER_REGISTRY.get(case.trainer).compile_refusal
+        if refusal:  # known from the class: no device time spent building it
+            _append(path, {"case": case.name, "trainer": case.trainer, "refused": refusal})
+            print(f"{case.name}: refuses TRAIN.COMPILE", flush=True)
+            continue
         record = measured(case, with_compile)
         print(progress_line(record), flush=True)
         _append(path, compiled_sides(record))
