@@ -29,6 +29,7 @@ in ``compile_refusal`` and refuses TRAIN.COMPILE before any data loads (the test
 import torch
 
 from vlprompt.config import ConfigError
+from vlprompt.utils import map_tensors
 
 __all__ = ["COMPILE_BACKENDS", "STEP_METHODS", "check_compile_cfg", "compile_mode", "compile_step_methods",
            "mark_step"]
@@ -54,20 +55,9 @@ def compile_mode(backend, device):
     return "reduce-overhead" if backend == "inductor" and device.type == "cuda" else None
 
 
-def _copies(value):
-    """``value`` with every tensor (in tuples, lists and dicts) replaced by a copy."""
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, (tuple, list)):
-        return type(value)(_copies(item) for item in value)
-    if isinstance(value, dict):
-        return {key: _copies(item) for key, item in value.items()}
-    return value
-
-
 def _copying(function):
     def call(*args, **kwargs):
-        return _copies(function(*args, **kwargs))
+        return map_tensors(torch.Tensor.clone, function(*args, **kwargs))  # each output a copy of its own
 
     call.__wrapped__ = function
     return call

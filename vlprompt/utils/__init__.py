@@ -2,6 +2,7 @@
 from .env import *
 from .logger import *
 from .meters import *
+from .nested import *
 from .registry import *
 from .tools import *
 from .torchtools import *

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import torch
 from torch.overrides import TorchFunctionMode
 
+from vlprompt.utils import nested_tensors
+
 FACTORIES = frozenset({
     torch.zeros, torch.ones, torch.empty, torch.full, torch.arange, torch.range, torch.linspace, torch.logspace,
     torch.eye, torch.tensor, torch.as_tensor, torch.randn, torch.rand, torch.randint, torch.randperm,
@@ -67,17 +69,6 @@ class Fault:
 
     origin: str
     operation: str
-
-
-def _tensors(value):
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
 
 
 def _caller(root):
@@ -116,7 +107,7 @@ def _draws_on_the_device(func, args, kwargs):
     if func in _DROPOUTS:
         return _dropout_draws(func, args, kwargs)
     if func in RANDOM_ON_DATA:
-        return any(not getattr(tensor, _MARK, None) for tensor in _tensors(args[:1]))
+        return any(not getattr(tensor, _MARK, None) for tensor in nested_tensors(args[:1]))
     return False
 
 
@@ -146,7 +137,7 @@ class DevicelessTensorCheck(TorchFunctionMode):
             if kwargs.get("device") is None and isinstance(result, torch.Tensor) and result.dim() > 0:
                 setattr(result, _MARK, _caller(self.root))
             return result
-        operands = list(_tensors(args)) + list(_tensors(kwargs))
+        operands = list(nested_tensors(args)) + list(nested_tensors(kwargs))
         marked = [tensor for tensor in operands if getattr(tensor, _MARK, None)]
         if not marked:
             return result
@@ -163,7 +154,7 @@ class DevicelessTensorCheck(TorchFunctionMode):
             if fault not in self.faults:
                 self.faults.append(fault)
         else:
-            for tensor in _tensors(result):
+            for tensor in nested_tensors(result):
                 if tensor.dim() > 0 and not getattr(tensor, _MARK, None):
                     setattr(tensor, _MARK, getattr(marked[0], _MARK))
         return result

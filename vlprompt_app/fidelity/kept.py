@@ -27,12 +27,12 @@ empty. What is given back is a copy of the kept result, so a caller that changes
 changes nothing kept. Nothing here changes what a tower computes: a kept result is the one that
 tower computed for equal inputs.
 """
-import dataclasses
 import functools
 
 import torch
 
 from vlprompt.clip.runner.plan import EMPTY_PLAN, InsertTokens, Plan, ReplaceTokens
+from vlprompt.utils import map_tensors, nested_tensors
 
 __all__ = ["keep_tower_runs", "kept_run_counts", "KEPT_RUNS"]
 
@@ -101,30 +101,12 @@ def _equal(a, b):
 
 
 def _copied(value):
-    """``value`` with every tensor in it detached and cloned (tuples, lists and TowerOutput-like dataclasses)."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, (tuple, list)):
-        return type(value)(_copied(item) for item in value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.replace(value, **{field.name: _copied(getattr(value, field.name))
-                                             for field in dataclasses.fields(value)})
-    return value
-
-
-def _tensors(value):
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            yield from _tensors(item)
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        for field in dataclasses.fields(value):
-            yield from _tensors(getattr(value, field.name))
+    """``value`` with every tensor in it detached and cloned (tuples, lists, dicts, TowerOutput-like dataclasses)."""
+    return map_tensors(lambda tensor: tensor.detach().clone(), value)
 
 
 def _needs_grad(value):
-    return any(tensor.requires_grad for tensor in _tensors(value))
+    return any(tensor.requires_grad for tensor in nested_tensors(value))
 
 
 @functools.lru_cache(maxsize=None)
@@ -189,7 +171,7 @@ def _hooked(tower):
 def _kept_run(tower, key, grad_inputs, compute):
     """``compute()`` through ``tower``'s KeptRuns when the run needs no gradient and no hook is set,
     else ``compute()``."""
-    if torch.is_grad_enabled() and (any(t.requires_grad for t in _tensors(list(grad_inputs)))
+    if torch.is_grad_enabled() and (any(t.requires_grad for t in nested_tensors(list(grad_inputs)))
                                     or any(p.requires_grad for p in tower.parameters())):
         return compute()
     if _hooked(tower):
