@@ -6,6 +6,7 @@ starting an interpreter (the command-line tests of train.py).
 import multiprocessing
 import os
 import runpy
+import shlex
 import signal
 import subprocess
 import sys
@@ -148,16 +149,16 @@ def run_commands(script, cwd=ROOT, env=None, timeout=900):
     concatenated standard output and error and the failing (else last) command's exit status.
     Any other command, or shell syntax beyond words and quotes, is refused (ValueError): such a
     script needs a real shell."""
-    import shlex
-
     commands = []
     for line in script.replace("\\\n", " ").splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        words = shlex.split(line)
-        if words[0] != "python" or not words[1].endswith(".py") or any(
-                word in ("|", "&&", "||", ";", ">", "<", "&") for word in words):
+        lexer = shlex.shlex(line, posix=True, punctuation_chars=True)  # operators become words of their own
+        lexer.whitespace_split = True
+        words = list(lexer)
+        if (words[0] != "python" or len(words) < 2 or not words[1].endswith(".py")
+                or any(set(word) <= set(lexer.punctuation_chars) or "$" in word or "`" in word for word in words)):
             raise ValueError(f"not a plain 'python script.py ...' command: {line}")
         commands.append([sys.executable, *words[1:]])
     stdout, stderr, status = [], [], 0

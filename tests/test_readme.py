@@ -93,3 +93,12 @@ def test_adding_a_dataset_example_loads(tmp_path):
     assert dataset.classnames == ["cat", "dog"]
     assert (len(dataset.train_x), len(dataset.val), len(dataset.test)) == (10, 4, 6)
     assert (tmp_path / "my_data" / "split_zhou_MyData.json").is_file()
+
+
+@pytest.mark.parametrize("script", ["python train.py >out", "python a.py|b", "echo hi", "python a.py $DATA",
+                                    "python a.py && python b.py", "python -m pytest"])
+def test_a_block_with_shell_syntax_is_not_run_as_forked_scripts(script):
+    """run_commands runs plain `python script.py ...` lines only; anything a shell would interpret
+    is refused before any command runs (such a block needs a real shell)."""
+    with pytest.raises(ValueError, match="not a plain 'python script.py ...' command"):
+        run_commands("python tools/parse_results.py output\n" + script)

@@ -163,13 +163,11 @@ def compiled_sides(record):
     """{"case", "trainer", "eager", "compiled"} from a per-trainer record measured with
     ``compile``: each side {"train": {"wall_ms", "images_per_s"} or None, "eval": {"wall_ms",
     "images_per_s"}} from the medians of the same interleaved rounds; an error record gives both
-    sides its error; a trainer that refuses compiling gives {"refused": its reason}."""
+    sides its error. (A trainer that refuses compiling is not measured: ``compiled`` records it.)"""
     head = {"case": record["case"], "trainer": record["trainer"]}
     if "error" in record:
         return dict(head, eager={"error": record["error"]}, compiled={"error": record["error"]})
-    info = record["compile"] or {}
-    if "refused" in info:
-        return dict(head, refused=info["refused"])
+    info = record["compile"]
 
     def side(kind):
         return {part: None if part not in info else
