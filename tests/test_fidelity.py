@@ -1,8 +1,8 @@
 """Our trainers' models against the recorded outputs of their official code (tests/fixtures/official/).
 
 Each fixture was written by tools/official_equivalence.py (vlprompt_app.fidelity), which ran the
-official repository (commit in the fixture) on a seeded random CLIP ViT-B/16, seeded learnable
-values (10x the official init std) and a seeded batch. For every fixture, our side is built once
+official repository (commit in the fixture) on a seeded random CLIP (ViT-B/16's towers at a 64 px
+input), seeded learnable values (10x the official init std) and a seeded batch. For every fixture, our side is built once
 from the same seeds (``Comparison``) and must give the recorded outputs within the contract's
 relative max difference (3e-3); every misplacement its method's spec declares (``Mutation``: values
 in the wrong place, a component one block off, another template...) must make the comparison fail;
@@ -13,8 +13,8 @@ import torch
 
 from vlprompt_app.fidelity.harness import Comparison, load_fixture, relative_max_difference
 from vlprompt_app.fidelity.methods import FIXTURES
-from vlprompt_app.fidelity.spec import TOLERANCE, Mutation
-from vlprompt_app.fidelity.weights import release_seeded_clips
+from vlprompt_app.fidelity.spec import DEFAULT_BACKBONE, TOLERANCE, Mutation
+from vlprompt_app.fidelity.weights import backbone_and_size, release_seeded_clips
 
 # The recorded runs: {fixture: (official commit, Dassl commit or None)}.
 COMMITS = {
@@ -72,7 +72,7 @@ _BUILT = {}
 
 def comparison_of(stem):
     """Our side of one fixture, built once for all of its cases: the cases run fixture by fixture, and
-    only the current fixture's model is kept (a ViT-B/16 each)."""
+    only the current fixture's model is kept (a ViT-B/16 each, at 64 px)."""
     if stem not in _BUILT:
         _BUILT.clear()
         _BUILT[stem] = Comparison(stem)
@@ -192,6 +192,7 @@ def test_fixture_records_the_official_run(stem):
     assert len(fixture["official_commit"]) == 40 and fixture["official_commit"].startswith(commit)
     assert (fixture.get("dassl_commit") or "")[:8] == (dassl or "")
     assert fixture["seeds"] == dict(spec.seeds) and fixture["batch"] == spec.batch
+    assert fixture["backbone"] == DEFAULT_BACKBONE
     assert set(fixture["official_outputs"]) == set(spec.outputs)
     assert all(value <= TOLERANCE for value in fixture["relative_max_difference"].values())
     mapping = fixture.get("parameter_mapping", {})
@@ -201,6 +202,24 @@ def test_fixture_records_the_official_run(stem):
 
 def test_every_fixture_is_listed():
     assert set(COMMITS) == set(MAPPED) == set(FIXTURES)
+
+
+def test_a_backbone_at_another_input_size_is_openais_spelling_of_it():
+    assert backbone_and_size("ViT-B/16@64px") == ("ViT-B/16", 64)
+    assert backbone_and_size("ViT-L/14@336px") == ("ViT-L/14@336px", None)  # OpenAI's own model
+    assert backbone_and_size("ViT-B/16") == ("ViT-B/16", None)
+    assert backbone_and_size("configs/clip/tiny.json") == ("configs/clip/tiny.json", None)
+
+
+def test_only_random_weights_take_another_input_size(tiny_clip_files):
+    from vlprompt.clip import load_clip
+    from vlprompt.clip.loading import CLIPLoadError
+
+    config, weights = tiny_clip_files
+    model, _ = load_clip(config, "random", image_size=48)
+    assert tuple(model.visual.image_size) == (48, 48)
+    with pytest.raises(CLIPLoadError, match=r"An image size \(48\) is only chosen for random weights"):
+        load_clip(config, weights, image_size=48)
 
 
 def test_relative_max_difference_rejects_mismatched_shapes():
@@ -241,7 +260,7 @@ def test_fixture_settings_the_mutations_move_away_from():
     assert promptalign["batch"] == 4 + 8 and promptalign["our_node"]["ALIGN_LAYERS"] == [0, 1]
     assert load_fixture("skiptuning")["our_node"]["KEEP_MASK"] == [True, True, False]
     assert load_fixture("flyp")["our_node"]["ROW_TEMPLATES"] == [3, 41]
-    assert load_fixture("wiseft")["alpha"] == 0.5
+    assert load_fixture("wiseft")["our_node"]["ALPHA"] == 0.5
     for stem in ("tpt", "tpt-cocoop"):
         assert len(load_fixture(stem)["official_outputs"]["kept"]) == 6  # 10 % of 64 views
 

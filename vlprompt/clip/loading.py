@@ -404,7 +404,7 @@ def _cached_pretrained_file(pretrained_cfg):
     return None
 
 
-def load_clip(name, weights="", device="cpu", trust_torchscript=False):
+def load_clip(name, weights="", device="cpu", trust_torchscript=False, image_size=None):
     """Build an open_clip CLIP model in fp32, frozen and in eval mode.
 
     Args:
@@ -413,6 +413,9 @@ def load_clip(name, weights="", device="cpu", trust_torchscript=False):
         device: where to put the model.
         trust_torchscript: load a TorchScript archive whatever its SHA-256 (it runs its code);
             by default only OpenAI's published archives are (or with TRUST_TORCHSCRIPT_ENV set).
+        image_size: with ``weights="random"``, build the image tower for this input size instead
+            of the model config's (open_clip's ``force_image_size``: the positional embedding of
+            that patch grid); None keeps the config's.
 
     Returns:
         (model, info): the open_clip model, and a dict with "model_name", "weights" (tag
@@ -434,10 +437,14 @@ def load_clip(name, weights="", device="cpu", trust_torchscript=False):
     if weights == "openai":
         weights = _find_openai_cache_file(name) or weights
 
+    if image_size is not None and weights != "random":
+        raise CLIPLoadError(f"An image size ({image_size}) is only chosen for random weights; the weights "
+                            f"'{weights}' hold the positional embedding of their own input size.")
     if weights == "random":
         quick_gelu = is_openai_name
         with _quiet_open_clip():
-            model = open_clip.create_model(model_name, pretrained=None, force_quick_gelu=quick_gelu)
+            model = open_clip.create_model(model_name, pretrained=None, force_quick_gelu=quick_gelu,
+                                           force_image_size=image_size)
     elif os.path.exists(weights):
         if not os.path.isfile(weights):
             raise CLIPLoadError(f'MODEL.BACKBONE.WEIGHTS "{weights}" is a folder; expected a weights file.')

@@ -5,7 +5,7 @@ import argparse
 
 from .harness import record, write_fixture
 from .methods import METHODS
-from .spec import DEFAULT_CLASSNAMES
+from .spec import DEFAULT_BACKBONE, DEFAULT_CLASSNAMES
 
 
 def main(argv=None):
@@ -16,7 +16,9 @@ def main(argv=None):
     parser.add_argument("--official-git", help="clone (or git directory) of the official repository")
     parser.add_argument("--dassl-git", help="clone (or git directory) of the Dassl fork the official code imports "
                         "(not for repositories that hold their own fork, e.g. ProGrad's)")
-    parser.add_argument("--backbone", default="ViT-B/16")
+    parser.add_argument("--backbone", default=DEFAULT_BACKBONE,
+                        help="an OpenAI CLIP name, optionally at another input size (default %(default)s: "
+                        "ViT-B/16's towers on a 4 x 4 patch grid)")
     args = parser.parse_args(argv)
     if args.method not in METHODS:
         parser.error(f"unknown method '{args.method}'; this tool knows {sorted(METHODS)}")

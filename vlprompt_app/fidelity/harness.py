@@ -30,8 +30,8 @@ from vlprompt.paths import repository_root
 from .export import export_trees
 from .kept import keep_tower_runs
 from .methods import METHODS, method_of_fixture
-from .spec import DEFAULT_CLASSNAMES, LEARNABLE_SCALE
-from .weights import seeded_clip, seeded_dimensions, write_weights
+from .spec import DEFAULT_BACKBONE, DEFAULT_CLASSNAMES, LEARNABLE_SCALE
+from .weights import backbone_and_size, seeded_clip, seeded_dimensions, write_weights
 
 FIXTURE_DIR = os.path.join(str(repository_root()), "tests", "fixtures", "official")
 
@@ -90,7 +90,7 @@ def build_ours(spec, backbone, seed, classnames, node_changes=None):
     import_project_package("trainers")
     node = CN(dict(spec.our_node, **(node_changes or {})))
     runner = keep_tower_runs(CLIPRunner(seeded_clip(backbone, seed)))
-    model = spec.build_ours(runner, Tokenizer(backbone), list(classnames), node, spec)
+    model = spec.build_ours(runner, Tokenizer(backbone_and_size(backbone)[0]), list(classnames), node, spec)
     return model.eval(), node
 
 
@@ -181,7 +181,7 @@ def our_outputs_for_record(spec, backbone, seeds, classnames, learnables, images
     return run_ours(spec, model, node, learnables, images, labels)
 
 
-def record(method, official_git, dassl_git, backbone="ViT-B/16", classnames=DEFAULT_CLASSNAMES):
+def record(method, official_git, dassl_git, backbone=DEFAULT_BACKBONE, classnames=DEFAULT_CLASSNAMES):
     """Run both sides of ``method``; return the fixture dict (with the measured differences)."""
     spec = METHODS[method]
     if not spec.compared:

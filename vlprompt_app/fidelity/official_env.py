@@ -5,6 +5,8 @@ Nothing here imports the method registry: the method modules use these helpers t
 import sys
 import types
 
+from .weights import backbone_and_size
+
 
 def install_stand_ins():
     """Empty modules for what Dassl imports only for logging and for datasets not used here
@@ -43,7 +45,7 @@ def official_setup(spec, backbone, resolution, weights_path):
         for part in path.split(".")[:-1]:
             parent = getattr(parent, part)
         setattr(parent, path.split(".")[-1], CN(values))
-    cfg.MODEL.BACKBONE.NAME = backbone
+    cfg.MODEL.BACKBONE.NAME = backbone_and_size(backbone)[0]
     cfg.INPUT.SIZE = (resolution, resolution)
     cfg.DATASET.NAME = spec.dataset
     if spec.prepare_official is not None:

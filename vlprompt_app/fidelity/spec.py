@@ -11,6 +11,9 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 TOLERANCE = 3e-3
 # Learnable values are drawn with this many times the official init std.
 LEARNABLE_SCALE = 10.0
+# The seeded random CLIP of a comparison: ViT-B/16's towers (the widths and depths official code
+# builds its learnables for) at a 64 px input, a 4 x 4 patch grid (weights.backbone_and_size).
+DEFAULT_BACKBONE = "ViT-B/16@64px"
 DEFAULT_SEEDS = {"weights": 1, "learnable": 2, "images": 3}
 DEFAULT_CLASSNAMES = ("golden retriever", "sunflower", "fire truck")
 DEFAULT_BATCH = 2

@@ -2,13 +2,40 @@
 
 Values are rounded to fp16 so that official code which casts to fp16 before its ``.float()``
 (``clip.build_model``) holds exactly the same numbers as our fp32 model.
+
+A backbone here is a ``MODEL.BACKBONE.NAME`` (an OpenAI name or an open_clip config), optionally at
+another input size in OpenAI's own spelling: ``ViT-B/16@64px`` is ViT-B/16 (every width and depth)
+with a 4 x 4 patch grid. The official code is given the name before the ``@`` (its model list has
+no such entry) and builds the size from the state dict's positional embedding, as it does for any
+file.
 """
 import copy
 import math
+import re
 
 import torch
 
 from vlprompt.fileio import atomic_write
+
+_SIZED = re.compile(r"(?P<name>.+)@(?P<size>[0-9]+)px")
+
+
+def backbone_and_size(backbone):
+    """(the name ``load_clip`` and the official code know, input size or None) of a backbone here:
+    ``ViT-B/16@64px`` -> ("ViT-B/16", 64); OpenAI's own ``ViT-L/14@336px`` and plain names -> (name, None)."""
+    from vlprompt.clip.loading import OPENAI_MODELS
+
+    sized = _SIZED.fullmatch(backbone)
+    if sized is None or backbone in OPENAI_MODELS:
+        return backbone, None
+    return sized["name"], int(sized["size"])
+
+
+def _random_clip(backbone):
+    from vlprompt.clip import load_clip
+
+    name, size = backbone_and_size(backbone)
+    return load_clip(name, "random", image_size=size)[0]
 
 
 def _normal(generator, shape, std):
@@ -23,10 +50,7 @@ def random_clip_state_dict(backbone, seed):
     biases N(0, 0.02²), projections N(0, 1/fan_in), other tensors N(0, 0.02²), logit_scale
     log(100); every value is rounded to fp16.
     """
-    from vlprompt.clip import load_clip
-
-    model, _ = load_clip(backbone, "random")
-    return _draw(model, seed)
+    return _draw(_random_clip(backbone), seed)
 
 
 def _draw(model, seed):
@@ -71,11 +95,9 @@ def seeded_clip(backbone, seed):
     ``random_clip_state_dict``), built without a file. The model is drawn once per process and
     copied for every caller (a copy costs a fraction of a draw); the last two (backbone, seed)
     pairs are kept (WiSE-FT's two ends)."""
-    from vlprompt.clip import load_clip
-
     key = (backbone, seed)
     if key not in _SEEDED:
-        model, _ = load_clip(backbone, "random")
+        model = _random_clip(backbone)
         with torch.no_grad():
             model.load_state_dict(_draw(model, seed))
         while len(_SEEDED) >= 2:

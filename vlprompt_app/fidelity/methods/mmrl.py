@@ -131,8 +131,10 @@ MMRL_MUTATIONS = (EARLY, Mutation("projector copies of layers 6 and 7 swapped",
 MMRLPP_MUTATIONS = (EARLY,
                     # β and 1 − β exchanged (0.3 instead of OxfordPets' 0.7) in both towers
                     Mutation("blend weights swapped", node={"BETA": 0.3}, fails=OUTPUTS),
+                    # the first and third representation layers' (6 and 8): with adjacent ones (6 and 7)
+                    # the logits move by 3e-2 but the loss by 2.7e-3, under the contract's 3e-3
                     Mutation("residuals of two layers swapped",
-                             values=swap(*_pairs(("a", "b"), "residuals.0.{}", "residuals.1.{}")), fails=OUTPUTS))
+                             values=swap(*_pairs(("a", "b"), "residuals.0.{}", "residuals.2.{}")), fails=OUTPUTS))
 
 
 def _spec(node_name, official_cfg, our_node, learnables, build_ours, loss_class, mutations, gpu_acceptance=False):

@@ -6,9 +6,9 @@ student's vision prompts V_1..V_9 and its projector, and the teacher's PromptSRC
 
 The official code reads the student's CLIP from ./clip/ViT-B-16.pt and the teacher's from
 ./clip/ViT-L-14.pt (relative to the working folder) and fixes the projector at 512 -> 768: the
-student is the harness's seeded random CLIP (ViT-B/16), the teacher a seeded random CLIP of
-``TEACHER_CONFIG`` (9 + 9 layers of widths 256 / 128, embedding 768 as ViT-L/14's), small enough
-for a test. On the CPU the official ``.cuda()`` calls are no-ops and the teacher runs in fp32 (cast
+student is the harness's seeded random CLIP (ViT-B/16's towers at 64 px), the teacher a seeded
+random CLIP of ``TEACHER_CONFIG`` (9 + 9 layers of widths 256 / 128, embedding 768 as ViT-L/14's,
+the same input size), small enough for a test. On the CPU the official ``.cuda()`` calls are no-ops and the teacher runs in fp32 (cast
 before its TextEncoder is built); instead of the official teacher checkpoint (``teacher_model/``)
 the mapped prompts are copied in. The official IVLP blocks cast the prompts to fp16 when they
 enter the towers (``.half()``), so the prompt values are drawn fp16-representable on both sides.

@@ -4,7 +4,9 @@ Both sides get the same 64 view tensors (``batch``: the harness's seeded images;
 test view) and one episode runs: the official ``select_confident_samples`` / ``avg_entropy`` on
 the model's logits of all views give the kept views and the loss, its ``test_time_tuning`` takes
 the AdamW step (its GradScaler is disabled on the CPU), then the test view is predicted. Compared:
-the kept views (their indices), the loss, the tuned context and the test view's logits.
+the kept views (their indices in increasing order, exactly: which views enter the loss; the
+official argsort lists them by entropy, and two kept views whose entropies differ by fp32 rounding
+may come out in either order), the loss, the tuned context and the test view's logits.
 
 * ``TPT``: ``ClipTestTimeTuning`` with n_ctx 4 and ctx_init "a_photo_of_a" (scripts/test_tpt.sh);
   its ``prompt_learner.ctx`` is the learnable value (CoOp+TPT only loads a trained one into it).
@@ -105,6 +107,11 @@ def _kept_features(encode_image, tower):
     return encode
 
 
+def _view_set(kept):
+    """The kept views' indices [K] in increasing order, as floats (the fixture's number format)."""
+    return kept.sort().values.float()
+
+
 def run_ours(model, node, images, labels, prompt="coop"):
     from vlprompt.methods.prompt_tuning import PromptTuning
 
@@ -113,7 +120,7 @@ def run_ours(model, node, images, labels, prompt="coop"):
     with torch.no_grad():
         logits = tuning(images)
     tuned = tuning.last["tuned"]["prompt_learner.ctx" if prompt == "coop" else "context"]
-    return {"kept": tuning.last["kept"].float(), "loss": tuning.last["loss"], "ctx": tuned, "logits": logits}
+    return {"kept": _view_set(tuning.last["kept"]), "loss": tuning.last["loss"], "ctx": tuned, "logits": logits}
 
 
 def run_ours_cocoop(model, node, images, labels):
@@ -151,7 +158,7 @@ def run_official(module, cfg, request, model, images, labels):
     tpt.test_time_tuning(model, images, optimizer, scaler, _episode_args(False))
     with torch.no_grad():
         logits = model(images[:1])[0]
-    return {"kept": kept.float(), "loss": loss, "ctx": model.prompt_learner.ctx.detach().clone(), "logits": logits}
+    return {"kept": _view_set(kept), "loss": loss, "ctx": model.prompt_learner.ctx.detach().clone(), "logits": logits}
 
 
 def run_official_cocoop(module, cfg, request, model, images, labels):
@@ -165,7 +172,7 @@ def run_official_cocoop(module, cfg, request, model, images, labels):
     context = tpt.test_time_tuning(model, (image_features, context), None, scaler, _episode_args(True))
     with torch.no_grad():
         logits = model((image_features[:1], context))[0]
-    return {"kept": kept.float(), "loss": loss, "ctx": context.detach()[0], "logits": logits}
+    return {"kept": _view_set(kept), "loss": loss, "ctx": context.detach()[0], "logits": logits}
 
 
 def official_step_side(request, weights_path, inputs):

@@ -48,13 +48,12 @@ from argparse import Namespace
 import torch
 from torch import nn
 
-from ..spec import CostSpec, MethodSpec, Mutation
+from ..spec import DEFAULT_BACKBONE, CostSpec, MethodSpec, Mutation
 from ..weights import seeded_clip, write_weights
 from .common import stand_in_datasets
 
 TEMPLATE = "simple_template"
 ALPHA = 0.5  # the interpolation the fixture compares
-BACKBONE = "ViT-B/16"
 SEEDS = {"weights": 1, "finetuned_weights": 4, "images": 3, "head_noise": 5}
 OUTPUTS = ("head_weight", "head_bias", "logits", "loss", "wise_logits")
 
@@ -78,7 +77,7 @@ def build_ours(clip, tokenizer, classnames, node, spec):
         return model
 
     zero_shot = build(clip, imagenet_templates())
-    fine_tuned = build(CLIPRunner(seeded_clip(BACKBONE, spec.seeds["finetuned_weights"])), imagenet_templates()[:1])
+    fine_tuned = build(CLIPRunner(seeded_clip(DEFAULT_BACKBONE, spec.seeds["finetuned_weights"])), imagenet_templates()[:1])
     noise = head_noise(len(classnames), zero_shot.head.weight.shape[1], spec.seeds["head_noise"])
     with torch.no_grad():  # its head is replaced
         fine_tuned.head.weight.copy_(zero_shot.head.weight + noise["weight"])
