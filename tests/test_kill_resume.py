@@ -4,14 +4,16 @@ states and metrics.
 
 CoOp trains on the synthetic benchmark's base classes (SyntheticShapes, 1 shot, with
 configs/trainers/CoOp/synthetic.yaml) with a tiny random CLIP: 2 epochs of 5 batches, a
-mid-epoch checkpoint every 2 iterations, a final test on 1,000 images. Each run is a fresh process forked from a
-forkserver that imported train.py once; a trial kills its first run (and sometimes the
-restarted one) with SIGKILL, then lets a restart finish. Kill points, drawn at random per
-trial, and the first four trials cover each kind:
+mid-epoch checkpoint every 2 iterations, a final evaluation on the validation split (sampled like
+the training images: 40 images in 2 batches; the 1,000 test images would make each run twice as
+long and resume the same way). Each run is a fresh process forked from a forkserver that imported
+train.py once; a trial kills its first run (and sometimes the restarted one) with SIGKILL, then
+lets a restart finish. Kill points, drawn at random per trial, and the first four trials cover
+each kind:
 
 * "step":       at the start of the n-th training step (mid-epoch);
 * "checkpoint": in the middle of writing the n-th checkpoint file (half of it written);
-* "evaluation": at the n-th test batch of the final evaluation;
+* "evaluation": at the n-th batch of the final evaluation;
 * "time":       after a random delay, whatever the run is doing (data loading, cache writing, ...).
 """
 import io
@@ -33,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EPOCHS = 2
 STEPS = 2 * 5  # 1 shot x 40 base classes = 40 images, batch size 8
 CHECKPOINT_FILE_WRITES = 4 + 1  # mid-epoch after iterations 2, 4, 6, 8; the final epoch checkpoint
-TEST_BATCHES = 2  # 40 base classes x 25 test images, batch size 500
+TEST_BATCHES = 2  # 1 shot x 40 base classes = 40 validation images, batch size 20
 KILL_KINDS = ("step", "checkpoint", "evaluation", "time")
 TRIAL_SEED = 20240611
 
@@ -117,6 +119,7 @@ def _argv(setup, output_dir):
         "MODEL.BACKBONE.NAME", config, "MODEL.BACKBONE.WEIGHTS", weights,
         "DATASET.NUM_SHOTS", "1", "DATASET.SUBSAMPLE_CLASSES", "base", "DATALOADER.TRAIN_X.BATCH_SIZE", "8",
         "OPTIM.MAX_EPOCH", str(EPOCHS), "TRAIN.CHECKPOINT_ITERS", "2", "OPTIM.MOMENTUM", "0.9",
+        "TEST.SPLIT", "val", "DATALOADER.TEST.BATCH_SIZE", "20",
     ]
 
 
@@ -129,7 +132,7 @@ def _final(output_dir):
     """(last checkpoint, metrics) of a finished run."""
     checkpoint = torch.load(output_dir / "prompt_learner" / f"model.pth.tar-{EPOCHS}", weights_only=True)
     results = json.loads((output_dir / "results.json").read_text())
-    assert results["completed"] and results["epoch"] == EPOCHS
+    assert results["completed"] and results["epoch"] == EPOCHS and results["num_test"] == 40
     return checkpoint, results["metrics"]
 
 
