@@ -14,22 +14,39 @@ import subprocess
 import sys
 import tempfile
 import time
+from multiprocessing import forkserver
 from pathlib import Path
+
+from vlprompt.paths import repository_root
+from vlprompt_app.project import PROJECT_PACKAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 # What a forked train.py or run_protocol.py run imports: vlprompt_app.commands.* import torch and
-# the engine only when they run, so the forkserver names the heavy modules itself (it runs with
-# the interpreter's default sys.path, hence installed modules only, not tests/).
+# the engine only when they run, so the forkserver names the heavy modules itself, and the
+# project's trainers and datasets, which every run imports (vlprompt_app.project), as
+# ``python train.py`` finds them: in the repository root, first on the forkserver's sys.path (it
+# runs with the interpreter's default sys.path and the PYTHONPATH it is started with, not tests/).
 PRELOAD = ["torch", "torchvision", "vlprompt.clip", "open_clip", "vlprompt.engine", "vlprompt.data.datasets",
-           "vlprompt.evaluation", "vlprompt_app.commands.train", "vlprompt_app.commands.run_protocol"]
+           "vlprompt.evaluation", "vlprompt_app.commands.train", "vlprompt_app.commands.run_protocol",
+           *PROJECT_PACKAGES]
 
 
 def forkserver_context():
-    """A forkserver that imports torch, open_clip and the engine once for all forked runs."""
+    """A forkserver that imports torch, open_clip, the engine and the project's packages once for
+    all forked runs, started now (with the repository root first on its PYTHONPATH) unless it runs."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
+    pythonpath = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(repository_root()), *([pythonpath] if pythonpath else [])])
+    try:
+        forkserver.ensure_running()
+    finally:
+        if pythonpath is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = pythonpath
     return context
 
 
