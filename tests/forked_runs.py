@@ -1,33 +1,52 @@
 """Runs in processes forked from a forkserver that imported torch, open_clip and the engine once:
 runs killed with SIGKILL at chosen points (the kill and resume tests of train.py and of
-tools/run_protocol.py), and ``run_script``, a ``python script.py ...`` command run without
-starting an interpreter (the command-line tests of train.py).
+tools/run_protocol.py), ``run_script``, a ``python script.py ...`` command run without
+starting an interpreter (the command-line tests of train.py), and ``run_ranks``, the processes of
+one torch.distributed job (the multi-process tests of train.py).
 """
 import multiprocessing
 import os
 import runpy
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+from multiprocessing import forkserver
 from pathlib import Path
+
+from vlprompt.paths import repository_root
+from vlprompt_app.project import PROJECT_PACKAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 # What a forked train.py or run_protocol.py run imports: vlprompt_app.commands.* import torch and
-# the engine only when they run, so the forkserver names the heavy modules itself (it runs with
-# the interpreter's default sys.path, hence installed modules only, not tests/).
+# the engine only when they run, so the forkserver names the heavy modules itself, and the
+# project's trainers and datasets, which every run imports (vlprompt_app.project), as
+# ``python train.py`` finds them: in the repository root, first on the forkserver's sys.path (it
+# runs with the interpreter's default sys.path and the PYTHONPATH it is started with, not tests/).
 PRELOAD = ["torch", "torchvision", "vlprompt.clip", "open_clip", "vlprompt.engine", "vlprompt.data.datasets",
-           "vlprompt.evaluation", "vlprompt_app.commands.train", "vlprompt_app.commands.run_protocol"]
+           "vlprompt.evaluation", "vlprompt_app.commands.train", "vlprompt_app.commands.run_protocol",
+           *PROJECT_PACKAGES]
 
 
 def forkserver_context():
-    """A forkserver that imports torch, open_clip and the engine once for all forked runs."""
+    """A forkserver that imports torch, open_clip, the engine and the project's packages once for
+    all forked runs, started now (with the repository root first on its PYTHONPATH) unless it runs."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
+    pythonpath = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(repository_root()), *([pythonpath] if pythonpath else [])])
+    try:
+        forkserver.ensure_running()
+    finally:
+        if pythonpath is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = pythonpath
     return context
 
 
@@ -170,3 +189,38 @@ def run_commands(script, cwd=ROOT, env=None, timeout=900):
         if status != 0:
             break
     return subprocess.CompletedProcess(script, status, "".join(stdout), "".join(stderr))
+
+
+def free_port():
+    """A TCP port of 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_ranks(command, world_size, output_prefix, cwd=ROOT, timeout=600):
+    """``command`` = [sys.executable, script.py, *args] as the ``world_size`` processes of one
+    torch.distributed job, each a :class:`ForkedScript` with the variables torchrun gives its
+    workers (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, and MASTER_ADDR, MASTER_PORT: a free
+    local port) and one torch thread; process r writes its output to ``<output_prefix>-rank<r>.txt``.
+    Returns the outputs (text) once every process has ended; each must end with exit status 0."""
+    port = str(free_port())
+    outputs = [Path(f"{output_prefix}-rank{rank}.txt") for rank in range(world_size)]
+    processes = [
+        ForkedScript(command, output, output, cwd=cwd, env={
+            **os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+            "OMP_NUM_THREADS": "1"})
+        for rank, output in enumerate(outputs)
+    ]
+    try:
+        codes = [process.wait(timeout) for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGKILL)
+                process.wait()
+    texts = [output.read_text(errors="replace") for output in outputs]
+    for rank, (code, text) in enumerate(zip(codes, texts)):
+        assert code == 0, f"rank {rank} of {world_size} ended with exit status {code}:\n{text[-3000:]}"
+    return texts

@@ -1,9 +1,11 @@
 """Multi-process training (DistributedDataParallel, Gloo on the CPU) and how it is launched.
 
-The main test trains RAdaFFT and FT (each: image encoder and classifier) twice through
-run_protocol's launcher, the same way a grid does: once as one process with global batch 8, once with ``nproc_per_node`` 2 (``python -m
-torch.distributed.run --standalone --nproc_per_node 2 train.py ...``, i.e. torchrun: 2
-processes x 4 images). Set-up: the tests' tiny CLIP, a miniature OxfordPets of 4 classes x 4
+The main test trains RAdaFFT and FT (each: image encoder and classifier) twice: once as one
+process with global batch 8 (train.py's function, in this process), once as 2 processes x 4
+images. RAdaFFT's 2 processes are started by run_protocol's launcher the same way a grid does
+(``nproc_per_node`` 2: ``python -m torch.distributed.run --standalone --nproc_per_node 2
+train.py ...``, i.e. torchrun); FT's are forked with the variables torchrun gives its workers
+(forked_runs.run_ranks: the same code path without an interpreter per process). Set-up: the tests' tiny CLIP, a miniature OxfordPets of 4 classes x 4
 training images (2 steps per epoch, 2 epochs), RAdaFFT's stage 2 (image encoder, classifier and
 mask generator all train) or FT's synthetic config (image encoder and head, gradient norm clipped
 to 1.0 after DDP's all-reduce, so both runs clip the same mean gradient), inputs without random augmentation (INPUT.TRANSFORMS normalize),
@@ -22,8 +24,8 @@ logged per-step loss is averaged over the processes, so both logs show the same 
 
 FLYP's contrastive loss needs every row of the global batch: its test trains 2 Gloo processes of
 4 (image, template) rows, which gather their features, against one process of 8 rows, both
-under torchrun (FLYP's epoch order under torchrun comes from (SEED, epoch), not from the
-single-process sampler), with the same tolerances.
+forked as torchrun's workers (FLYP's epoch order under torchrun comes from (SEED, epoch), not
+from the single-process sampler), with the same tolerances.
 
 The other tests: the DDP loader augments an item the same whichever process reads it (and
 leaves the global generator alone), a global batch the processes do not divide and a
@@ -34,6 +36,7 @@ commands resolve (configs merge, the grid expands).
 import json
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from baseline_setup import toy_pets_cfg
+from forked_runs import run_ranks
 
 from vlprompt.engine import fine_tuning
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default
@@ -67,8 +71,10 @@ def data_root(tmp_path_factory):
     return root
 
 
-# (trainer, config): RAda-FT (stage 2) and FT, each training its image encoder and classifier
-TRAINERS = [("RAdaFFT", "configs/trainers/RAdaFFT/toy_stage2.yaml"), ("FT", "configs/trainers/FT/synthetic.yaml")]
+# (trainer, config, how its 2 processes start): RAda-FT (stage 2) and FT, each training its image
+# encoder and classifier
+TRAINERS = [("RAdaFFT", "configs/trainers/RAdaFFT/toy_stage2.yaml", "launcher"),
+            ("FT", "configs/trainers/FT/synthetic.yaml", "forked")]
 
 
 def train_argv(data_root, output_dir, clip_files, trainer="RAdaFFT", config="configs/trainers/RAdaFFT/toy_stage2.yaml",
@@ -89,6 +95,15 @@ def launch(launcher, data_root, output_dir, clip_files, trainer="RAdaFFT",
     env = {} if launcher.in_process else {"OMP_NUM_THREADS": "1"}  # an in-process run has the worker's threads
     (outcome,) = execute_chain(Chain((run,)), launcher, env)
     assert outcome.status == OK, (output_dir / "console.txt").read_text()[-3000:]
+    return output_dir
+
+
+def fork_ranks(world_size, data_root, output_dir, clip_files, trainer, config, extra=()):
+    """Run train.py as the ``world_size`` processes of a torchrun job, forked (forked_runs.run_ranks);
+    return the run folder."""
+    command = [sys.executable, str(ROOT / "train.py"), *train_argv(data_root, output_dir, clip_files, trainer, config,
+                                                                  extra)]
+    run_ranks(command, world_size, output_dir.parent / f"{output_dir.name}-console", cwd=ROOT)
     return output_dir
 
 
@@ -127,38 +142,32 @@ def assert_trained_alike(single, ddp, trainer, steps=4):
 
 
 @needs_gloo
-@pytest.mark.parametrize("trainer, config", TRAINERS)
+@pytest.mark.parametrize("trainer, config, start", TRAINERS)
 @pytest.mark.e2e
 def test_two_gloo_processes_train_as_one_process_with_the_same_global_batch(data_root, tiny_clip_files, tmp_path,
-                                                                             trainer, config):
-    # the one-process reference in this process (train.py's function), the two processes by torchrun
+                                                                             trainer, config, start):
+    # the one-process reference in this process (train.py's function), the two processes by torchrun or forked
     single = launch(Launcher(str(ROOT / "train.py"), in_process=train.run, cwd=str(ROOT)), data_root,
                     tmp_path / "single", tiny_clip_files, trainer, config)
-    ddp = launch(Launcher(str(ROOT / "train.py"), cwd=str(ROOT), nproc_per_node=2), data_root, tmp_path / "ddp",
-                 tiny_clip_files, trainer, config)
+    if start == "launcher":
+        ddp = launch(Launcher(str(ROOT / "train.py"), cwd=str(ROOT), nproc_per_node=2), data_root, tmp_path / "ddp",
+                     tiny_clip_files, trainer, config)
+    else:
+        ddp = fork_ranks(2, data_root, tmp_path / "ddp", tiny_clip_files, trainer, config)
     assert "DistributedDataParallel" not in (single / "log.txt").read_text()
     assert_trained_alike(single, ddp, trainer)
-
-
-class TorchrunLauncher(Launcher):
-    """Starts every training run with torchrun, also with one process."""
-
-    def command(self, run):
-        return [self.python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                str(self.nproc_per_node), self.train_script, *run.argv]
 
 
 @needs_gloo
 @pytest.mark.e2e
 def test_flyp_contrasts_the_gathered_rows_of_all_processes(data_root, tiny_clip_files, tmp_path):
     """FLYP's loss contrasts every (image, caption) row of the global batch with every other: two
-    processes of 4 rows gather their features, so they train as one process of 8 rows (both under
-    torchrun, whose epoch order comes from (SEED, epoch)); 80 templates, so rows are (image, template)
+    processes of 4 rows gather their features, so they train as one process of 8 rows (both as
+    torchrun's processes, whose epoch order comes from (SEED, epoch)); 80 templates, so rows are (image, template)
     pairs. Without the gather each process would contrast 4 x 4 rows and the losses would differ."""
     config, extra = "configs/trainers/FLYP/synthetic.yaml", ("TRAINER.FLYP.TEMPLATE_ENSEMBLE", "True", "OPTIM.LR", "0.01",
                                                            "OPTIM.MAX_EPOCH", "2")
-    runs = {n: launch(TorchrunLauncher(str(ROOT / "train.py"), cwd=str(ROOT), nproc_per_node=n), data_root,
-                      tmp_path / f"nproc{n}", tiny_clip_files, "FLYP", config, extra) for n in (1, 2)}
+    runs = {n: fork_ranks(n, data_root, tmp_path / f"nproc{n}", tiny_clip_files, "FLYP", config, extra) for n in (1, 2)}
     assert f"DistributedDataParallel: 1 processes x {GLOBAL_BATCH} images per step" in (runs[1] / "log.txt").read_text()
     assert "FLYP captions: 80 template(s) x 4 classes" in (runs[2] / "log.txt").read_text()
     assert_trained_alike(runs[1], runs[2], "FLYP")

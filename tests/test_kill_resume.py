@@ -1,17 +1,21 @@
-"""Kill and resume: train.py killed with SIGKILL at random points and started again
+"""Kill and resume: train.py killed with SIGKILL at random and at chosen points and started again
 with the same command ends with the uninterrupted run's exact weights, optimizer and scheduler
 states and metrics.
 
 CoOp trains on the synthetic benchmark's base classes (SyntheticShapes, 1 shot, with
 configs/trainers/CoOp/synthetic.yaml) with a tiny random CLIP: 2 epochs of 5 batches, a
-mid-epoch checkpoint every 2 iterations, a final test on 1,000 images. Each run is a fresh process forked from a
-forkserver that imported train.py once; a trial kills its first run (and sometimes the
-restarted one) with SIGKILL, then lets a restart finish. Kill points, drawn at random per
-trial, and the first four trials cover each kind:
+mid-epoch checkpoint every 2 iterations, a final evaluation on the validation split (sampled like
+the training images: 40 images in 2 batches; the 1,000 test images would make each run twice as
+long and resume the same way). Each run is a fresh process forked from a forkserver that imported
+train.py once; a trial kills its first run (and maybe the restarted ones) with SIGKILL, then lets
+a restart finish. The first test's 5 trials draw their kill points at random (seeded; its first
+four trials cover each kind); the slow test's trials chain kills chosen so that, with the first
+test's, every training step, checkpoint file and evaluation batch of the run is a kill point, and
+kill at three more moments. Kinds of kill points:
 
 * "step":       at the start of the n-th training step (mid-epoch);
 * "checkpoint": in the middle of writing the n-th checkpoint file (half of it written);
-* "evaluation": at the n-th test batch of the final evaluation;
+* "evaluation": at the n-th batch of the final evaluation;
 * "time":       after a random delay, whatever the run is doing (data loading, cache writing, ...).
 """
 import io
@@ -33,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EPOCHS = 2
 STEPS = 2 * 5  # 1 shot x 40 base classes = 40 images, batch size 8
 CHECKPOINT_FILE_WRITES = 4 + 1  # mid-epoch after iterations 2, 4, 6, 8; the final epoch checkpoint
-TEST_BATCHES = 2  # 40 base classes x 25 test images, batch size 500
+TEST_BATCHES = 2  # 1 shot x 40 base classes = 40 validation images, batch size 20
 KILL_KINDS = ("step", "checkpoint", "evaluation", "time")
 TRIAL_SEED = 20240611
 
@@ -117,6 +121,7 @@ def _argv(setup, output_dir):
         "MODEL.BACKBONE.NAME", config, "MODEL.BACKBONE.WEIGHTS", weights,
         "DATASET.NUM_SHOTS", "1", "DATASET.SUBSAMPLE_CLASSES", "base", "DATALOADER.TRAIN_X.BATCH_SIZE", "8",
         "OPTIM.MAX_EPOCH", str(EPOCHS), "TRAIN.CHECKPOINT_ITERS", "2", "OPTIM.MOMENTUM", "0.9",
+        "TEST.SPLIT", "val", "DATALOADER.TEST.BATCH_SIZE", "20",
     ]
 
 
@@ -129,7 +134,7 @@ def _final(output_dir):
     """(last checkpoint, metrics) of a finished run."""
     checkpoint = torch.load(output_dir / "prompt_learner" / f"model.pth.tar-{EPOCHS}", weights_only=True)
     results = json.loads((output_dir / "results.json").read_text())
-    assert results["completed"] and results["epoch"] == EPOCHS
+    assert results["completed"] and results["epoch"] == EPOCHS and results["num_test"] == 40
     return checkpoint, results["metrics"]
 
 
@@ -160,19 +165,34 @@ def _kill_plans(trials, run_seconds):
     return plans
 
 
-def _run_trials(context, setup, uninterrupted, tmp_path, trials):
-    """Run the kill plans of the trial numbers ``trials`` (a range): each must resume to the
-    uninterrupted run's weights, optimizer and scheduler states and metrics."""
+# Trials of chained kills: each kill hits the run that resumed after the one before (a count is the
+# n-th event of the killed process, which resumes after the last complete checkpoint: none, or after
+# iteration 2, 4, 6 or 8). Chosen so that, with the trials of the test above (steps 3 and 6, checkpoint
+# file 5, evaluation batch 2), every training step, checkpoint file and evaluation batch of the run is
+# a kill point; every kill lands. In the run's terms:
+CHAINED_PLANS = [
+    [("step", 1), ("step", 2), ("checkpoint", 1)],  # steps 1 and 2 and checkpoint 1, each resuming from scratch
+    [("step", 4), ("step", 3), ("step", 4)],  # steps 4, 5 and 8, resuming after iterations 2, 4 and 6
+    [("step", 7), ("step", 3), ("step", 2), ("evaluation", 1)],  # steps 7, 9 and 10, evaluation batch 1
+    [("checkpoint", 2), ("checkpoint", 2), ("checkpoint", 2)],  # checkpoints 2, 3 and 4, half written
+]
+# Kills after these shares of the uninterrupted run's seconds: early (loading), midway, late.
+TIMED_PLANS = [[("time", 0.2), ("time", 0.5)], [("time", 0.8)]]
+
+
+def _run_trials(context, setup, uninterrupted, tmp_path, plans, every_kill_lands=False):
+    """Run each trial's kill plan (``plans``: trial number -> kills), then a last run to the end: each
+    must resume to the uninterrupted run's weights, optimizer and scheduler states and metrics. A
+    first run always reaches its kill point, and so does every kill of a plan when
+    ``every_kill_lands`` (a timed kill may come after a run's end)."""
     (reference, reference_metrics), run_seconds = uninterrupted
-    plans = _kill_plans(trials.stop, run_seconds)
-    for trial in trials:
-        plan = plans[trial]
+    for trial, plan in plans.items():
         output_dir = tmp_path / f"trial{trial}"
         argv = _argv(setup, output_dir)
         for number, kill in enumerate(plan):
             code, _ = _launch(context, argv, kill)
-            if number == 0 and kill[0] != "time":  # a first run always reaches its kill point
-                assert code == -signal.SIGKILL, (trial, plan, code)
+            if kill[0] != "time" and (number == 0 or every_kill_lands):
+                assert code == -signal.SIGKILL, (trial, plan, number, code)
             assert code in (0, -signal.SIGKILL), (trial, plan, code)
         code, _ = _launch(context, argv)
         assert code == 0, (trial, plan)
@@ -188,11 +208,16 @@ def _run_trials(context, setup, uninterrupted, tmp_path, trials):
 
 
 def test_runs_killed_at_random_points_resume_to_the_same_result(context, setup, uninterrupted, tmp_path):
-    _run_trials(context, setup, uninterrupted, tmp_path, trials=range(0, 5))
+    plans = _kill_plans(5, uninterrupted[1])
+    _run_trials(context, setup, uninterrupted, tmp_path, dict(enumerate(plans)))
 
 
 @pytest.mark.slow
-def test_runs_killed_at_random_points_resume_to_the_same_result_many_trials(context, setup, uninterrupted, tmp_path):
-    """Trials 5 to 19 of the same seeded draw: with the test above, 20 trials (the draw of a
-    trial does not depend on how many follow it, so trials 0 to 4 are the ones run above)."""
-    _run_trials(context, setup, uninterrupted, tmp_path, trials=range(5, 20))
+def test_runs_killed_at_every_step_checkpoint_and_evaluation_batch_resume_to_the_same_result(
+        context, setup, uninterrupted, tmp_path):
+    """CHAINED_PLANS and TIMED_PLANS: with the test above, every step, checkpoint file and evaluation
+    batch of the run is a kill point, and kills come at three more moments."""
+    run_seconds = uninterrupted[1]
+    timed = [[(kind, round(share * run_seconds, 2)) for kind, share in plan] for plan in TIMED_PLANS]
+    _run_trials(context, setup, uninterrupted, tmp_path, dict(enumerate(CHAINED_PLANS, 5)), every_kill_lands=True)
+    _run_trials(context, setup, uninterrupted, tmp_path, dict(enumerate(timed, 5 + len(CHAINED_PLANS))))

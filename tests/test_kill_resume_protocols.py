@@ -4,8 +4,9 @@ killed with SIGKILL at a seeded random moment, and the same command started agai
 finishes, ends with the uninterrupted grid's results.
 
 Two grids on a miniature OxfordPets (4 classes, 2 of them base, 2 new; 2 train, 1 val and 5 test
-images per class) with the project's tiny synthetic CLIP, each call running its runs in-process
-(``--in-process``: one interpreter per call, so the process group is the whole grid):
+images per class) with the tests' tiny random CLIP (smaller than the synthetic configs' CLIP, which
+the grids are not about), each call running its runs in-process (``--in-process``: one interpreter
+per call, so the process group is the whole grid):
 
 * fft: RAdaFFT stage 1 (2 epochs, batches of 4), then stage 2 from stage 1's epoch 1, each
   evaluated on the source's test split and on the target: 4 runs in one chain;
@@ -63,16 +64,16 @@ BENCHMARK = ("seeds: [1]\n"
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    """(pristine data root, benchmark file): the miniature OxfordPets and a benchmark defining
-    fft and base2new on it."""
+def setup(tmp_path_factory, tiny_clip_files):
+    """(pristine data root, benchmark file, CLIP files): the miniature OxfordPets, a benchmark
+    defining fft and base2new on it and the tiny CLIP's config and weights."""
     from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
 
     base = tmp_path_factory.mktemp("kill_resume_protocols")
     write_oxford_pets_tree(str(base / "data"), classes=OXFORD_PETS_TOY_CLASSES[:4], train=2, val=1, test=5)
     benchmark = base / "toy_protocols.yaml"
     benchmark.write_text(BENCHMARK)
-    return base / "data", benchmark
+    return base / "data", benchmark, tiny_clip_files
 
 
 class Call:
@@ -135,13 +136,19 @@ def _checkpoints(output: Path):
 
 
 def _argv(setup, grid, data, output):
-    _, benchmark = setup
-    return ["--benchmark", str(benchmark), "--root", str(data), "--output", str(output), "--in-process",
+    """The grid's command, every run of it with the tiny CLIP (added to its --opts)."""
+    _, benchmark, (clip_config, clip_weights) = setup
+    argv = ["--benchmark", str(benchmark), "--root", str(data), "--output", str(output), "--in-process",
             *GRIDS[grid]]
+    backbone = ["MODEL.BACKBONE.NAME", clip_config, "MODEL.BACKBONE.WEIGHTS", clip_weights]
+    if "--opts" not in argv:
+        return [*argv, "--opts", *backbone]
+    at = argv.index("--opts") + 1
+    return [*argv[:at], *backbone, *argv[at:]]
 
 
 def _fresh_data(setup, folder: Path) -> Path:
-    pristine, _ = setup
+    pristine = setup[0]
     shutil.copytree(pristine, folder)
     return folder
 
@@ -150,7 +157,7 @@ def _table(setup, grid, output) -> str:
     """The grid's table as ``tools/parse_results.py --format markdown`` prints it."""
     from vlprompt_app.commands import parse_results
 
-    _, benchmark = setup
+    benchmark = setup[1]
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         code = parse_results.main([str(output), "--benchmark", str(benchmark), "--protocol", grid,

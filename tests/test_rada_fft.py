@@ -2,13 +2,12 @@
 class-subset evaluation, the iteration schedule, and the torchrun (DDP, Gloo) code path."""
 import copy
 import os
-import socket
-import subprocess
 import sys
 
 import pytest
 import torch
 from baseline_setup import runner_and_tokenizer, toy_pets_cfg, trainer_node
+from forked_runs import run_ranks
 from torch.optim.lr_scheduler import LambdaLR
 
 import datasets  # noqa: F401  (registers OxfordPets)
@@ -154,42 +153,20 @@ def test_other_ranks_log_to_their_own_file(tmp_path, monkeypatch):
     assert not (tmp_path / "log.txt").exists()
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def torchrun_env(world_size, rank):
-    env = dict(os.environ, WORLD_SIZE=str(world_size), RANK=str(rank), LOCAL_RANK=str(rank),
-               MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1")
-    return env
-
-
-def train_command(data_root, output_dir, clip_files):
-    return [sys.executable, "train.py", "--root", data_root, "--trainer", "RAdaFFT", "--seed", "1",
-            "--dataset-config-file", "configs/datasets/oxford_pets.yaml",
-            "--config-file", "configs/trainers/RAdaFFT/toy_stage1.yaml", "--output-dir", str(output_dir),
-            "MODEL.BACKBONE.NAME", clip_files[0], "MODEL.BACKBONE.WEIGHTS", clip_files[1], "USE_CUDA", "False"]
-
-
-def run_ranks(world_size, data_root, output_dir, clip_files, batch="4"):
-    port = str(free_port())
-    command = train_command(data_root, output_dir, clip_files) + ["DATALOADER.TRAIN_X.BATCH_SIZE", batch]
-    processes = [
-        subprocess.Popen(command, cwd=ROOT, env=dict(torchrun_env(world_size, rank), MASTER_PORT=port),
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for rank in range(world_size)
-    ]
-    outputs = [process.communicate(timeout=600)[0] for process in processes]
-    for process, output in zip(processes, outputs):
-        assert process.returncode == 0, output[-3000:]
-    return outputs
+def train_ranks(world_size, data_root, output_dir, clip_files, batch="4"):
+    """Stage 1 by train.py as the ``world_size`` processes of a torchrun job (forked processes with
+    torchrun's variables: forked_runs.run_ranks), global batch ``batch``."""
+    command = [sys.executable, "train.py", "--root", data_root, "--trainer", "RAdaFFT", "--seed", "1",
+               "--dataset-config-file", "configs/datasets/oxford_pets.yaml",
+               "--config-file", "configs/trainers/RAdaFFT/toy_stage1.yaml", "--output-dir", str(output_dir),
+               "MODEL.BACKBONE.NAME", clip_files[0], "MODEL.BACKBONE.WEIGHTS", clip_files[1], "USE_CUDA", "False",
+               "DATALOADER.TRAIN_X.BATCH_SIZE", batch]
+    run_ranks(command, world_size, output_dir.parent / "console", cwd=ROOT)
 
 
 @pytest.mark.e2e
 def test_torchrun_code_path_with_one_gloo_process(data_root, tiny_clip_files, tmp_path):
-    run_ranks(1, data_root, tmp_path / "run", tiny_clip_files)
+    train_ranks(1, data_root, tmp_path / "run", tiny_clip_files)
     log = (tmp_path / "run" / "log.txt").read_text()
     assert "DistributedDataParallel: 1 processes x 4 images per step" in log
     assert "* accuracy:" in log
@@ -199,7 +176,7 @@ def test_torchrun_code_path_with_one_gloo_process(data_root, tiny_clip_files, tm
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_two_gloo_processes_train_one_model(data_root, tiny_clip_files, tmp_path):
-    run_ranks(2, data_root, tmp_path / "run", tiny_clip_files)
+    train_ranks(2, data_root, tmp_path / "run", tiny_clip_files)
     assert "DistributedDataParallel: 2 processes x 2 images per step" in (tmp_path / "run" / "log.txt").read_text()
     assert "Checkpoint saved" not in (tmp_path / "run" / "log-rank1.txt").read_text()
     assert (tmp_path / "run" / "RAdaFFT" / "model.pth.tar-2").is_file()

@@ -13,6 +13,7 @@ import pickle
 import re
 import shutil
 import signal
+import traceback
 from pathlib import Path
 
 import pytest
@@ -338,11 +339,16 @@ def mid_epoch_files(output_dir, name="head"):
 
 
 def interrupted_run(cfg, step):
-    """Train until global step ``step`` starts, as if the process were killed there."""
+    """Train until global step ``step`` starts, as if the process were killed there. Its loader
+    workers end with it, as a killed process's do: the interrupted frames are cleared and the
+    persistent training loader drops its unfinished iterator, which then stops its workers at once
+    (a later garbage collection would instead wait 5 s for each of them)."""
     trainer = build(cfg)
     kill_at_step(trainer, step)
-    with pytest.raises(SimulatedKill):
+    with pytest.raises(SimulatedKill) as killed:
         quietly(trainer.train)
+    traceback.clear_frames(killed.tb)
+    trainer.train_loader_x._iterator = None
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -167,6 +167,7 @@ def _argv(setup, output_dir, *extra):
         "--config-file", str(ROOT / "configs/trainers/CoOp/synthetic.yaml"), *extra,
         "MODEL.BACKBONE.NAME", config, "MODEL.BACKBONE.WEIGHTS", weights,
         "DATASET.NUM_SHOTS", "1", "DATASET.SUBSAMPLE_CLASSES", "base", "OPTIM.MAX_EPOCH", "1",
+        "TEST.SPLIT", "val",  # the 1-shot validation sample (40 images), not the 1,000 test images
     ]
 
 
