@@ -108,7 +108,7 @@ def _forked_stages(argv, kill):
     their outcomes and logs as JSON into ``argv[0]``."""
     folder = os.path.dirname(argv[0])
     outcomes = {}
-    for kind, seconds in (("exit", 20), ("fail", 20), ("sleep", 3)):
+    for kind, seconds in (("exit", 20), ("fail", 20), ("sleep", 2)):
         command = [sys.executable, "-m", "stage_probe", kind, os.path.join(folder, "child.pid")]
         outcome = run.Stage(kind, command, folder, seconds, threads=1, forked=True).wait()
         outcomes[kind] = dict(outcome, log=open(os.path.join(folder, "logs", f"{kind}.log")).read())
