@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from forked_runs import forkserver_context, launch, run_script
 
 from vlprompt_app.fidelity import cost
 from vlprompt_app.fidelity.export import EXPORTED_COMMIT_FILE, export
@@ -20,12 +21,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.mark.e2e
 def test_rehearsal_runs_every_stage_and_reports(tmp_path):
+    """The command as typed (run as tests/forked_runs.py runs a script); its stages are processes
+    forked from its own (run.ForkedCommand), each running its stage's command."""
     out = tmp_path / "acceptance"
     # a budget no loaded CI machine reaches: the stages' time limits are the GPU run's concern
-    done = subprocess.run([sys.executable, "tools/gpu_acceptance.py", "run", "--rehearsal", "--out", str(out),
-                           "--official", str(tmp_path / "no_trees"), "--budget", "3600"], cwd=ROOT,
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    done = run_script([sys.executable, "tools/gpu_acceptance.py", "run", "--rehearsal", "--out", str(out),
+                       "--official", str(tmp_path / "no_trees"), "--budget", "3600"])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert sorted(os.listdir(out)) == ["acceptance.json", "acceptance.md", "compiled.jsonl", "cuda-tests.xml",
                                        "data.jsonl", "data_tree.json", "environment.json", "logs.txt",
                                        "parity.jsonl", "trainers.jsonl"]
@@ -88,13 +90,63 @@ def test_a_stage_past_its_limit_is_stopped_with_what_it_started(tmp_path):
     assert not quick["stopped"] and quick["exit_status"] == 3 and quick["cpu_s"] >= 0
 
 
+PROBE_MODULE = """import os, subprocess, sys, time
+print("ran", __name__, sys.argv[1:], os.getcwd(), os.environ["OMP_NUM_THREADS"], torch.get_num_threads())
+if sys.argv[1] == "exit":
+    raise SystemExit(3)
+if sys.argv[1] == "fail":
+    raise RuntimeError("boom")
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+open(sys.argv[2], "w").write(str(child.pid))
+time.sleep(30)
+"""
+
+
+def _forked_stages(argv, kill):
+    """Process target (forked from tests/forked_runs.py's forkserver, which imported torch as the
+    rehearsal's run process does; no other thread runs): the probe module as three forked stages;
+    their outcomes and logs as JSON into ``argv[0]``."""
+    folder = os.path.dirname(argv[0])
+    outcomes = {}
+    for kind, seconds in (("exit", 20), ("fail", 20), ("sleep", 2)):
+        command = [sys.executable, "-m", "stage_probe", kind, os.path.join(folder, "child.pid")]
+        outcome = run.Stage(kind, command, folder, seconds, threads=1, forked=True).wait()
+        outcomes[kind] = dict(outcome, log=open(os.path.join(folder, "logs", f"{kind}.log")).read())
+    with open(argv[0], "w") as f:
+        json.dump(outcomes, f)
+
+
+def test_a_forked_stage_runs_its_module_and_is_stopped_with_what_it_started(tmp_path, monkeypatch):
+    """The rehearsal's stages (run.ForkedCommand): the module runs as ``__main__`` with its arguments,
+    from the repository root, with the stage's threads, its output in the stage's log and its exit
+    status the module's (1 with the traceback for an exception); past its limit it is stopped with
+    the processes it started."""
+    (tmp_path / "stage_probe.py").write_text("import torch\n" + PROBE_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the forked processes import the probe from here
+    status, _ = launch(forkserver_context(), _forked_stages, [str(tmp_path / "outcomes.json")])
+    assert status == 0
+    outcomes = json.loads((tmp_path / "outcomes.json").read_text())
+    ran = f"ran __main__ ['exit', '{tmp_path / 'child.pid'}'] {ROOT} 1 1"
+    assert outcomes["exit"]["exit_status"] == 3 and not outcomes["exit"]["stopped"] and ran in outcomes["exit"]["log"]
+    assert outcomes["fail"]["exit_status"] == 1 and "Traceback" in outcomes["fail"]["log"]
+    assert outcomes["fail"]["log"].rstrip().endswith("RuntimeError: boom")
+    assert outcomes["sleep"]["stopped"] and outcomes["sleep"]["exit_status"] is None
+    assert all(outcome["cpu_s"] >= 0 for outcome in outcomes.values())
+    pid = int((tmp_path / "child.pid").read_text())
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z":
+        assert time.monotonic() < deadline, "the stage's child outlived the stage"
+        time.sleep(0.05)
+
+
 def test_the_last_step_that_runs_takes_the_rest_of_the_budget(tmp_path, monkeypatch):
     """Each step ends by its cumulative deadline; stages that cannot run are skipped with the reason, and
     data needs its tree."""
     started = []
 
     class Recorded:
-        def __init__(self, name, command, out_dir, seconds, threads=0):
+        def __init__(self, name, command, out_dir, seconds, threads=0, forked=False):
+            assert forked  # the rehearsal forks its stages
             started.append((name, round(seconds)))
             if name == "data-tree":
                 (tmp_path / "data_tree.json").write_text("{}")
@@ -105,14 +157,15 @@ def test_the_last_step_that_runs_takes_the_rest_of_the_budget(tmp_path, monkeypa
 
     monkeypatch.setattr(run, "Stage", Recorded)
     monkeypatch.setattr(run, "_gather_logs", lambda out_dir: None)
+    monkeypatch.setattr(run, "preload_rehearsal", lambda: started.append(("preload", 0)))  # its time is not the stages'
     report = run.run(str(tmp_path), official=str(tmp_path / "none"), rehearsal=True, budget_s=100,
                      stages=["data", "trainers"])
-    assert started == [("environment", 5), ("data-tree", 25), ("data", 40), ("trainers", 100)]
+    assert started == [("preload", 0), ("environment", 5), ("data-tree", 25), ("data", 40), ("trainers", 100)]
     skipped = {stage["stage"]: stage.get("skipped") for stage in report["stages"]}
     assert skipped["official"] == skipped["parity"] == "not selected (--stages)"
     started.clear()
     run.run(str(tmp_path), official=str(tmp_path / "none"), rehearsal=True, budget_s=100, stages=["trainers", "data"])
-    assert [name for name, _ in started] == ["environment", "data-tree", "data", "trainers"]
+    assert [name for name, _ in started] == ["preload", "environment", "data-tree", "data", "trainers"]
 
 
 def _report(**changes):

@@ -1,12 +1,12 @@
 """Tests of tools/parse_results.py on run folders built in tmp_path with Dassl-style logs."""
 import json
 import os
-import subprocess
 import sys
 from datetime import datetime
 from pathlib import Path
 
 import pytest
+from forked_runs import run_script
 
 TOOLS_DIR = Path(__file__).resolve().parents[1] / "tools"
 from vlprompt_app import results as pr
@@ -70,8 +70,8 @@ def write(path: Path, text: str, mtime: float = None) -> Path:
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)],
-                          capture_output=True, text=True, timeout=60)
+    """``python tools/parse_results.py ARGS`` (run as tests/forked_runs.py runs a script)."""
+    return run_script([sys.executable, str(SCRIPT), *map(str, args)], timeout=60)
 
 
 # ----------------------------------------------------------------------- parse_log

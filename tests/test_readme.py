@@ -31,7 +31,7 @@ def test_main_job_commands_run(tmp_path):
     """The README's main job as a fresh machine runs it: its output/ paths are moved under
     tmp_path, so the synthetic set is rendered on first use and nothing in output/ is touched.
     Each command runs as tests/forked_runs.py runs a script (its interpreter's imports shared;
-    tests/test_train_cli.py starts train.py from a real shell)."""
+    tests/test_startup.py starts train.py in a new interpreter)."""
     script = code_blocks(section("Main job"), "bash")[0]
     assert "output/" in script
     script = script.replace("output/", f"{tmp_path}/output/")

@@ -2,15 +2,17 @@
 map whose header names a command is what that command writes today.
 
 The command is read from the header (a comment line starting with ``python tools/``, with
-``\\`` continuation lines), run as written (as tests/forked_runs.py runs a script) except for its
-output folders (moved into a temporary folder) and its data root (the session's rendered synthetic
-data), and its role map is compared with the committed file: the YAML body (every non-comment
-line) must be identical. A command that needs something CI does
-not have (a hub model's weights, an optional package) is skipped for that map only, with
-the reason.
+``\\`` continuation lines), run as written except for its output folders (moved into a temporary
+folder) and its data root (the session's rendered synthetic data), and its role map is compared
+with the committed file: the YAML body (every non-comment line) must be identical. The maps'
+commands run one after the other in one process (forked as tests/forked_runs.py runs a script, so
+the sentence embedder's packages are imported once), each as ``python tools/X.py ARGS`` runs it. A
+command that needs something CI does not have (a hub model's weights, an optional package) is
+skipped for that map only, with the reason.
 """
 import glob
 import importlib.util
+import json
 import os
 import shlex
 import sys
@@ -83,21 +85,52 @@ def missing_requirement(argv):
     return ""
 
 
-def regenerate(argv, tmp_path, data_root):
-    """Run the header's command with its outputs in ``tmp_path`` and its ``--root`` (the synthetic
-    data, rendered on first use) at ``data_root``; the written map's path."""
+# Runs the commands given as JSON on its command line ([argv, ...], argv[0] the script) one after the
+# other, each as ``python argv[0] argv[1:]`` would run it; stops at the first that fails.
+SEQUENCE = """import json, runpy, sys
+
+for argv in json.loads(sys.argv[1]):
+    print("$", " ".join(argv), flush=True)
+    sys.argv = argv
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as stop:
+        if stop.code not in (None, 0):
+            raise
+"""
+
+
+def moved(argv, folder, data_root):
+    """``argv`` with its outputs in ``folder`` and its ``--root`` (the synthetic data) at
+    ``data_root``; the path of the map it writes."""
     argv = list(argv)
     for flag, name in OUTPUT_FLAGS.items():
         if flag in argv:
-            argv[argv.index(flag) + 1] = str(tmp_path / name)
+            argv[argv.index(flag) + 1] = str(folder / name)
     if "--root" in argv:
         argv[argv.index("--root") + 1] = str(data_root)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    result = run_script([sys.executable, *argv[1:]], cwd=ROOT, env=env, timeout=600)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     if "--output" in argv:
-        return tmp_path / OUTPUT_FLAGS["--output"]
-    return tmp_path / OUTPUT_FLAGS["--output-dir"] / "head_roles.yaml"
+        return argv, folder / OUTPUT_FLAGS["--output"]
+    return argv, folder / OUTPUT_FLAGS["--output-dir"] / "head_roles.yaml"
+
+
+@pytest.fixture(scope="module")
+def regenerated(tmp_path_factory, synthetic_data):
+    """{map path: the map its header's command writes now}, for every map whose command can run
+    here; the commands run in one process (see SEQUENCE)."""
+    base = tmp_path_factory.mktemp("role_maps")
+    commands, written = [], {}
+    for index, path in enumerate(p for p in MAPS if header_command(p) and not missing_requirement(header_command(p))):
+        folder = base / str(index)
+        folder.mkdir()
+        argv, written[path] = moved(header_command(path), folder, synthetic_data)
+        commands.append(argv[1:])
+    (base / "sequence.py").write_text(SEQUENCE)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    result = run_script([sys.executable, str(base / "sequence.py"), json.dumps(commands)], cwd=ROOT, env=env,
+                        timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    return written
 
 
 def test_the_header_command_is_found_and_its_outputs_are_moved(tmp_path):
@@ -124,11 +157,11 @@ def test_every_map_names_a_command_or_the_source_it_was_transcribed_from(path):
 
 @pytest.mark.parametrize("path", [p for p in MAPS if header_command(p)])
 @pytest.mark.e2e
-def test_map_is_what_its_header_command_writes(path, tmp_path, synthetic_data):
+def test_map_is_what_its_header_command_writes(path, request):
     argv = header_command(path)
     reason = missing_requirement(argv)
     if reason:
         pytest.skip(f"{path}: {reason}")
-    written = regenerate(argv, tmp_path, synthetic_data)
+    written = request.getfixturevalue("regenerated")[path]
     assert body(written) == body(os.path.join(ROOT, path)), (
         f"{path} differs from what its header's command writes now ({' '.join(argv)})")

@@ -4,28 +4,28 @@ import subprocess
 import sys
 from pathlib import Path
 
+from forked_runs import run_script
+
 from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt_app.project import registered_trainer_names
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# train.py run as ``python train.py ARGV`` runs it (its exit status the process's), the heavy
+# modules imported by then printed at exit.
 PROBE = """
-import sys
-from vlprompt_app.commands import train
-try:
-    status = train.run({argv!r})
-except SystemExit as exit:
-    status = exit.code
-print(status, sorted(name for name in ("open_clip", "torch", "torchvision", "trainers") if name in sys.modules))
+import atexit, runpy, sys
+atexit.register(lambda: print(sorted(name for name in ("open_clip", "torch", "torchvision", "trainers")
+                                     if name in sys.modules)))
+sys.argv = ["train.py", *{argv!r}]
+runpy.run_path("train.py", run_name="__main__")
 """
 
 
 def probe(argv):
-    """(exit status, heavy modules imported) of train.run(argv) in a fresh interpreter."""
-    result = subprocess.run([sys.executable, "-c", PROBE.format(argv=argv)], capture_output=True, text=True,
-                            check=True, cwd=ROOT)
-    status, modules = result.stdout.strip().splitlines()[-1].split(" ", 1)
-    return int(status), modules, result.stderr
+    """(exit status, heavy modules imported, stderr) of train.py with ``argv`` in a new interpreter."""
+    result = subprocess.run([sys.executable, "-c", PROBE.format(argv=argv)], capture_output=True, text=True, cwd=ROOT)
+    return result.returncode, result.stdout.strip().splitlines()[-1], result.stderr
 
 
 def test_help_imports_neither_torch_nor_the_methods():
@@ -47,10 +47,12 @@ def test_the_names_read_from_the_source_are_the_registered_ones():
 
 
 def test_a_config_error_is_reported_before_open_clip_and_torchvision_load():
+    """As from a shell: exit status 2 and one paragraph, no traceback (tests/test_train_cli.py checks
+    each kind of bad input's paragraph in-process)."""
     status, modules, stderr = probe(["--trainer", "CoOp", "--config-file", "configs/trainers/CoOp/vit_b16_ep50.yaml",
                                      "--output-dir", "unused", "OPTIM.LRR", "0.1"])
     assert (status, modules) == (2, "['torch', 'trainers']")
-    assert 'Unknown config key "OPTIM.LRR"' in stderr
+    assert 'Unknown config key "OPTIM.LRR"' in stderr and "Traceback" not in stderr  # one paragraph
 
 
 HF_PROBE = """
@@ -73,11 +75,14 @@ print("after enabling:", namespace["transformers"] is sys.modules["transformers"
 """
 
 
-def test_open_clip_loads_without_transformers_until_a_hugging_face_text_tower_needs_it():
+def test_open_clip_loads_without_transformers_until_a_hugging_face_text_tower_needs_it(tmp_path):
     """A model with open_clip's own text tower does not import transformers (1-2 s of CPU per
     process); enabling Hugging Face text towers gives the text-tower class open_clip builds the
-    real transformers names (it said "pip install transformers" without them)."""
-    result = subprocess.run([sys.executable, "-c", HF_PROBE], capture_output=True, text=True, cwd=ROOT)
+    real transformers names (it said "pip install transformers" without them). The probe runs as
+    tests/forked_runs.py runs a script: in a process forked from one that imported open_clip, the
+    library and the engine (and so any module they import) without transformers."""
+    (tmp_path / "hf_probe.py").write_text(HF_PROBE)
+    result = run_script([sys.executable, str(tmp_path / "hf_probe.py")])
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.strip().splitlines()
     assert lines[-2:] == ["after a CLIP text tower: False True", "after enabling: True True"], result.stdout

@@ -46,32 +46,25 @@ def installed_environment(folder):
     return dict(os.environ, PYTHONPATH=str(site), OMP_NUM_THREADS="1")
 
 
-def run_from(folder, script, *args):
-    """``python script args`` with ``folder`` as the working directory and only vlprompt
-    importable, as after ``pip install -e .`` (see installed_environment)."""
-    environment = installed_environment(Path(folder).parent)
-    return subprocess.run([sys.executable, str(script), *args], cwd=folder, env=environment, capture_output=True,
-                          text=True, timeout=600)
-
-
-# Runs each script given on its command line as ``python SCRIPT --help`` would, in a process forked
-# from this interpreter (cwd and environment are the caller's): sys.argv and sys.path[0] (the
-# script's folder) as Python sets them, stdout and stderr to files; prints {script name: [exit
-# status, stdout, stderr]} as JSON. It imports torch, torchvision and open_clip once before forking
-# (third-party modules only, what made each fresh interpreter cost seconds): the project's packages
-# are imported by each tool in its own process.
-HELP_DRIVER = r"""
+# Runs the commands given as JSON on its command line ([[name, script, [args], cwd], ...]) as
+# ``python SCRIPT ARGS`` would from ``cwd``, each in a process forked from this interpreter (its
+# environment is the caller's): sys.argv and sys.path[0] (the script's folder) as Python sets them,
+# stdout and stderr to files; prints {name: [exit status, stdout, stderr]} as JSON. It imports torch,
+# torchvision and open_clip once before forking (third-party modules only, what made each fresh
+# interpreter cost seconds): the project's packages are imported by each tool in its own process.
+DRIVER = r"""
 import json, os, runpy, shutil, sys, tempfile, traceback
 import open_clip, torch, torchvision  # noqa: F401
 
 outputs, results = tempfile.mkdtemp(), {}
-for script in sys.argv[1:]:
-    out, err = (os.path.join(outputs, os.path.basename(script) + kind) for kind in (".out", ".err"))
+for name, script, args, cwd in json.loads(sys.argv[1]):
+    out, err = (os.path.join(outputs, str(len(results)) + kind) for kind in (".out", ".err"))
     pid = os.fork()
     if pid == 0:
         for fd, path in ((1, out), (2, err)):
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-        sys.argv, sys.path[0], code = [script, "--help"], os.path.dirname(script), 0
+        os.chdir(cwd)
+        sys.argv, sys.path[0], code = [script, *args], os.path.dirname(script), 0
         try:
             runpy.run_path(script, run_name="__main__")
         except SystemExit as stop:
@@ -85,58 +78,86 @@ for script in sys.argv[1:]:
         sys.stderr.flush()
         os._exit(code)
     _, status = os.waitpid(pid, 0)
-    results[os.path.basename(script)] = [os.waitstatus_to_exitcode(status), open(out).read(), open(err).read()]
+    results[name] = [os.waitstatus_to_exitcode(status), open(out).read(), open(err).read()]
 shutil.rmtree(outputs)
 print(json.dumps(results))
 """
 
 
-@pytest.mark.e2e
-def test_every_tool_and_train_py_answer_help_from_another_directory(tmp_path):
-    """Each in a process of its own (forked from one interpreter that imported torch; see
-    HELP_DRIVER): a failure names the tool."""
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The commands of this file's tests, each from its own empty folder, as a user with only
+    ``vlprompt`` importable (see installed_environment) runs them: {name: CompletedProcess} and
+    {folder name: folder}. One driver interpreter starts them all (see DRIVER)."""
     import json
 
-    environment = installed_environment(tmp_path.parent)
-    scripts = [ROOT / "tools" / name for name in TOOLS] + [ROOT / "train.py"]
-    driver = subprocess.run([sys.executable, "-c", HELP_DRIVER, *map(str, scripts)], cwd=tmp_path, env=environment,
-                            capture_output=True, text=True, timeout=600)
+    base = tmp_path_factory.mktemp("tools_cwd")
+    folders = {name: base / name for name in ("help", "benchmark", "protocol")}
+    for folder in folders.values():
+        folder.mkdir()
+    benchmark, protocol = folders["benchmark"], folders["protocol"]
+    commands = [[f"--help {script.name}", str(script), ["--help"], str(folders["help"])]
+                for script in [ROOT / "tools" / name for name in TOOLS] + [ROOT / "train.py"]]
+    commands += [
+        ["check_datasets", str(ROOT / "tools" / "check_datasets.py"),
+         ["--root", str(benchmark / "data"), "--datasets", "OxfordPets"], str(benchmark)],
+        ["benchmark show", str(ROOT / "tools" / "benchmark.py"), ["show", "missing.json"], str(benchmark)],
+        ["benchmark dear", str(ROOT / "tools" / "benchmark.py"), ["dear", "--config-file", "missing.yaml"],
+         str(benchmark)],
+        ["run_protocol", str(ROOT / "tools" / "run_protocol.py"),
+         ["--benchmark", "synthetic", "--protocol", "base2new", "--root", str(protocol / "data"),
+          "--output", str(protocol / "out"), "--trainers", "CoOp", "RAda:synthetic_mlp", "--config", "synthetic",
+          "--seeds", "1", "--dry-run"], str(protocol)],
+    ]
+    driver = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(commands)], cwd=base,
+                            env=installed_environment(base), capture_output=True, text=True, timeout=600)
     assert driver.returncode == 0, driver.stderr[-3000:]
-    results = json.loads(driver.stdout)
-    assert sorted(results) == sorted(script.name for script in scripts)
-    failed = {name: err.strip().splitlines()[-3:] for name, (status, out, err) in results.items()
-              if status != 0 or "usage:" not in out}
-    assert failed == {}
-    assert os.listdir(tmp_path) == []  # --help writes nothing
+    results = {name: subprocess.CompletedProcess(name, status, out, err)
+               for name, (status, out, err) in json.loads(driver.stdout).items()}
+    assert sorted(results) == sorted(command[0] for command in commands)
+    return results, folders
 
 
 @pytest.mark.e2e
-def test_a_benchmark_runs_from_another_directory(tmp_path):
+def test_every_tool_and_train_py_answer_help_from_another_directory(runs):
+    """Each in a process of its own (forked from one interpreter that imported torch; see DRIVER):
+    a failure names the tool. The harness's tools show their --official-git option."""
+    results, folders = runs
+    helps = {name.split(" ", 1)[1]: result for name, result in results.items() if name.startswith("--help ")}
+    assert sorted(helps) == sorted(TOOLS + ["train.py"])
+    failed = {name: result.stderr.strip().splitlines()[-3:] for name, result in helps.items()
+              if result.returncode != 0 or "usage:" not in result.stdout}
+    assert failed == {}
+    assert all("--official-git" in helps[name].stdout
+               for name in ("official_equivalence.py", "official_wiseft.py", "official_benchmark.py"))
+    assert os.listdir(folders["help"]) == []  # --help writes nothing
+
+
+@pytest.mark.e2e
+def test_a_benchmark_runs_from_another_directory(runs):
     """Real (cheap) invocations: the dataset registry comes from the project's datasets/, the
     benchmark's default config path from the repository root."""
-    result = run_from(tmp_path, ROOT / "tools" / "check_datasets.py", "--root", str(tmp_path / "data"),
-                      "--datasets", "OxfordPets")
+    results, _ = runs
+    result = results["check_datasets"]
     assert result.returncode == 1 and 'OxfordPets           MISSING  no folder "oxford_pets"' in result.stdout
     assert result.stderr == ""
-    result = run_from(tmp_path, ROOT / "tools" / "benchmark.py", "show", "missing.json")
+    result = results["benchmark show"]
     assert result.returncode == 2 and result.stderr.startswith("error: cannot read the report: ")
     assert "missing.json" in result.stderr
-    result = run_from(tmp_path, ROOT / "tools" / "benchmark.py", "dear", "--config-file", "missing.yaml")
+    result = results["benchmark dear"]
     assert result.returncode == 2 and "missing.yaml" in result.stderr and "Traceback" not in result.stderr
 
 
 @pytest.mark.e2e
-def test_run_protocol_expands_a_grid_from_another_directory(tmp_path):
+def test_run_protocol_expands_a_grid_from_another_directory(runs):
     """A real invocation past argument parsing: the trainers (and their configs) are resolved
     from the repository root, not from the working directory."""
-    result = run_from(tmp_path, ROOT / "tools" / "run_protocol.py", "--benchmark", "synthetic",
-                      "--protocol", "base2new", "--root", str(tmp_path / "data"), "--output", str(tmp_path / "out"),
-                      "--trainers", "CoOp", "RAda:synthetic_mlp", "--config", "synthetic", "--seeds", "1",
-                      "--dry-run")
+    results, folders = runs
+    result = results["run_protocol"]
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert "configs/trainers/RAda/synthetic_mlp.yaml" in result.stdout
-    assert not (tmp_path / "out").exists()  # a dry run writes nothing
+    assert not (folders["protocol"] / "out").exists()  # a dry run writes nothing
 
 
 def test_project_packages_are_loaded_from_the_repository_root():

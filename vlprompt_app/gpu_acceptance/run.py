@@ -30,16 +30,24 @@ then is stopped with its process group, the run goes on, and the report (``accep
 ``acceptance.md``) says so. Every stage writes its records as it measures them, so a stopped stage
 keeps what it measured. ``--rehearsal`` runs the same stages on the CPU with tiny settings (the
 tiny CLIP, 4 classes, small batches, a few cases, a 4-class tree of small JPEGs) so that the
-script is exercised where no GPU is.
+script is exercised where no GPU is. There each stage's command runs in a process forked from the
+run's process, which imported torch, open_clip and the methods once (``REHEARSAL_PRELOAD``), as
+``python -m MODULE ARGS`` would run it (:class:`ForkedCommand`): starting an interpreter and
+importing them is most of a tiny stage's CPU time (pytest, in the CUDA-only tests' stage, then
+notes that anyio, which open_clip imports, was imported before its plugin). On the GPU each stage
+is a new interpreter (a forked CUDA state would be unusable).
 """
+import importlib
 import json
 import os
+import runpy
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 from vlprompt.paths import repository_root
 
@@ -76,11 +84,80 @@ OUTPUTS = ("parity.jsonl", "trainers.jsonl", "compiled.jsonl", "official.jsonl",
            "data_tree.json", "cuda-tests.xml")
 
 
+# What the rehearsal's run process imports before forking its stages (see ForkedCommand): the
+# third-party packages and the project modules the stages import; the project's trainers too.
+REHEARSAL_PRELOAD = ("torch", "torchvision", "open_clip", "pytest", "vlprompt.clip", "vlprompt.engine",
+                     "vlprompt.data.datasets", "vlprompt.testing", "vlprompt_app.benchmarking.per_trainer",
+                     "vlprompt_app.commands.train", "vlprompt_app.commands.run_protocol")
+
+
+def preload_rehearsal():
+    """Import REHEARSAL_PRELOAD and the project's trainers in this process (before forking stages)."""
+    from vlprompt_app.project import import_project_package
+
+    for name in REHEARSAL_PRELOAD:
+        importlib.import_module(name)
+    import_project_package("trainers")
+
+
+class ForkedCommand:
+    """``command`` (``[python, "-m", MODULE, *ARGS]``) run in a child forked from this process, in a
+    session of its own, from ``cwd`` with ``environment``, its standard output and error written to
+    ``log_path``: the module runs as ``__main__`` with its arguments as ``python -m`` runs it, its
+    exit status the module's (``sys.exit`` code; 1 with the traceback for an uncaught exception).
+    The rehearsal's stages run so (what this process imported is not imported again); ``pid`` and
+    ``returncode`` as on a ``subprocess.Popen``."""
+
+    def __init__(self, command, log_path, cwd, environment):
+        executable, flag, module, *args = command
+        if executable != sys.executable or flag != "-m":
+            raise ValueError(f"a forked command is [sys.executable, '-m', MODULE, ...], got {command[:2]}")
+        self.returncode = None
+        self.pid = os.fork()
+        if self.pid == 0:
+            os._exit(self._child(module, args, log_path, cwd, environment))
+
+    @staticmethod
+    def _child(module, args, log_path, cwd, environment):
+        status = 1
+        try:
+            os.setsid()
+            log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            for fd in (1, 2):
+                os.dup2(log, fd)
+            os.close(log)
+            sys.stdout.reconfigure(write_through=True)  # PYTHONUNBUFFERED, which only a new interpreter reads
+            sys.stderr.reconfigure(write_through=True)
+            os.chdir(cwd)
+            os.environ.clear()
+            os.environ.update(environment)
+            if environment.get("OMP_NUM_THREADS", "").isdigit():  # what a new interpreter's torch reads at import
+                import torch
+
+                torch.set_num_threads(int(environment["OMP_NUM_THREADS"]))
+            sys.argv = [module, *args]
+            sys.modules.pop(module, None)  # run as in a new interpreter, where importing it later gives a second copy
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            status = 0
+        except SystemExit as stop:
+            if isinstance(stop.code, int) or stop.code is None:
+                status = stop.code or 0
+            else:
+                print(stop.code, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        return status
+
+
 class Stage:
     """One stage's process (in a process group of its own, so that stopping it also stops the
-    processes it started): its command, log file and time limit."""
+    processes it started): its command, log file and time limit; ``forked`` (the rehearsal) runs
+    the command as a :class:`ForkedCommand` instead of a new interpreter."""
 
-    def __init__(self, name, command, out_dir, seconds, threads=0):
+    def __init__(self, name, command, out_dir, seconds, threads=0, forked=False):
         self.name, self.command, self.seconds = name, command, seconds
         environment = dict(os.environ, PYTHONUNBUFFERED="1")
         if threads:  # the stage's torch and OpenMP threads (0: their defaults)
@@ -88,6 +165,9 @@ class Stage:
         os.makedirs(os.path.join(out_dir, "logs"), exist_ok=True)
         self.log_path = os.path.join(out_dir, "logs", f"{name}.log")
         self.started = time.monotonic()
+        if forked:
+            self.process = ForkedCommand(command, self.log_path, str(repository_root()), environment)
+            return
         with open(self.log_path, "w", encoding="utf-8") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=str(repository_root()),
                                             env=environment, start_new_session=True)
@@ -200,6 +280,8 @@ def run(out_dir, official=None, rehearsal=False, budget_s=330.0, stages=STAGES, 
     for stale in OUTPUTS:
         if os.path.exists(os.path.join(out_dir, stale)):
             os.remove(os.path.join(out_dir, stale))
+    if rehearsal:
+        preload_rehearsal()
     scratch = None
     if settings["data"]["root"] is None:  # the rehearsal's tree: a folder removed at the end
         scratch = settings["data"]["root"] = tempfile.mkdtemp(prefix="gpu_acceptance_data_")
@@ -233,7 +315,7 @@ def run(out_dir, official=None, rehearsal=False, budget_s=330.0, stages=STAGES, 
                     outcomes[name] = {"stage": name, "skipped": reasons[name]}
                 else:
                     running.append(Stage(name, stage_command(name, out_dir, settings), out_dir, limit,
-                                         settings["threads"]))
+                                         settings["threads"], forked=rehearsal))
             outcomes.update({stage.name: stage.wait() for stage in running})
             done += [outcomes[name] for name in step]
     finally:
