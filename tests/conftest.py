@@ -17,7 +17,8 @@ __all__ = ["TINY_CLIP_CONFIG", "write_tiny_clip"]
 def pytest_configure(config):
     """Under pytest-xdist (``-n N``), each of the N worker processes gets an equal share of the
     CPU cores as torch threads, and so do the processes its tests start (OMP_NUM_THREADS, unless
-    set), so that the workers and their runs do not oversubscribe the machine."""
+    set), so that the workers and their runs do not oversubscribe the machine. A process that runs
+    tests memoises open_clip's model construction and weights reads (tests/clip_memo.py)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1:
         import torch
@@ -25,6 +26,10 @@ def pytest_configure(config):
         share = max(1, (os.cpu_count() or 1) // workers)
         os.environ.setdefault("OMP_NUM_THREADS", str(share))
         torch.set_num_threads(share)
+    if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None):
+        import clip_memo  # not in the xdist controller, which runs no test
+
+        clip_memo.install()  # repeated tiny-CLIP constructions and weights reads (tests/clip_memo.py)
 
 
 @pytest.fixture(scope="session")
