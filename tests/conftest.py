@@ -3,11 +3,19 @@ in which test files are handed to pytest-xdist workers."""
 import fcntl
 import fnmatch
 import os
+import sys
 
 import pytest
 
-from vlprompt.testing import TINY_CLIP_CONFIG, write_tiny_clip
-from vlprompt_app.project import import_project
+# Bytecode caches are written even where the environment turns them off (PYTHONDONTWRITEBYTECODE=1,
+# common in containers): pytest keeps each test module with its asserts rewritten, and Python each
+# project module compiled, in the checkout's __pycache__ folders (which git ignores). Without them
+# every process of every run (each xdist worker, each forked run) rewrites and compiles them again:
+# about 7 s of CPU per worker to collect the fast loop. An unwritable checkout is only read.
+sys.dont_write_bytecode = False
+
+from vlprompt.testing import TINY_CLIP_CONFIG, write_tiny_clip  # noqa: E402
+from vlprompt_app.project import import_project  # noqa: E402
 
 import_project()  # the checkout's trainers/ and datasets/: test modules import them by name
 
