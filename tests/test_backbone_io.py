@@ -83,7 +83,6 @@ def write_json(path, data):
     return str(path)
 
 
-@pytest.mark.slow  # imports transformers for the Hugging Face tokenizer
 def test_a_siglip_config_reads_its_hub_tokenizer_from_the_local_cache_offline(hub, tmp_path):
     vocab_size = cache_siglip2_tokenizer(hub, tmp_path)
     config = write_json(tmp_path / "models" / "tiny-siglip-hub-clip.json", siglip_config(SIGLIP2_REPO, vocab_size))
