@@ -110,79 +110,73 @@ def _resolve(expr, aliases):
     return found
 
 
-def _assignments(tree):
-    """(target expression, value expression) of every plain, annotated and unpacking assignment."""
-    pairs = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign):
-            for target in node.targets:
-                if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
-                    pairs.extend(zip(target.elts, node.value.elts))
-                else:
-                    pairs.append((target, node.value))
-        elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
-            pairs.append((node.target, node.value))
-    return pairs
+class _Index:
+    """What the scan needs of one parsed file, collected in a single walk of its tree:
 
+    * assignments: (target expression, value expression) of every plain, annotated and
+      unpacking assignment;
+    * params: {function or class name: [parameter names without self/cls]} of its defs;
+    * calls: (called name, call node) of every call by simple or attribute name;
+    * loads: the attribute and subscript loads and the calls (where a key may be read).
+    """
 
-def _parameters(tree):
-    """{function or class name: [parameter names without self/cls]} of the defs in ``tree``."""
-    params = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef):
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef) and item.name == "__init__":
-                    params[node.name] = [arg.arg for arg in item.args.args[1:]]
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            names = [arg.arg for arg in node.args.args + node.args.kwonlyargs]
-            params[node.name] = names[1:] if names[:1] in (["self"], ["cls"]) else names
-    return params
-
-
-def _calls(tree):
-    """(called name, call node) of every call by simple or attribute name."""
-    calls = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            if isinstance(node.func, ast.Name):
-                calls.append((node.func.id, node))
-            elif isinstance(node.func, ast.Attribute):
-                calls.append((node.func.attr, node))
-    return calls
+    def __init__(self, tree):
+        self.assignments, self.params, self.calls, self.loads = [], {}, [], []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                        self.assignments.extend(zip(target.elts, node.value.elts))
+                    else:
+                        self.assignments.append((target, node.value))
+            elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
+                self.assignments.append((node.target, node.value))
+            elif isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                        self.params[node.name] = [arg.arg for arg in item.args.args[1:]]
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names = [arg.arg for arg in node.args.args + node.args.kwonlyargs]
+                self.params[node.name] = names[1:] if names[:1] in (["self"], ["cls"]) else names
+            if isinstance(node, ast.Call):
+                self.loads.append(node)
+                if isinstance(node.func, ast.Name):
+                    self.calls.append((node.func.id, node))
+                elif isinstance(node.func, ast.Attribute):
+                    self.calls.append((node.func.attr, node))
+            elif isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, ast.Load):
+                self.loads.append(node)
 
 
 def scan(root=ROOT):
     """Every upper-case tail that the scanned sources load (module docstring)."""
-    trees = [ast.parse(path.read_text(encoding="utf-8"), filename=str(path)) for path in source_files(root)]
-    aliases = [dict() for _ in trees]
-    defined = [_parameters(tree) for tree in trees]
+    files = [_Index(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))) for path in source_files(root)]
+    aliases = [dict() for _ in files]
     for _ in range(_PASSES):
         passed = {}  # function name -> {parameter: tails}
-        for tree, file_aliases in zip(trees, aliases):
-            for target, value in _assignments(tree):
+        for found, file_aliases in zip(files, aliases):
+            for target, value in found.assignments:
                 names = _chain(target) if isinstance(target, (ast.Name, ast.Attribute)) else None
                 if names and not _split(names)[1]:
                     file_aliases.setdefault(".".join(names), set()).update(_resolve(value, file_aliases))
-            for name, call in _calls(tree):
+            for name, call in found.calls:
                 arguments = [(index, arg) for index, arg in enumerate(call.args)]
                 arguments += [(keyword.arg, keyword.value) for keyword in call.keywords if keyword.arg]
                 for position, arg in arguments:
                     tails = _resolve(arg, file_aliases)
                     if tails:
                         passed.setdefault(name, {}).setdefault(position, set()).update(tails)
-        for params, file_aliases in zip(defined, aliases):
-            for function, positions in passed.items():
-                for position, tails in positions.items():
-                    names = params.get(function, [])
+        for found, file_aliases in zip(files, aliases):
+            for function in found.params.keys() & passed.keys():  # the functions this file defines
+                for position, tails in passed[function].items():
+                    names = found.params[function]
                     param = names[position] if isinstance(position, int) and position < len(names) else position
                     if param in names:
                         file_aliases.setdefault(param, set()).update(tails)
     reads = set()
-    for tree, file_aliases in zip(trees, aliases):
-        for node in ast.walk(tree):
-            loads = isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, ast.Load)
-            if loads or isinstance(node, ast.Call):
-                reads.update(_resolve(node, file_aliases))
+    for found, file_aliases in zip(files, aliases):
+        for node in found.loads:
+            reads.update(_resolve(node, file_aliases))
     return reads
 
 
@@ -196,12 +190,15 @@ def unread_keys(cfg, root=ROOT):
     leaf_counts = {}
     for key in keys:
         leaf_counts[key[-1]] = leaf_counts.get(key[-1], 0) + 1
-    reads = scan(root)
+    by_last = {}  # a tail can match only keys ending with its last name (or any, for "*")
+    for tail in scan(root):
+        by_last.setdefault(tail[-1] if tail else None, []).append(tail)
 
     def is_read(key):
+        candidates = by_last.get(key[-1], []) + by_last.get(ANY, []) + by_last.get(None, [])
         return any(
             _matches(tail, key) and (len(tail) >= 2 or len(key) == 1 or leaf_counts[key[-1]] == 1)
-            for tail in reads
+            for tail in candidates
         )
 
     return [".".join(key) for key in keys if not is_read(key)]

@@ -3,11 +3,19 @@ in which test files are handed to pytest-xdist workers."""
 import fcntl
 import fnmatch
 import os
+import sys
 
 import pytest
 
-from vlprompt.testing import TINY_CLIP_CONFIG, write_tiny_clip
-from vlprompt_app.project import import_project
+# Bytecode caches are written even where the environment turns them off (PYTHONDONTWRITEBYTECODE=1,
+# common in containers): pytest keeps each test module with its asserts rewritten, and Python each
+# project module compiled, in the checkout's __pycache__ folders (which git ignores). Without them
+# every process of every run (each xdist worker, each forked run) rewrites and compiles them again:
+# about 7 s of CPU per worker to collect the fast loop. An unwritable checkout is only read.
+sys.dont_write_bytecode = False
+
+from vlprompt.testing import TINY_CLIP_CONFIG, write_tiny_clip  # noqa: E402
+from vlprompt_app.project import import_project  # noqa: E402
 
 import_project()  # the checkout's trainers/ and datasets/: test modules import them by name
 
@@ -17,7 +25,8 @@ __all__ = ["TINY_CLIP_CONFIG", "write_tiny_clip"]
 def pytest_configure(config):
     """Under pytest-xdist (``-n N``), each of the N worker processes gets an equal share of the
     CPU cores as torch threads, and so do the processes its tests start (OMP_NUM_THREADS, unless
-    set), so that the workers and their runs do not oversubscribe the machine."""
+    set), so that the workers and their runs do not oversubscribe the machine. A process that runs
+    tests memoises open_clip's model construction and weights reads (tests/clip_memo.py)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1:
         import torch
@@ -25,6 +34,10 @@ def pytest_configure(config):
         share = max(1, (os.cpu_count() or 1) // workers)
         os.environ.setdefault("OMP_NUM_THREADS", str(share))
         torch.set_num_threads(share)
+    if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None):
+        import clip_memo  # not in the xdist controller, which runs no test
+
+        clip_memo.install()  # repeated tiny-CLIP constructions and weights reads (tests/clip_memo.py)
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ import open_clip
 import pytest
 import torch
 from baseline_setup import BASELINES, build_seeded, frozen, learnable, make_cfg, toy_world  # noqa: F401
+from fast_cases import representative
 
 from trainers.kgcoop import KgCoOpCLIP
 from trainers.promptsrc import PromptSRCCLIP
@@ -23,6 +24,9 @@ from vlprompt.methods.coupled_prompts import MaPLeCLIP
 from vlprompt.methods.independent_prompts import IVLPCLIP
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The trainer-building contracts run on these two in the fast loop (a conditional context and coupled
+# deep prompts), on every baseline in the full suite.
+BUILT = representative(BASELINES, {"CoCoOp", "MaPLe"})
 CHECKPOINT_NAMES = {
     "CoCoOp": "prompt_learner", "KgCoOp": "prompt_learner", "IVLP": "VLPromptLearner",
     "MaPLe": "MultiModalPromptLearner", "PromptSRC": "VLPromptLearner", "VPT": "prompt_learner",
@@ -39,7 +43,7 @@ def one_step(trainer, batch):
     return trainer.forward_backward(batch)
 
 
-@pytest.mark.parametrize("name", BASELINES)
+@pytest.mark.parametrize("name", BUILT)
 def test_one_step_changes_only_the_learned_tensors(toy_world, tmp_path, name):  # noqa: F811
     trainer = build_seeded(make_cfg(toy_world, name, tmp_path, OPTIM__WARMUP_EPOCH=0))
     model = trainer.model
@@ -60,7 +64,7 @@ def test_one_step_changes_only_the_learned_tensors(toy_world, tmp_path, name):  
         assert not torch.equal(after_learned[key], before_learned[key]), key
 
 
-@pytest.mark.parametrize("name", BASELINES)
+@pytest.mark.parametrize("name", BUILT)
 def test_evaluation_is_deterministic(toy_world, tmp_path, name):  # noqa: F811
     trainer = build_seeded(make_cfg(toy_world, name, tmp_path))
     images = next(iter(trainer.test_loader))["img"]
@@ -75,7 +79,7 @@ def test_evaluation_is_deterministic(toy_world, tmp_path, name):  # noqa: F811
     assert torch.equal(first, second) and torch.equal(first, third)
 
 
-@pytest.mark.parametrize("name", BASELINES)
+@pytest.mark.parametrize("name", BUILT)
 def test_checkpoint_holds_learned_tensors_and_reloads_for_new_classes(toy_world, tmp_path, name):  # noqa: F811
     trained = build_seeded(make_cfg(toy_world, name, tmp_path / "base", OPTIM__WARMUP_EPOCH=0))
     one_step(trained, first_batch(trained))
@@ -122,7 +126,7 @@ def _reference_state(name, model):
     return {**renamed, **frozen_entries}, ours
 
 
-@pytest.mark.parametrize("name", BASELINES)
+@pytest.mark.parametrize("name", BUILT)
 def test_reference_checkpoints_load(toy_world, tmp_path, name, capsys):  # noqa: F811
     trainer = build_seeded(make_cfg(toy_world, name, tmp_path / "run"))
     reference, expected = _reference_state(name, registered(trainer, name))

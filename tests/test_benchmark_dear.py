@@ -32,6 +32,7 @@ def tiny_run(tmp_path_factory):
     return report["settings"], report, "\n".join(lines)
 
 
+@pytest.mark.slow  # reads the timed tool run of the module fixture
 def test_every_case_is_timed_in_every_round(tiny_run):
     _, report, printed = tiny_run
     assert report["benchmark"] == "dear"
@@ -69,11 +70,13 @@ def test_summary_figures_come_from_the_medians():
     assert lines[0].startswith("L_reg adds 50.0 % to the training step") and lines[2].endswith(": no")
 
 
+@pytest.mark.slow  # reads the timed tool run of the module fixture
 def test_printed_table_is_the_reports(tiny_run):
     _, report, printed = tiny_run
     assert format_report(report, dear) in printed
 
 
+@pytest.mark.slow  # reads the timed tool run of the module fixture
 def test_regulariser_costs_exactly_its_frozen_branch(tiny_run):
     """The step with L_reg does the FLOPs of the step without it plus those of the frozen branch:
     no second prefix, no second projection of layer J's input."""
@@ -84,6 +87,7 @@ def test_regulariser_costs_exactly_its_frozen_branch(tiny_run):
     assert "step with L_reg = step without + frozen branch: yes" in printed
 
 
+@pytest.mark.slow  # reads the timed tool run of the module fixture
 def test_frozen_branch_skips_the_projections_it_shares(tiny_run):
     """Continuing from the SharedPrefix saves exactly layer J's q, k, v of the N original tokens."""
     settings, report, _ = tiny_run

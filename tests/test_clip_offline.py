@@ -99,6 +99,7 @@ def test_reachable_hub_downloads_as_before(no_network, monkeypatch):
     assert "a download was attempted (test)" in message and "MODEL.BACKBONE.WEIGHTS" in message
 
 
+@pytest.mark.slow  # builds the real ViT-B/16 architecture (random weights)
 def test_offline_loads_a_cached_hub_file_without_download(no_network, monkeypatch, tmp_path):
     """Offline, a file already in the Hugging Face cache is loaded (open_clip's repo and file names)."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

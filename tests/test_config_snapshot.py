@@ -38,6 +38,7 @@ and empty the changes file in the same commit.
 from pathlib import Path
 
 import pytest
+from fast_cases import representative
 
 import config_snapshot as snap
 
@@ -75,7 +76,16 @@ def test_defaults_match_the_snapshot(expected):
     assert not problems, "The defaults changed:\n" + "\n".join(problems)
 
 
-@pytest.mark.parametrize("path", sorted(SNAPSHOT["files"]))
+def fast_configs(paths):
+    """The configs compared in the fast loop: every dataset config and one config per method folder
+    (its synthetic.yaml, else its first); the full suite compares every config."""
+    folders = {}
+    for path in sorted(paths):
+        folders.setdefault(path.rsplit("/", 1)[0] if path.startswith("configs/trainers/") else path, []).append(path)
+    return {next((path for path in group if path.endswith("/synthetic.yaml")), group[0]) for group in folders.values()}
+
+
+@pytest.mark.parametrize("path", representative(sorted(SNAPSHOT["files"]), fast_configs(SNAPSHOT["files"])))
 def test_config_merges_to_the_snapshot(expected, path):
     applied, changes = expected
     problems = snap.differences(applied["files"][path], pinned(snap.merged_config(path), applied),

@@ -42,7 +42,7 @@ PLACEHOLDERS = {"TRAINER", "NAME", "PROTOCOL", "DATASET", "METHOD", "BENCHMARK"}
 def documents():
     """(name, text) of the Markdown files, of the string constants (docstrings, help and error
     texts) of train.py and the Python sources, and of the YAML files under configs/ (read once per
-    process: collection parametrizes two tests with them)."""
+    process, by the first test that needs them: not at collection, which every xdist worker repeats)."""
     docs = [(name, (ROOT / name).read_text(encoding="utf-8")) for name in MARKDOWN]
     python = [ROOT / "train.py"] + [path for folder in SOURCES for path in sorted((ROOT / folder).rglob("*.py"))]
     for path in python:
@@ -52,6 +52,17 @@ def documents():
     for path in sorted((ROOT / "configs").rglob("*.yaml")):
         docs.append((path.relative_to(ROOT).as_posix(), path.read_text(encoding="utf-8")))
     return tuple(docs)
+
+
+# The tests run once per group of documents (each lists every failure of its group).
+GROUPS = ("markdown", "train.py") + SOURCES + ("configs",)
+
+
+def group_of(document):
+    """The GROUPS entry of a document name."""
+    if document in MARKDOWN:
+        return "markdown"
+    return document.split("/")[0]
 
 
 def _expand_loops(line, token):
@@ -94,34 +105,58 @@ def test_the_scan_finds_the_documented_lists():
     assert "DeAR:vit_b16_fewshot_16shot" in all_specs and "DeAR:vit_b16_fewshot_1shot" in all_specs
 
 
-@pytest.mark.parametrize("document, tool, specs, config", trainer_lists(),
-                         ids=lambda value: value if isinstance(value, str) else None)
-def test_documented_trainers_resolve(document, tool, specs, config, monkeypatch):
-    monkeypatch.chdir(ROOT)
-    from vlprompt_app.commands import run_protocol
-    import trainers  # noqa: F401  (registers the trainers, as run_protocol.py does)
+def test_every_document_is_in_a_group():
+    assert {group_of(name) for name, _ in documents()} == set(GROUPS)
 
+
+def _resolve(tool, spec, config):
+    """Resolve one ``--trainers`` spec the way ``tool`` does (raises if it does not resolve)."""
+    from vlprompt_app.commands import run_protocol
     from vlprompt_app.protocols.grid import resolve_methods
 
-    assert specs, f"{document}: an empty --trainers list"
-    for spec in specs:
-        trainer, _, cfg = spec.partition(":")
-        if tool == "run_protocol":
-            resolve_methods(spec, config, ROOT / "configs", run_protocol._trainer_learns)  # every stage
-        elif tool == "results":
-            run_protocol._trainer_learns(trainer)
-            if cfg:
-                path = Path(cfg) if cfg.endswith(".yaml") else ROOT / "configs" / "trainers" / trainer / f"{cfg}.yaml"
-                assert path.is_file(), f"{document}: {spec} names a config that does not exist ({path})"
-        else:
-            from vlprompt_app.benchmarking.trainer_cases import select_cases
+    trainer, _, cfg = spec.partition(":")
+    if tool == "run_protocol":
+        resolve_methods(spec, config, ROOT / "configs", run_protocol._trainer_learns)  # every stage
+    elif tool == "results":
+        run_protocol._trainer_learns(trainer)
+        if cfg:
+            path = Path(cfg) if cfg.endswith(".yaml") else ROOT / "configs" / "trainers" / trainer / f"{cfg}.yaml"
+            assert path.is_file(), f"{spec} names a config that does not exist ({path})"
+    else:
+        from vlprompt_app.benchmarking.trainer_cases import select_cases
 
-            select_cases([spec])
+        select_cases([spec])
 
 
-@pytest.mark.parametrize("document, text", documents(), ids=lambda value: value if len(value) < 60 else None)
-def test_documented_config_paths_exist(document, text):
-    missing = sorted({path for path in CONFIG_PATH.findall(text)
-                      if not (ROOT / path).is_file() and path not in TO_BE_CREATED
-                      and not PLACEHOLDERS & set(Path(path).with_suffix("").parts)})
-    assert not missing, f"{document} names config files that do not exist: {missing}"
+@pytest.mark.parametrize("group", GROUPS)
+def test_documented_trainers_resolve(group, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    import trainers  # noqa: F401  (registers the trainers, as run_protocol.py does)
+
+    failures = []
+    for document, tool, specs, config in trainer_lists():
+        if group_of(document) != group:
+            continue
+        if not specs:
+            failures.append(f"{document}: an empty --trainers list")
+        for spec in specs:
+            try:
+                _resolve(tool, spec, config)
+            except (Exception, SystemExit) as error:  # every failing spec of the group is listed
+                failures.append(f"{document} ({tool}, --config {config}): {spec}: {type(error).__name__}: {error}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_documented_config_paths_exist(group):
+    missing = {}
+    for document, text in documents():
+        if group_of(document) != group:
+            continue
+        paths = sorted({path for path in CONFIG_PATH.findall(text)
+                        if not (ROOT / path).is_file() and path not in TO_BE_CREATED
+                        and not PLACEHOLDERS & set(Path(path).with_suffix("").parts)})
+        if paths:
+            missing[document] = paths
+    assert not missing, "\n".join(f"{document} names config files that do not exist: {paths}"
+                                   for document, paths in missing.items())

@@ -4,6 +4,7 @@ the prompt learner (the model itself then stays in training mode)."""
 import pytest
 import torch
 from baseline_setup import build_seeded, make_cfg, toy_world  # noqa: F401
+from fast_cases import representative
 
 from vlprompt_app.benchmarking import mixed_precision
 from vlprompt_app.benchmarking.trainer_cases import case_named
@@ -23,7 +24,7 @@ def count_text_passes(model):
     return calls
 
 
-@pytest.mark.parametrize("name", TRAINERS)
+@pytest.mark.parametrize("name", representative(TRAINERS, {"CoOp", "MaPLe"}))
 def test_class_text_is_encoded_once_per_evaluation(toy_world, tmp_path, name):  # noqa: F811
     trainer = build_seeded(make_cfg(toy_world, name, tmp_path, DATALOADER__TEST__BATCH_SIZE=3))
     assert len(trainer.test_loader) == 4
@@ -54,7 +55,7 @@ def test_eval_mode_text_features_follow_the_autocast_state(toy_world, tmp_path):
     assert torch.equal(again, fp32)
 
 
-@pytest.mark.parametrize("name", ["PromptSRC", "MMRL", "DeAR"])
+@pytest.mark.parametrize("name", representative(["PromptSRC", "MMRL", "DeAR"], {"DeAR"}))
 def test_moving_the_model_drops_its_frozen_text_targets(tmp_path, name):
     """The frozen-CLIP text targets a training step caches belong to the model's device and dtype:
     moving or casting the model drops them (and the evaluation cache) so they are computed again there."""

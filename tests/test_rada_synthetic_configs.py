@@ -4,6 +4,7 @@ from 1 where the paper's L2 loss keeps it there, and the test-time views are fli
 import os
 
 import numpy as np
+import pytest
 import torch
 
 import trainers  # noqa: F401  (every trainer's config node)
@@ -65,6 +66,7 @@ def mask_shift_after_training(cfg, images, labels, classnames):
     return shift, ces[0], float(torch.nn.functional.cross_entropy(logits, labels))
 
 
+@pytest.mark.slow  # two 15-step trainings of the committed tiny CLIP
 def test_synthetic_fft_stage1_moves_the_mask_with_linf_and_not_with_l2(monkeypatch):
     monkeypatch.chdir(ROOT)
     cfg = config("configs/trainers/RAdaFFT/synthetic_stage1.yaml")

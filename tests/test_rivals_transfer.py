@@ -101,6 +101,7 @@ DEPT_TARGET_FUSION = {  # target: DePT's log line after loading the miniature Im
 }
 
 
+@pytest.mark.slow  # an in-process protocol grid: two trainings and six target evaluations
 def test_protocol_runs_score_the_source_with_fusion_and_every_target_with_the_rule(transfer_world, tmp_path,
                                                                                      monkeypatch):
     data, benchmark, config, weights = transfer_world

@@ -9,6 +9,7 @@
   leave only files the layout describes (``RunFolder.unknown_files``).
 """
 import ast
+import collections
 import os
 import re
 from pathlib import Path
@@ -44,15 +45,23 @@ def source_files():
     return [path for path in files if path != OWNER]
 
 
-def docstrings(tree):
-    """The string nodes that are docstrings (first statement of a module, class or function)."""
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+def read_tree(tree):
+    """(string constants in ``ast.walk`` order, ids of the docstring nodes (first statement of a
+    module, class or function), {id(node): its parent}) of ``tree``, from one walk."""
+    strings, docstrings, parents = [], set(), {}
+    todo = collections.deque([tree])
+    while todo:
+        node = todo.popleft()
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            strings.append(node)
+        elif isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
             if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-                found.add(id(first.value))
-    return found
+                docstrings.add(id(first.value))
+        for child in ast.iter_child_nodes(node):
+            parents[id(child)] = node
+            todo.append(child)
+    return strings, docstrings, parents
 
 
 def in_path(node, parents):
@@ -74,10 +83,7 @@ def spelled_names(source):
     """(line, string) of every string of ``source`` that spells a run-folder file name."""
     if not any(word in source for word in NAMES + PATH_WORDS):
         return []
-    tree = ast.parse(source)
-    strings = [node for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)]
-    skip = docstrings(tree)
-    parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    strings, skip, parents = read_tree(ast.parse(source))
     return [(node.lineno, node.value) for node in strings if id(node) not in skip and (
         any(name in node.value for name in NAMES) or (node.value in PATH_WORDS and in_path(node, parents)))]
 

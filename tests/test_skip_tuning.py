@@ -265,6 +265,7 @@ def test_checkpoints_hold_the_tuned_weights_only_and_load_for_new_classes(toy_wo
     assert novel.classnames == ["boxer", "persian"] and novel.model.token_ids.shape[0] == 2
 
 
+@pytest.mark.slow  # three trainings: kill and resume
 def test_a_run_killed_after_an_epoch_resumes_to_the_uninterrupted_result(toy_world, tmp_path):  # noqa: F811
     # 5 classes, n_top 1, a flat pdf (scale 5): the keep mask is random (ranks 1..3 kept with 0.55, 0.23, 0)
     opts = ("OPTIM.MAX_EPOCH", "3", "OPTIM.LR", "0.05", "TRAINER.SKIPTUNING.IMAGE_LR", "0.02",
@@ -339,6 +340,7 @@ def test_a_batch_larger_than_every_class_is_a_clear_error(toy_world, tmp_path): 
         trainer.before_epoch()
 
 
+@pytest.mark.slow  # three trainings: kill and resume
 def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_weights_and_accuracy(toy_world, tmp_path):  # noqa: F811
     """TRAIN.CHECKPOINT_ITERS 2 on cached epochs of 5 same-class batches: killed at global step 7 (epoch 2,
     after the mid-epoch checkpoint of its first batch), the resumed run draws epoch 2's cache and plan

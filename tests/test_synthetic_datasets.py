@@ -1,4 +1,5 @@
 """Synthetic downstream sets: rendered on first use in the CoOp layout, read like real datasets."""
+import dataclasses
 import json
 import os
 
@@ -74,38 +75,61 @@ def test_the_discovery_set_is_drawn_as_in_pretraining():
     assert len(set(PRETRAIN_STYLE.sizes)) > 1 and len(set(PRETRAIN_STYLE.backgrounds)) > 1
 
 
+# The registered sets at their real sizes are rendered by the session's ``synthetic_data`` fixture
+# (SyntheticShapes, which the end-to-end tests train on) or, for the other sets, with fewer images
+# per class (their class lists, styles and seeds unchanged): what a test reads is the set's classes
+# and how many of the spec's images each split lists, whatever the count.
+SMALL_COUNTS = {"SyntheticShapesV2": (0, 0, 2), "SyntheticShapesSketch": (0, 0, 1), "SyntheticPatterns": (1, 1, 1)}
+
+
 @pytest.fixture(scope="module")
-def synthetic_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("synthetic_data")
+def small_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("small_sets")
 
 
-def test_main_set_loads_through_the_registry_with_few_shot_and_subsampling(synthetic_root):
-    base = DATASET_REGISTRY.get("SyntheticShapes")(cfg_for(synthetic_root, "SyntheticShapes", 16, "base"))
+@pytest.fixture
+def small_sets(small_root, monkeypatch):
+    """The module's data root for the sets of SMALL_COUNTS, whose SETS entries hold those counts
+    during the test (each set is rendered there by its first reader)."""
+    for name, counts in SMALL_COUNTS.items():
+        monkeypatch.setitem(SETS, name, dataclasses.replace(SETS[name], counts=counts))
+    return small_root
+
+
+def test_the_registered_sets_have_their_documented_sizes():
+    assert SETS["SyntheticShapes"].counts == SETS["SyntheticPatterns"].counts == (24, 6, 25)
+    assert SETS["SyntheticShapesV2"].counts == SETS["SyntheticShapesSketch"].counts == (0, 0, 15)
+    assert [len(SETS[name].classes) for name in ("SyntheticShapes", "SyntheticPatterns", "SyntheticScenes")] == [80, 40, 10]
+
+
+@pytest.mark.slow  # renders the full main set (shared with the end-to-end tests in the full suite)
+def test_main_set_loads_through_the_registry_with_few_shot_and_subsampling(synthetic_data):
+    base = DATASET_REGISTRY.get("SyntheticShapes")(cfg_for(synthetic_data, "SyntheticShapes", 16, "base"))
     assert base.classnames == [c.name for c in COLOR_SHAPE_CLASSES[:40]]
     assert (len(base.train_x), len(base.val), len(base.test)) == (16 * 40, 4 * 40, 25 * 40)
-    assert os.path.isfile(synthetic_root / "synthetic_shapes" / "split_fewshot" / "shot_16-seed_1.json")
-    new = DATASET_REGISTRY.get("SyntheticShapes")(cfg_for(synthetic_root, "SyntheticShapes", 16, "new"))
+    assert os.path.isfile(synthetic_data / "synthetic_shapes" / "split_fewshot" / "shot_16-seed_1.json")
+    new = DATASET_REGISTRY.get("SyntheticShapes")(cfg_for(synthetic_data, "SyntheticShapes", 16, "new"))
     assert new.classnames == [c.name for c in COLOR_SHAPE_CLASSES[40:]]
     assert new.test[0].label == 0 and new.test[0].classname == COLOR_SHAPE_CLASSES[40].name
 
 
-def test_domain_generalisation_sets_are_test_only(synthetic_root):
+def test_domain_generalisation_sets_are_test_only(small_sets):
     for name in ("SyntheticShapesV2", "SyntheticShapesSketch"):
-        dataset = DATASET_REGISTRY.get(name)(cfg_for(synthetic_root, name))
+        dataset = DATASET_REGISTRY.get(name)(cfg_for(small_sets, name))
         assert dataset.classnames == [c.name for c in COLOR_SHAPE_CLASSES]
-        assert len(dataset.test) == 15 * 80 and not dataset.val
+        assert len(dataset.test) == SMALL_COUNTS[name][2] * 80 and not dataset.val
         assert [d.impath for d in dataset.train_x] == [d.impath for d in dataset.test]
 
 
-def test_cross_dataset_set_has_its_own_vocabulary(synthetic_root):
-    dataset = DATASET_REGISTRY.get("SyntheticPatterns")(cfg_for(synthetic_root, "SyntheticPatterns"))
+def test_cross_dataset_set_has_its_own_vocabulary(small_sets):
+    dataset = DATASET_REGISTRY.get("SyntheticPatterns")(cfg_for(small_sets, "SyntheticPatterns"))
     assert len(dataset.classnames) == 40 and "striped star" in dataset.classnames
     assert not set(dataset.classnames) & {c.name for c in COLOR_SHAPE_CLASSES}
     assert set(SETS) == {"SyntheticShapes", "SyntheticPatterns", "SyntheticShapesV2", "SyntheticShapesSketch",
                          "SyntheticScenes"}
 
 
-def test_an_incomplete_set_names_the_fix(tmp_path):
+def test_an_incomplete_set_names_the_fix(small_sets, tmp_path):
     folder = ensure_dataset(str(tmp_path), SETS["SyntheticShapesSketch"])
     os.remove(os.path.join(folder, "split_zhou_SyntheticShapesSketch.json"))
     with pytest.raises(DatasetLayoutError, match="Delete that folder"):

@@ -51,6 +51,7 @@ def logged_logits(output_dir):
     return data
 
 
+@pytest.mark.slow  # two test-time runs: interrupt and resume
 def test_an_interrupted_run_resumes_after_the_last_finished_image(data_root, tiny_clip_files, tmp_path):
     # batch size 4: the interruption falls inside the second batch's first image
     whole = make_trainer(data_root, tiny_clip_files, tmp_path / "whole", "DATALOADER.TEST.BATCH_SIZE", "4")
@@ -135,6 +136,7 @@ def test_label_and_finiteness_checks_catch_a_record_with_a_valid_checksum(tmp_pa
     assert bad == {1: "has label 7, outside 0..2", 2: "holds non-finite logits"}
 
 
+@pytest.mark.slow  # test-time runs in a moved and a copied folder
 def test_a_moved_or_copied_run_folder_resumes(data_root, tiny_clip_files, tmp_path):
     first = make_trainer(data_root, tiny_clip_files, tmp_path / "cut")
     counting(first, stop_after=4)
