@@ -1,12 +1,11 @@
 """tools/benchmark.py cocoop and feature-cache on tiny models: their records, and the figures
 under their tables computed from those records."""
-import importlib.util
 import json
 import os
 from types import SimpleNamespace
 
 import pytest
-from forked_runs import run_script
+from forked_runs import run_module
 
 from vlprompt_app.benchmarking import cocoop, feature_cache
 
@@ -15,22 +14,10 @@ from vlprompt_app.commands import benchmark
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def forked_module_run(command, check=False, cwd=None, **kwargs):
-    """``subprocess.run(command, check=check, cwd=cwd, capture_output=True, text=True)`` for ``command`` =
-    [sys.executable, "-m", module, *args], the module's file run as a script in a process forked from the
-    test process's forkserver (tests/forked_runs.py: torch and open_clip imported once, not per process)."""
-    executable, flag, module, *args = command
-    assert flag == "-m" and kwargs == {"capture_output": True, "text": True}, (command, kwargs)
-    done = run_script([executable, importlib.util.find_spec(module).origin, *args], **({"cwd": cwd} if cwd else {}))
-    if check:
-        done.check_returncode()
-    return done
-
-
 @pytest.mark.e2e
 def test_cocoop_chunks_give_the_same_logits(tmp_path, capsys, monkeypatch):
     """Each chunk size is measured in a process of its own (its peak memory is its own): here a forked one."""
-    monkeypatch.setattr(cocoop, "subprocess", SimpleNamespace(run=forked_module_run))
+    monkeypatch.setattr(cocoop, "subprocess", SimpleNamespace(run=run_module))
     path = tmp_path / "cocoop.json"
     argv = ["cocoop", "--classes", "8", "--images", "2", "--chunks", "0", "5", "--text-layers", "1", "--threads", "1",
             "--clock", "cpu", "--json", str(path)]
