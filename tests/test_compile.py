@@ -16,6 +16,7 @@ import os.path as osp
 
 import pytest
 import torch
+from clip_loads import shared_clip_loads  # noqa: F401 (the module's fixture)
 
 from vlprompt.config import ConfigError
 from vlprompt.engine import TRAINER_REGISTRY
@@ -31,6 +32,7 @@ COMPILING = [case for case in CASES if case not in REFUSING]
 FAST = {"CoOp", "CoCoOp", "CLIPAdapter"}
 EVALUATED = {"CoOp"}  # trained cases whose evaluation is compared too (eval-only cases always are)
 NAMED = {case.name: case for case in CASES}
+pytestmark = pytest.mark.usefixtures("shared_clip_loads")  # the synthetic CLIP is read once
 
 
 def params(cases, fast):
@@ -134,13 +136,16 @@ def checkpoint_states(folder):
     return {osp.relpath(path, folder): load_checkpoint(path)["state_dict"] for path in paths}
 
 
-def test_a_compiled_run_writes_the_eager_checkpoints_and_resumes_to_the_uninterrupted_state(tmp_path, capsys):
+def test_a_compiled_run_writes_the_eager_checkpoints_and_resumes_to_the_uninterrupted_state(tmp_path, capsys,
+                                                                                           one_block_clip):
     """Built with TRAIN.COMPILE (the caches cold: the first trace reads the class text outside the graph),
     CLIP-Adapter takes the eager steps; its checkpoint has the eager one's names and values (no
-    ``_orig_mod.``), and a compiled trainer resumed from it takes the same next step as the one not stopped."""
+    ``_orig_mod.``), and a compiled trainer resumed from it takes the same next step as the one not stopped.
+    On the one-block CLIP: the compiled trainers trace the text tower (the class text), once each."""
     case = NAMED["CLIPAdapter"]
-    compile_opts = ("TRAIN.COMPILE", "eager")
-    eager = mixed_precision.build_trainer(case, "fp32", "cpu", str(tmp_path / "eager"))
+    backbone = ("MODEL.BACKBONE.NAME", one_block_clip[0], "MODEL.BACKBONE.WEIGHTS", one_block_clip[1])
+    compile_opts = backbone + ("TRAIN.COMPILE", "eager")
+    eager = mixed_precision.build_trainer(case, "fp32", "cpu", str(tmp_path / "eager"), opts=backbone)
     first = mixed_precision.build_trainer(case, "fp32", "cpu", str(tmp_path / "compiled"), opts=compile_opts)
     assert {"forward", "forward_features", "loss", "loss_features"} <= set(vars(first.model))
     assert "forward" not in vars(eager.model)
