@@ -1,8 +1,9 @@
 """Runs in processes forked from a forkserver that imported torch, open_clip and the engine once:
 runs killed with SIGKILL at chosen points (the kill and resume tests of train.py and of
 tools/run_protocol.py), ``run_script``, a ``python script.py ...`` command run without
-starting an interpreter (the command-line tests of train.py), and ``run_ranks``, the processes of
-one torch.distributed job (the multi-process tests of train.py).
+starting an interpreter (the command-line tests of train.py), ``run_module``, the same for a
+``python -m module ...`` command, and ``run_ranks``, the processes of one torch.distributed job
+(the multi-process tests of train.py).
 """
 import multiprocessing
 import os
@@ -159,6 +160,24 @@ def run_script(command, cwd=ROOT, env=None, timeout=300):
             raise
         outputs = [Path(path).read_text(errors="replace") for path in (stdout_path, stderr_path)]
     return subprocess.CompletedProcess(command, process.returncode, *outputs)
+
+
+def run_module(command, check=False, cwd=ROOT, env=None, timeout=300, **kwargs):
+    """A stand-in for ``subprocess.run(command, capture_output=True, text=True, check=check, cwd=cwd, env=env)``
+    for ``command`` = [sys.executable, "-m", module, *args], which a test sets as the ``subprocess.run`` that a
+    project module starting ``python -m`` processes of its own calls: the module's file runs as ``__main__``
+    in a :func:`run_script` process (so its imports must be absolute, as the project's are)."""
+    import importlib.util
+
+    executable, flag, module, *args = command
+    if flag != "-m" or kwargs != {"capture_output": True, "text": True}:
+        raise ValueError(f"a forked module runs [sys.executable, '-m', module, ...] with its output captured as text, "
+                         f"got {command[:3]} {kwargs}")
+    done = run_script([executable, importlib.util.find_spec(module).origin, *args], cwd=cwd, env=env, timeout=timeout)
+    done.args = command
+    if check:
+        done.check_returncode()
+    return done
 
 
 def run_commands(script, cwd=ROOT, env=None, timeout=900):

@@ -5,8 +5,10 @@ import copy
 import json
 import os
 import statistics
+from types import SimpleNamespace
 
 import pytest
+from forked_runs import run_module
 
 import torch
 
@@ -229,8 +231,10 @@ def test_trainers_registered_by_tests_are_not_counted(monkeypatch):
     trainer_cases.check_coverage(trainer_cases.project_trainers())
 
 
-def test_a_case_measured_in_its_own_process_gives_the_in_process_record(tiny_run):
-    """The default mode: each case in a fresh process (--worker), its record read back as JSON."""
+def test_a_case_measured_in_its_own_process_gives_the_in_process_record(tiny_run, monkeypatch):
+    """The default mode: each case in a process of its own (``python -m ...per_trainer``), its record read
+    back as JSON; here the process is forked from tests/forked_runs.py's forkserver, not a new interpreter."""
+    monkeypatch.setattr(per_trainer, "subprocess", SimpleNamespace(run=run_module))
     report = tiny_run
     in_process = next(record for record in report["results"] if record["case"] == "ZeroshotCLIP")
     case = trainer_cases.case_named("ZeroshotCLIP")

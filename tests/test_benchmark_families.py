@@ -2,8 +2,10 @@
 under their tables computed from those records."""
 import json
 import os
+from types import SimpleNamespace
 
 import pytest
+from forked_runs import run_module
 
 from vlprompt_app.benchmarking import cocoop, feature_cache
 
@@ -13,7 +15,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.e2e
-def test_cocoop_chunks_give_the_same_logits(tmp_path, capsys):
+def test_cocoop_chunks_give_the_same_logits(tmp_path, capsys, monkeypatch):
+    """Each chunk size is measured in a process of its own (its peak memory is its own): here a forked one."""
+    monkeypatch.setattr(cocoop, "subprocess", SimpleNamespace(run=run_module))
     path = tmp_path / "cocoop.json"
     argv = ["cocoop", "--classes", "8", "--images", "2", "--chunks", "0", "5", "--text-layers", "1", "--threads", "1",
             "--clock", "cpu", "--json", str(path)]

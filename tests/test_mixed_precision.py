@@ -12,17 +12,23 @@ two steps also resumes to the state a third step reaches without the interruptio
 evaluation and the steps make no tensor without the device of the data it meets and draw no
 random numbers with a data device's generator (vlprompt_app/benchmarking/device_placement.py);
 those checks do not depend on the autocast dtype, so bf16 leaves them out to keep the file short.
+The fast loop runs one case of each kind (FAST); the others are marked slow.
 """
 import math
 
 import pytest
 import torch
+from clip_loads import shared_clip_loads  # noqa: F401 (the module's fixture)
 
 from vlprompt_app.benchmarking import mixed_precision
 from vlprompt.engine.benchmark_case import EVAL_ONLY, TEST_TIME
 from vlprompt_app.benchmarking.trainer_cases import declared_cases
 
 CONTRACT_CASES = mixed_precision.contract_cases(declared_cases())
+# Prompts through the text tower (CoOp), per-image text (CoCoOp), deep prompts and a head mask in the image
+# tower (DeAR), cached features (CLIP-Adapter), an evaluation only (zero-shot CLIP), test-time episodes (TPT).
+FAST = {"CoOp", "CoCoOp", "DeAR", "CLIPAdapter", "ZeroshotCLIP", "TPT"}
+pytestmark = pytest.mark.usefixtures("shared_clip_loads")  # the synthetic CLIP is read once
 
 # The largest |autocast logit - fp32 logit| over CLIP's temperature tau (logits are tau times a
 # cosine). fp16 keeps 11 significant bits (unit roundoff 2^-11 = 0.00049) and bf16 8 (2^-8 =
@@ -33,7 +39,8 @@ LOGIT_TOLERANCE = {"fp16": 8 * 2.0 ** -11, "bf16": 8 * 2.0 ** -8}
 
 
 @pytest.mark.parametrize("prec", ["fp16", "bf16"])
-@pytest.mark.parametrize("case", CONTRACT_CASES, ids=[case.name for case in CONTRACT_CASES])
+@pytest.mark.parametrize("case", [pytest.param(case, id=case.name, marks=() if case.name in FAST else pytest.mark.slow)
+                                  for case in CONTRACT_CASES])
 def test_mixed_precision_contract(case, prec):
     thorough = prec == "fp16"
     record = mixed_precision.check_case(case, prec, resume=thorough, placement=thorough)

@@ -13,6 +13,7 @@ import os
 import re
 
 import pytest
+from clip_loads import shared_clip_loads  # noqa: F401 (the module's fixture)
 from test_predict import ROOT, TPT_VIEWS, run_test_split, run_train
 
 from vlprompt.config import ConfigError
@@ -47,6 +48,7 @@ OPTS = {
     "ATPrompt": ("TRAINER.ATPROMPT.ATTRIBUTES_FILE", "{data}/atprompt_attributes.yaml"),
 }
 OTHER_CLASSES = ["red circle", "blue square", "green star"]
+pytestmark = pytest.mark.usefixtures("shared_clip_loads")  # the synthetic CLIP is read once
 
 
 def is_test_time(name):
@@ -103,10 +105,19 @@ def predictor_of(name, runs, **kwargs):
     return load_run(runs(name), **kwargs)
 
 
-def toy_test_paths(name, runs, data_root):
-    """The test images of the toy OxfordPets, from the dataset of trainer ``name``'s run (or source run)."""
-    source = TEST_TIME_SOURCES[name][0] if is_test_time(name) else name
-    return [item.impath for item in run_test_split(runs(source), data_root)]
+@pytest.fixture(scope="module")
+def toy_test_paths(runs, data_root):
+    """``toy_test_paths(name)``: the test images of the toy OxfordPets, from the dataset of trainer
+    ``name``'s run (or source run), read once and shared by the two tests of a trainer."""
+    paths = {}
+
+    def test_paths(name):
+        source = TEST_TIME_SOURCES[name][0] if is_test_time(name) else name
+        if source not in paths:
+            paths[source] = [item.impath for item in run_test_split(runs(source), data_root)]
+        return list(paths[source])
+
+    return test_paths
 
 
 @pytest.fixture(scope="module")
@@ -143,11 +154,11 @@ def test_declared_refusals_are_sentences_without_a_final_stop():
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("name", NAMES)
-def test_load_run_predicts_and_other_classes_are_scored_or_refused(name, runs, predictors, data_root, monkeypatch):
+def test_load_run_predicts_and_other_classes_are_scored_or_refused(name, runs, predictors, toy_test_paths, monkeypatch):
     monkeypatch.chdir(ROOT)
     predictor = predictors(name)
     assert predictor.cfg.TRAINER.NAME == name and predictor.classnames == predictor.trainer.dm.dataset.classnames
-    paths = toy_test_paths(name, runs, data_root)
+    paths = toy_test_paths(name)
     assert paths
     predictions = predictor.predict(paths, topk=2)
     assert [p.source for p in predictions] == paths
@@ -178,7 +189,7 @@ def export_of(name, runs, output):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("name", NAMES)
-def test_export_loads_and_predicts_as_the_run_or_is_refused(name, runs, predictors, data_root, tmp_path, monkeypatch,
+def test_export_loads_and_predicts_as_the_run_or_is_refused(name, runs, predictors, toy_test_paths, tmp_path, monkeypatch,
                                                             capsys):
     monkeypatch.chdir(ROOT)
     reason = getattr(TRAINER_REGISTRY.get(name), "export_refusal", "")
@@ -195,7 +206,7 @@ def test_export_loads_and_predicts_as_the_run_or_is_refused(name, runs, predicto
         assert not (tmp_path / "model.pt").exists()
         return
     predictor = predictors(name)
-    paths = toy_test_paths(name, runs, data_root)
+    paths = toy_test_paths(name)
     record = export_of(name, runs, tmp_path / "model.pt")
     assert record["trainer"] == name
     kind = "cosine" if getattr(TRAINER_REGISTRY.get(name), "exports_class_text_features", False) else "trainer"

@@ -1,18 +1,26 @@
 """Every trainer on every model family (vlprompt_app/benchmarking/backbone_families.py): each
 case of the mixed-precision contract, on a small random model of SigLIP, EVA02 and PE-Core (the
 OpenAI layout: tests/test_mixed_precision.py), evaluates and takes two training steps, or refuses
-with a reason before any data loads. A new trainer is covered once it has its benchmark case."""
+with a reason before any data loads. A new trainer is covered once it has its benchmark case. The fast loop
+runs a few representative cases (FAST) on every family; the others are marked slow."""
 import math
 
 import pytest
 import torch
+from clip_loads import shared_clip_loads  # noqa: F401 (the module's fixture)
 
 from vlprompt_app.benchmarking import backbone_families, mixed_precision
 from vlprompt.engine.benchmark_case import EVAL_ONLY, TEST_TIME
 from vlprompt_app.benchmarking.trainer_cases import declared_cases
 
 CONTRACT_CASES = mixed_precision.contract_cases(declared_cases())
+# Text prompts (CoOp), deep prompts in both towers (MaPLe), a head mask in the image tower (DeAR), cached
+# features (CLIP-Adapter), test-time episodes (TPT).
+FAST = {"CoOp", "MaPLe", "DeAR", "CLIPAdapter", "TPT"}
+CASE_PARAMS = [pytest.param(case, id=case.name, marks=() if case.name in FAST else pytest.mark.slow)
+               for case in CONTRACT_CASES]
 FAMILIES = backbone_families.FAMILIES
+pytestmark = pytest.mark.usefixtures("shared_clip_loads")  # each family's model is read once
 # (trainer, family): why it refuses; the README's "Other backbones" lists the same. Every trainer runs on
 # every family the runner drives; refusals are for image towers it does not drive (see below).
 REFUSALS = {}
@@ -24,7 +32,7 @@ def backbones(tmp_path_factory):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("case", CONTRACT_CASES, ids=[case.name for case in CONTRACT_CASES])
+@pytest.mark.parametrize("case", CASE_PARAMS)
 def test_every_trainer_runs_on_every_family_or_refuses_before_data(case, family, backbones):
     record = backbone_families.check_family(case, backbones[family])
     check_runs_or_refuses(case, record, REFUSALS.get((case.trainer, family)), f"on {family}")
@@ -74,7 +82,7 @@ def resnet_backbone(tmp_path_factory):
     return write_tiny_clip(str(tmp_path_factory.mktemp("resnet")), name="tiny-resnet-families", config=config)
 
 
-@pytest.mark.parametrize("case", CONTRACT_CASES, ids=[case.name for case in CONTRACT_CASES])
+@pytest.mark.parametrize("case", CASE_PARAMS)
 def test_on_a_resnet_image_tower_a_trainer_runs_or_refuses_before_data(case, resnet_backbone):
     """Methods that edit the image tower refuse an image tower the runner does not drive (a ResNet),
     while the trainer is built and before the data, naming what they need; the rest train and evaluate."""
