@@ -6,28 +6,28 @@ Every case whose trainer does not refuse TRAIN.COMPILE runs its training step (a
 evaluation) eagerly and then compiled, from the same state: with the cheap "eager" backend (dynamo
 traces the step; the graph runs PyTorch's kernels) the step must trace as one graph per compiled method
 (fullgraph), unless the trainer declares why not, and give the eager losses, gradients and logits.
-Dynamo's time grows with the operations it traces, the same for each block of a tower, so a case runs
-on a random CLIP of one block per tower when its trainer builds there, and on the synthetic CLIP (6
-image and 4 text blocks) that its config is written for when the trainer refuses the small one (prompts
-deeper than one block, DeAR's role map of the synthetic CLIP). Inductor, the compiler that makes code,
-compiles two representative cases (marked slow: it builds C++ kernels). The cases of the fast loop are
-CoOp (prompts through the text tower, with its evaluation), CoCoOp (per-image text in chunks),
-CLIP-Adapter (cached features, the template classifier) and MaPLe (deep prompts in both towers, on the
-synthetic CLIP); the others are marked slow (each trace costs seconds of CPU).
+Dynamo traces every block anew (on the synthetic CLIP about 0.35 s of CPU per image block and 0.25 s per
+text block, of a CoCoOp step's 4.5 s), so a case runs on the smallest CLIP its trainer builds on
+(tests/small_clips.py): a random CLIP of one block per tower, else the synthetic CLIP (6 image and 4 text
+blocks) that its config is written for (prompts deeper than one block, DeAR's role map of the synthetic
+CLIP). Inductor, the compiler that makes code, compiles two representative cases (marked slow: it
+builds C++ kernels). The cases of the fast loop are CoOp (prompts through the text tower, with its
+evaluation), CoCoOp (per-image text in chunks), CLIP-Adapter (cached features, the template classifier)
+and MaPLe (deep prompts in both towers, on the synthetic CLIP); the others are marked slow (each trace
+costs seconds of CPU).
 """
 import glob
 import os.path as osp
-import tempfile
 
 import pytest
 import torch
 from clip_loads import shared_clip_loads  # noqa: F401 (the module's fixture)
+from small_clips import backbone_opts, one_block_clip, smallest_fitting_clip  # noqa: F401 (a fixture)
 
 from vlprompt.config import ConfigError
 from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.benchmark_case import CACHED, EVAL_ONLY
 from vlprompt.engine.compilation import STEP_METHODS
-from vlprompt.testing import TINY_CLIP_CONFIG, write_tiny_clip
 from vlprompt_app.benchmarking import compiled, mixed_precision
 from vlprompt_app.benchmarking.trainer_cases import declared_cases
 
@@ -59,35 +59,6 @@ def assert_matches_eager(record, case, relative):
         assert record.logits_error <= relative * record.logit_scale, record.logits_error
 
 
-@pytest.fixture(scope="module")
-def one_block_clip(tmp_path_factory):
-    """(config, weights) of a random CLIP of the suite's tiny shape with one block per tower. Dynamo traces
-    every block anew (on the synthetic CLIP about 0.35 s of CPU per image block, 0.25 s per text block, of
-    a CoCoOp step's 4.5 s). Inductor builds a C++ kernel for every distinct fused operation (about 1.5 s
-    of CPU each with the kernel cache cold, as on CI): CoOp's step has 13 forward and 7 backward kernels
-    here, 21 and 12 with the suite's 3 image and 2 text blocks, and compiles through both towers all the
-    same."""
-    config = dict(TINY_CLIP_CONFIG, vision_cfg=dict(TINY_CLIP_CONFIG["vision_cfg"], layers=1),
-                  text_cfg=dict(TINY_CLIP_CONFIG["text_cfg"], layers=1))
-    return write_tiny_clip(str(tmp_path_factory.mktemp("one_block_clip")), name="tiny-clip-one-block", config=config)
-
-
-def backbone_opts(clip):
-    """The KEY VALUE options that put a case on ``clip`` (config, weights)."""
-    return "MODEL.BACKBONE.NAME", clip[0], "MODEL.BACKBONE.WEIGHTS", clip[1]
-
-
-def smallest_fitting_clip(case, clip):
-    """``backbone_opts(clip)`` when the trainer of ``case`` builds on ``clip``, else () (the synthetic CLIP of
-    its config): a trainer refuses a CLIP its config does not fit with a ConfigError while it is built."""
-    with tempfile.TemporaryDirectory(prefix="fits_") as folder:
-        try:
-            mixed_precision.build_trainer(case, "fp32", "cpu", folder, opts=backbone_opts(clip))
-        except ConfigError:
-            return ()
-    return backbone_opts(clip)
-
-
 @pytest.mark.parametrize("case", params(COMPILING, FAST))
 def test_every_case_traces_its_step_and_compiles_it_exactly(case, one_block_clip):
     declared = TRAINER_REGISTRY.get(case.trainer).compile_graph_breaks
@@ -106,6 +77,9 @@ def test_every_case_traces_its_step_and_compiles_it_exactly(case, one_block_clip
 # gradients within 1.4e-6 of their largest value (CoOp; CLIP-Adapter 4.3e-7). The tolerance is 3e-5, about
 # twenty times that.
 INDUCTOR_TOLERANCE = 3e-5
+# Inductor builds a C++ kernel for every distinct fused operation (about 1.5 s of CPU each with the kernel
+# cache cold, as on CI): on the one-block CLIP CoOp's step has 13 forward and 7 backward kernels, with the
+# suite's tiny CLIP (3 image and 2 text blocks) 21 and 12.
 
 
 @pytest.mark.slow
