@@ -3,13 +3,18 @@ benchmark's cases (one per registered trainer at least, which tests/test_benchma
 new trainer is covered once it has its case, without a test of its own.
 
 Every case whose trainer does not refuse TRAIN.COMPILE runs its training step (an eval-only case: its
-evaluation) eagerly and then compiled, from the same state, on the synthetic CLIP: with the cheap
-"eager" backend (dynamo traces the step; the graph runs PyTorch's kernels) the step must trace as one
-graph per compiled method (fullgraph), unless the trainer declares why not, and give the eager
-losses, gradients and logits. Inductor, the compiler that makes code, compiles two representative
-cases (marked slow: it builds C++ kernels). The cases of the fast loop are CoOp (prompts through
-the text tower, with its evaluation), CoCoOp (per-image text in chunks) and CLIP-Adapter (cached
-features, the template classifier); the others are marked slow (each trace costs seconds of CPU).
+evaluation) eagerly and then compiled, from the same state: with the cheap "eager" backend (dynamo
+traces the step; the graph runs PyTorch's kernels) the step must trace as one graph per compiled method
+(fullgraph), unless the trainer declares why not, and give the eager losses, gradients and logits.
+Dynamo traces every block anew (on the synthetic CLIP about 0.35 s of CPU per image block and 0.25 s per
+text block, of a CoCoOp step's 4.5 s), so a case runs on the smallest CLIP its trainer builds on
+(tests/small_clips.py): a random CLIP of one block per tower, else the synthetic CLIP (6 image and 4 text
+blocks) that its config is written for (prompts deeper than one block, DeAR's role map of the synthetic
+CLIP). Inductor, the compiler that makes code, compiles two representative cases (marked slow: it
+builds C++ kernels). The cases of the fast loop are CoOp (prompts through the text tower, with its
+evaluation), CoCoOp (per-image text in chunks), CLIP-Adapter (cached features, the template classifier)
+and MaPLe (deep prompts in both towers, on the synthetic CLIP); the others are marked slow (each trace
+costs seconds of CPU).
 """
 import glob
 import os.path as osp
@@ -17,19 +22,19 @@ import os.path as osp
 import pytest
 import torch
 from clip_loads import shared_clip_loads  # noqa: F401 (the module's fixture)
+from small_clips import backbone_opts, one_block_clip, smallest_fitting_clip  # noqa: F401 (a fixture)
 
 from vlprompt.config import ConfigError
 from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.benchmark_case import CACHED, EVAL_ONLY
 from vlprompt.engine.compilation import STEP_METHODS
-from vlprompt.testing import TINY_CLIP_CONFIG, write_tiny_clip
 from vlprompt_app.benchmarking import compiled, mixed_precision
 from vlprompt_app.benchmarking.trainer_cases import declared_cases
 
 CASES = mixed_precision.contract_cases(declared_cases())
 REFUSING = [case for case in CASES if TRAINER_REGISTRY.get(case.trainer).compile_refusal]
 COMPILING = [case for case in CASES if case not in REFUSING]
-FAST = {"CoOp", "CoCoOp", "CLIPAdapter"}
+FAST = {"CoOp", "CoCoOp", "CLIPAdapter", "MaPLe"}
 EVALUATED = {"CoOp"}  # trained cases whose evaluation is compared too (eval-only cases always are)
 NAMED = {case.name: case for case in CASES}
 pytestmark = pytest.mark.usefixtures("shared_clip_loads")  # the synthetic CLIP is read once
@@ -55,9 +60,10 @@ def assert_matches_eager(record, case, relative):
 
 
 @pytest.mark.parametrize("case", params(COMPILING, FAST))
-def test_every_case_traces_its_step_and_compiles_it_exactly(case):
+def test_every_case_traces_its_step_and_compiles_it_exactly(case, one_block_clip):
     declared = TRAINER_REGISTRY.get(case.trainer).compile_graph_breaks
-    record = compiled.check_case(case, "eager", evaluate=case.name in EVALUATED)
+    record = compiled.check_case(case, "eager", evaluate=case.name in EVALUATED,
+                                 opts=smallest_fitting_clip(case, one_block_clip))
     assert record.fullgraph == (not declared)  # fullgraph: a graph break would have raised with its reason
     assert {"forward", "loss"} <= set(record.compiled) <= set(STEP_METHODS)
     if case.kind == CACHED:  # trained on cached features: forward_features (and loss_features, if the model has it)
@@ -67,21 +73,13 @@ def test_every_case_traces_its_step_and_compiles_it_exactly(case):
 
 
 # Inductor's kernels sum in other orders than PyTorch's: the difference is that of fp32 rounding. Measured
-# on these cases (2 steps, 5 classes, the one-block CLIP below): losses within 3.3e-7 relative (CoOp),
+# on these cases (2 steps, 5 classes, the one-block CLIP): losses within 3.3e-7 relative (CoOp),
 # gradients within 1.4e-6 of their largest value (CoOp; CLIP-Adapter 4.3e-7). The tolerance is 3e-5, about
 # twenty times that.
 INDUCTOR_TOLERANCE = 3e-5
-
-
-@pytest.fixture(scope="module")
-def one_block_clip(tmp_path_factory):
-    """(config, weights) of a random CLIP of the suite's tiny shape with one block per tower. Inductor
-    builds a C++ kernel for every distinct fused operation (about 1.5 s of CPU each with the kernel cache
-    cold, as on CI): CoOp's step has 13 forward and 7 backward kernels here, 21 and 12 with the suite's
-    3 image and 2 text blocks, and compiles through both towers all the same."""
-    config = dict(TINY_CLIP_CONFIG, vision_cfg=dict(TINY_CLIP_CONFIG["vision_cfg"], layers=1),
-                  text_cfg=dict(TINY_CLIP_CONFIG["text_cfg"], layers=1))
-    return write_tiny_clip(str(tmp_path_factory.mktemp("one_block_clip")), name="tiny-clip-one-block", config=config)
+# Inductor builds a C++ kernel for every distinct fused operation (about 1.5 s of CPU each with the kernel
+# cache cold, as on CI): on the one-block CLIP CoOp's step has 13 forward and 7 backward kernels, with the
+# suite's tiny CLIP (3 image and 2 text blocks) 21 and 12.
 
 
 @pytest.mark.slow
@@ -91,8 +89,7 @@ def test_inductor_compiles_representative_steps_within_fp32_rounding(name, evalu
     evaluation. On a random CLIP of one block per tower (the synthetic CLIP has 6 image and 4 text blocks):
     inductor's time grows with the graph, what it must get right does not."""
     case = NAMED[name]
-    record = compiled.check_case(case, "inductor", evaluate=evaluate, opts=(
-        "MODEL.BACKBONE.NAME", one_block_clip[0], "MODEL.BACKBONE.WEIGHTS", one_block_clip[1]))
+    record = compiled.check_case(case, "inductor", evaluate=evaluate, opts=backbone_opts(one_block_clip))
     assert record.fullgraph
     assert_matches_eager(record, case, relative=INDUCTOR_TOLERANCE)
 
@@ -143,7 +140,7 @@ def test_a_compiled_run_writes_the_eager_checkpoints_and_resumes_to_the_uninterr
     ``_orig_mod.``), and a compiled trainer resumed from it takes the same next step as the one not stopped.
     On the one-block CLIP: the compiled trainers trace the text tower (the class text), once each."""
     case = NAMED["CLIPAdapter"]
-    backbone = ("MODEL.BACKBONE.NAME", one_block_clip[0], "MODEL.BACKBONE.WEIGHTS", one_block_clip[1])
+    backbone = backbone_opts(one_block_clip)
     compile_opts = backbone + ("TRAIN.COMPILE", "eager")
     eager = mixed_precision.build_trainer(case, "fp32", "cpu", str(tmp_path / "eager"), opts=backbone)
     first = mixed_precision.build_trainer(case, "fp32", "cpu", str(tmp_path / "compiled"), opts=compile_opts)

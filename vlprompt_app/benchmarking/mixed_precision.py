@@ -215,9 +215,10 @@ def state_differences(first, second):
     return differences
 
 
-def check_case(case, prec, device="cpu", resume=True, placement=True):
+def check_case(case, prec, device="cpu", resume=True, placement=True, opts=()):
     """Run the contract of ``case`` at ``prec`` ("fp16" or "bf16") on ``device``; ``resume`` and
-    ``placement`` choose whether the resume and the device-placement checks run.
+    ``placement`` choose whether the resume and the device-placement checks run; ``opts``: more KEY
+    VALUE overrides of the trainers built (e.g. a smaller CLIP).
 
     Returns:
         SimpleNamespace with
@@ -240,16 +241,16 @@ def check_case(case, prec, device="cpu", resume=True, placement=True):
     """
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        record = _check_case(case, prec, device, resume, placement)
+        record = _check_case(case, prec, device, resume, placement, opts)
     record.amp_warnings = sorted({str(warning.message) for warning in caught
                                   if any(word in str(warning.message) for word in ("GradScaler", "autocast"))})
     return record
 
 
-def _check_case(case, prec, device, resume, placement):
+def _check_case(case, prec, device, resume, placement, opts):
     dtype = AUTOCAST_DTYPES[prec]
     with tempfile.TemporaryDirectory(prefix="mixed_precision_") as output_dir:
-        trainer = build_trainer(case, prec, device, osp.join(output_dir, "run"))
+        trainer = build_trainer(case, prec, device, osp.join(output_dir, "run"), opts=opts)
         fp32 = MixedPrecision("fp32", trainer.device)
         if case.kind == TEST_TIME:  # one image of NUM_VIEWS distinct random views
             views = trainer.episode_cfg.NUM_VIEWS
@@ -274,11 +275,11 @@ def _check_case(case, prec, device, resume, placement):
             device_draws=check and check.device_draws,
         )
         if case.kind not in (EVAL_ONLY, TEST_TIME):
-            train_checks(case, prec, device, trainer, record, check, resume, output_dir)
+            train_checks(case, prec, device, trainer, record, check, resume, output_dir, opts)
         return record
 
 
-def train_checks(case, prec, device, trainer, record, check, resume, output_dir):
+def train_checks(case, prec, device, trainer, record, check, resume, output_dir, opts):
     """The training and resuming fields of ``record`` (see ``check_case``)."""
     model = trainer.model
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
@@ -306,7 +307,7 @@ def train_checks(case, prec, device, trainer, record, check, resume, output_dir)
     checkpoints = osp.join(output_dir, "checkpoints")
     with contextlib.redirect_stdout(io.StringIO()):
         trainer.save_model(0, checkpoints)
-    resumed = build_trainer(case, prec, device, osp.join(output_dir, "resumed"))
+    resumed = build_trainer(case, prec, device, osp.join(output_dir, "resumed"), opts=opts)
     with contextlib.redirect_stdout(io.StringIO()):
         resumed.resume_model_if_exist(checkpoints)
     for each in (trainer, resumed):
