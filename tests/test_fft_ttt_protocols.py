@@ -172,13 +172,15 @@ def _completed_accuracy(folder):
 
 
 @pytest.mark.e2e
-def test_tiny_fft_and_ttt_runs_complete_and_resume(data_root, tmp_path, capsys):
+def test_tiny_fft_and_ttt_runs_complete_and_resume(data_root, tiny_clip_files, tmp_path, capsys):
     """Both RAdaFFT stages, then RAdaTTT from CLIP and from a RAda source model, on one shot
-    per class and one epoch (the source's validation split, one OOD target); a second call
-    runs nothing."""
+    per class and one epoch (the source's validation split, one OOD target), with the tests' tiny
+    random CLIP (smaller than the synthetic configs' CLIP, which the protocols are not about); a
+    second call runs nothing."""
     output = tmp_path / "out"
     common = ["--benchmark", "synthetic", "--root", str(data_root), "--output", str(output), "--seeds", "1",
-              "--in-process", "--datasets", "synthetic_shapes_v2"]
+              "--in-process", "--datasets", "synthetic_shapes_v2",
+              "--opts", "MODEL.BACKBONE.NAME", tiny_clip_files[0], "MODEL.BACKBONE.WEIGHTS", tiny_clip_files[1]]
     fft = [*common, "--protocol", "fft", "--trainers", "RAdaFFT:synthetic_stage1@1:synthetic_stage2",
            "--shots", "1", "--train-opts", "OPTIM.MAX_EPOCH", "1", "TEST.SPLIT", "val"]
     assert run_protocol.main(fft) == 0

@@ -2,8 +2,8 @@
 
 The end-to-end grid is ZeroshotCLIP + CoOp x the synthetic benchmark's two base-to-novel
 sets (synthetic_shapes, synthetic_patterns, rendered into a temporary root with 4 training, 4
-validation and 1 test image per class) x seeds 1, 2, with the committed tiny synthetic CLIP, 2
-shots, one epoch and evaluation on the validation split, run in-process to keep it fast.
+validation and 1 test image per class) x seeds 1, 2, with the tests' tiny random CLIP, 2 shots,
+one epoch and evaluation on the validation split, run in-process to keep it fast.
 """
 import dataclasses
 import json
@@ -65,12 +65,13 @@ def repository_cwd(monkeypatch):
 
 def grid_argv(data_root, output, *extra, trainers=("ZeroshotCLIP:configs/trainers/CoOp/synthetic.yaml",
                                                     "CoOp:synthetic"),
-              datasets=SYNTHETIC_DATASETS, seeds=("1", "2")):
+              datasets=SYNTHETIC_DATASETS, seeds=("1", "2"), opts=()):
     """run_protocol arguments of a short base-to-novel grid on the synthetic sets (2 shots, one
-    epoch, evaluated on the validation split: 6 images per class instead of 25)."""
+    epoch, evaluated on the validation split: 6 images per class instead of 25), with ``opts``
+    added to its --opts."""
     return ["--benchmark", "synthetic", "--protocol", "base2new", "--trainers", *trainers,
             "--datasets", datasets, "--seeds", *seeds, "--shots", "2", "--root", str(data_root),
-            "--output", str(output), "--opts", "OPTIM.MAX_EPOCH", "1", "TEST.SPLIT", "val", *extra]
+            "--output", str(output), "--opts", "OPTIM.MAX_EPOCH", "1", "TEST.SPLIT", "val", *opts, *extra]
 
 
 def results_mtimes(output):
@@ -87,15 +88,18 @@ def progress_labels(out):
 
 
 @pytest.mark.e2e
-def test_base2new_grid_skips_completed_reruns_deleted_and_reports_failures(data_root, tmp_path, capsys):
+def test_base2new_grid_skips_completed_reruns_deleted_and_reports_failures(data_root, tiny_clip_files, tmp_path,
+                                                                           capsys):
     output = tmp_path / "out"
     b2n = output / "base2new"
     broken = b2n / "train_base/synthetic_patterns/shots_2/CoOp/synthetic/seed2"
     broken.mkdir(parents=True)
     (broken / "prompt_learner").write_text("a file where the checkpoint folder goes")  # saving fails
+    # the tests' tiny random CLIP: the grid's skipping, reruns and failures are not about the synthetic configs' CLIP
+    backbone = ("MODEL.BACKBONE.NAME", tiny_clip_files[0], "MODEL.BACKBONE.WEIGHTS", tiny_clip_files[1])
 
     def run_grid():
-        return run_protocol.main(grid_argv(data_root, output, "--in-process"))
+        return run_protocol.main(grid_argv(data_root, output, "--in-process", opts=backbone))
 
     assert run_grid() == 1
     out = capsys.readouterr().out
