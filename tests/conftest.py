@@ -67,12 +67,12 @@ def synthetic_data(tmp_path_factory):
 # collection order, so these start first and the cheap files fill in around them; the other files
 # follow, those with the most tests first.
 HEAVIEST_FILES = (
-    "test_fidelity.py", "test_kill_resume.py", "test_readme_own_images.py", "test_kill_resume_protocols.py",
-    "test_readme.py", "test_run_lock.py", "test_ddp_gloo.py", "test_gpu_acceptance.py", "test_dear_cli.py",
-    "test_predict_all_trainers.py", "test_compile.py", "test_mixed_precision.py", "test_run_protocol.py",
-    "test_train_cli.py", "test_role_map_provenance.py", "test_tools_cwd.py", "test_trainer_families.py",
-    "test_kill_resume_ttt.py", "test_rada_fft.py", "test_benchmark_families.py", "test_fft_ttt_protocols.py",
-    "test_fidelity_cost.py",
+    "test_compile.py", "test_fidelity.py", "test_readme.py", "test_predict_all_trainers.py",
+    "test_mixed_precision.py", "test_kill_resume.py", "test_gpu_acceptance.py", "test_trainer_families.py",
+    "test_run_protocol.py", "test_ddp_gloo.py", "test_role_map_provenance.py", "test_tools_cwd.py",
+    "test_readme_own_images.py", "test_kill_resume_protocols.py", "test_synthetic_benchmark.py", "test_predict.py",
+    "test_run_lock.py", "test_clip_runner.py", "test_kill_resume_ttt.py", "test_fft_ttt_protocols.py",
+    "test_reliability.py", "test_fidelity_cost.py",
 )
 OFFICIAL_FILES = ("test_fidelity*.py",)
 
