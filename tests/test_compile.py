@@ -21,8 +21,8 @@ import os.path as osp
 
 import pytest
 import torch
-from clip_loads import shared_clip_loads  # noqa: F401 (the module's fixture)
-from small_clips import backbone_opts, one_block_clip, smallest_fitting_clip  # noqa: F401 (a fixture)
+from clip_loads import shared_clip_loads  # noqa: F401  (the module's fixture)
+from small_clips import backbone_opts, one_block_clip, smallest_fitting_clip  # noqa: F401  (a fixture)
 
 from vlprompt.config import ConfigError
 from vlprompt.engine import TRAINER_REGISTRY
@@ -60,7 +60,7 @@ def assert_matches_eager(record, case, relative):
 
 
 @pytest.mark.parametrize("case", params(COMPILING, FAST))
-def test_every_case_traces_its_step_and_compiles_it_exactly(case, one_block_clip):
+def test_every_case_traces_its_step_and_compiles_it_exactly(case, one_block_clip):  # noqa: F811
     declared = TRAINER_REGISTRY.get(case.trainer).compile_graph_breaks
     record = compiled.check_case(case, "eager", evaluate=case.name in EVALUATED,
                                  opts=smallest_fitting_clip(case, one_block_clip))
@@ -84,7 +84,8 @@ INDUCTOR_TOLERANCE = 3e-5
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, evaluate", [("CoOp", False), ("CLIPAdapter", True)])
-def test_inductor_compiles_representative_steps_within_fp32_rounding(name, evaluate, one_block_clip):
+def test_inductor_compiles_representative_steps_within_fp32_rounding(name, evaluate,
+                                                                      one_block_clip):  # noqa: F811
     """CoOp's step (inductor compiles its forward and backward, through both towers); CLIP-Adapter's step and
     evaluation. On a random CLIP of one block per tower (the synthetic CLIP has 6 image and 4 text blocks):
     inductor's time grows with the graph, what it must get right does not."""
@@ -133,8 +134,8 @@ def checkpoint_states(folder):
     return {osp.relpath(path, folder): load_checkpoint(path)["state_dict"] for path in paths}
 
 
-def test_a_compiled_run_writes_the_eager_checkpoints_and_resumes_to_the_uninterrupted_state(tmp_path, capsys,
-                                                                                           one_block_clip):
+def test_a_compiled_run_writes_the_eager_checkpoints_and_resumes_to_the_uninterrupted_state(
+        tmp_path, capsys, one_block_clip):  # noqa: F811
     """Built with TRAIN.COMPILE (the caches cold: the first trace reads the class text outside the graph),
     CLIP-Adapter takes the eager steps; its checkpoint has the eager one's names and values (no
     ``_orig_mod.``), and a compiled trainer resumed from it takes the same next step as the one not stopped.

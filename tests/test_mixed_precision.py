@@ -19,8 +19,8 @@ import math
 
 import pytest
 import torch
-from clip_loads import shared_clip_loads  # noqa: F401 (the module's fixture)
-from small_clips import backbone_opts, one_block_clip, smallest_fitting_clip  # noqa: F401 (a fixture)
+from clip_loads import shared_clip_loads  # noqa: F401  (the module's fixture)
+from small_clips import backbone_opts, one_block_clip, smallest_fitting_clip  # noqa: F401  (a fixture)
 
 from vlprompt_app.benchmarking import mixed_precision
 from vlprompt.engine.benchmark_case import EVAL_ONLY, TEST_TIME
@@ -44,7 +44,7 @@ LOGIT_TOLERANCE = {"fp16": 8 * 2.0 ** -11, "bf16": 8 * 2.0 ** -8}
 @pytest.mark.parametrize("prec", ["fp16", "bf16"])
 @pytest.mark.parametrize("case", [pytest.param(case, id=case.name, marks=() if case.name in FAST else pytest.mark.slow)
                                   for case in CONTRACT_CASES])
-def test_mixed_precision_contract(case, prec, one_block_clip):
+def test_mixed_precision_contract(case, prec, one_block_clip):  # noqa: F811
     thorough = prec == "fp16"
     record = mixed_precision.check_case(case, prec, resume=thorough, placement=thorough,
                                         opts=smallest_fitting_clip(case, one_block_clip))
@@ -77,7 +77,7 @@ def test_mixed_precision_contract(case, prec, one_block_clip):
 COOP = next(case for case in CONTRACT_CASES if case.name == "CoOp")
 
 
-def test_the_contract_sees_a_lost_scaler_state_and_a_deviceless_tensor(monkeypatch, one_block_clip):
+def test_the_contract_sees_a_lost_scaler_state_and_a_deviceless_tensor(monkeypatch, one_block_clip):  # noqa: F811
     """The contract can fail: a resume that drops the scaler's state, and a step that adds a
     tensor made without the data's device, are both reported (CoOp at fp16, on the one-block CLIP)."""
     from vlprompt.engine.amp import MixedPrecision

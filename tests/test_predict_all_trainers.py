@@ -13,7 +13,7 @@ import os
 import re
 
 import pytest
-from clip_loads import shared_clip_loads  # noqa: F401 (the module's fixture)
+from clip_loads import shared_clip_loads  # noqa: F401  (the module's fixture)
 from test_predict import ROOT, TPT_VIEWS, run_test_split, run_train
 
 from vlprompt.config import ConfigError
@@ -189,8 +189,8 @@ def export_of(name, runs, output):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("name", NAMES)
-def test_export_loads_and_predicts_as_the_run_or_is_refused(name, runs, predictors, toy_test_paths, tmp_path, monkeypatch,
-                                                            capsys):
+def test_export_loads_and_predicts_as_the_run_or_is_refused(name, runs, predictors, toy_test_paths, tmp_path,
+                                                            monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     reason = getattr(TRAINER_REGISTRY.get(name), "export_refusal", "")
     if reason:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from clip_loads import shared_clip_loads  # noqa: F401 (the module's fixture)
+from clip_loads import shared_clip_loads  # noqa: F401  (the module's fixture)
 
 from vlprompt_app.benchmarking import backbone_families, mixed_precision
 from vlprompt.engine.benchmark_case import EVAL_ONLY, TEST_TIME
