@@ -5,12 +5,13 @@ process with global batch 8 (train.py's function, in this process), once as 2 pr
 images. RAdaFFT's 2 processes are started by run_protocol's launcher the same way a grid does
 (``nproc_per_node`` 2: ``python -m torch.distributed.run --standalone --nproc_per_node 2
 train.py ...``, i.e. torchrun); FT's are forked with the variables torchrun gives its workers
-(forked_runs.run_ranks: the same code path without an interpreter per process). Set-up: the tests' tiny CLIP, a miniature OxfordPets of 4 classes x 4
-training images (2 steps per epoch, 2 epochs), RAdaFFT's stage 2 (image encoder, classifier and
-mask generator all train) or FT's synthetic config (image encoder and head, gradient norm clipped
-to 1.0 after DDP's all-reduce, so both runs clip the same mean gradient), inputs without random augmentation (INPUT.TRANSFORMS normalize),
-DATALOADER.TRAIN_X.SAMPLER SequentialSampler (the two ranks take items 0, 2, 4, ... and 1,
-3, 5, ..., so step i sees the same 8 images as the single process) and SGD.
+(forked_runs.run_ranks: the same code path without an interpreter per process). Set-up: the
+tests' tiny CLIP, a miniature OxfordPets of 4 classes x 4 training images (2 steps per epoch, 2
+epochs), RAdaFFT's stage 2 (image encoder, classifier and mask generator all train) or FT's
+synthetic config (image encoder and head, gradient norm clipped to 1.0 after DDP's all-reduce,
+so both runs clip the same mean gradient), inputs without random augmentation (INPUT.TRANSFORMS
+normalize), DATALOADER.TRAIN_X.SAMPLER SequentialSampler (the two ranks take items 0, 2, 4, ...
+and 1, 3, 5, ..., so step i sees the same 8 images as the single process) and SGD.
 
 Tolerance (measured): the two runs differ only in the order in which per-image gradients
 are summed (one sum of 8, or two sums of 4 averaged by DDP's all-reduce), so they agree to
@@ -163,8 +164,9 @@ def test_two_gloo_processes_train_as_one_process_with_the_same_global_batch(data
 def test_flyp_contrasts_the_gathered_rows_of_all_processes(data_root, tiny_clip_files, tmp_path):
     """FLYP's loss contrasts every (image, caption) row of the global batch with every other: two
     processes of 4 rows gather their features, so they train as one process of 8 rows (both as
-    torchrun's processes, whose epoch order comes from (SEED, epoch)); 80 templates, so rows are (image, template)
-    pairs. Without the gather each process would contrast 4 x 4 rows and the losses would differ."""
+    torchrun's processes, whose epoch order comes from (SEED, epoch)); 80 templates, so rows are
+    (image, template) pairs. Without the gather each process would contrast 4 x 4 rows and the
+    losses would differ."""
     config, extra = "configs/trainers/FLYP/synthetic.yaml", ("TRAINER.FLYP.TEMPLATE_ENSEMBLE", "True", "OPTIM.LR", "0.01",
                                                            "OPTIM.MAX_EPOCH", "2")
     runs = {n: fork_ranks(n, data_root, tmp_path / f"nproc{n}", tiny_clip_files, "FLYP", config, extra) for n in (1, 2)}

@@ -67,8 +67,8 @@ def grid_argv(data_root, output, *extra, trainers=("ZeroshotCLIP:configs/trainer
                                                     "CoOp:synthetic"),
               datasets=SYNTHETIC_DATASETS, seeds=("1", "2"), opts=()):
     """run_protocol arguments of a short base-to-novel grid on the synthetic sets (2 shots, one
-    epoch, evaluated on the validation split: 6 images per class instead of 25), with ``opts``
-    added to its --opts."""
+    epoch, evaluated on the validation split, a few images per class, instead of the test split),
+    with ``opts`` added to its --opts."""
     return ["--benchmark", "synthetic", "--protocol", "base2new", "--trainers", *trainers,
             "--datasets", datasets, "--seeds", *seeds, "--shots", "2", "--root", str(data_root),
             "--output", str(output), "--opts", "OPTIM.MAX_EPOCH", "1", "TEST.SPLIT", "val", *opts, *extra]
