@@ -3,8 +3,11 @@
 import pytest
 
 
-def representative(values, fast):
-    """``values`` as ``parametrize`` arguments, the ones not in ``fast`` marked ``slow``."""
-    missing = set(fast) - set(values)
+def representative(values, fast, name=None):
+    """``values`` as ``parametrize`` arguments, the ones whose name (``name(value)``, default the
+    value itself, also the test id then) is not in ``fast`` marked ``slow``."""
+    names = [value if name is None else name(value) for value in values]
+    missing = set(fast) - set(names)
     assert not missing, f"the fast cases {sorted(missing)} are not among the cases"
-    return [value if value in fast else pytest.param(value, marks=pytest.mark.slow) for value in values]
+    return [pytest.param(value, id=None if name is None else label, marks=() if label in fast else pytest.mark.slow)
+            for value, label in zip(values, names)]

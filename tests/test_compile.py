@@ -22,6 +22,7 @@ import os.path as osp
 import pytest
 import torch
 from clip_loads import shared_clip_loads  # noqa: F401  (the module's fixture)
+from fast_cases import representative
 from small_clips import backbone_opts, one_block_clip, smallest_fitting_clip  # noqa: F401  (a fixture)
 
 from vlprompt.config import ConfigError
@@ -41,7 +42,7 @@ pytestmark = pytest.mark.usefixtures("shared_clip_loads")  # the synthetic CLIP 
 
 
 def params(cases, fast):
-    return [pytest.param(case, id=case.name, marks=() if case.name in fast else pytest.mark.slow) for case in cases]
+    return representative(cases, fast, name=lambda case: case.name)
 
 
 def assert_matches_eager(record, case, relative):

@@ -20,6 +20,7 @@ import math
 import pytest
 import torch
 from clip_loads import shared_clip_loads  # noqa: F401  (the module's fixture)
+from fast_cases import representative
 from small_clips import backbone_opts, one_block_clip, smallest_fitting_clip  # noqa: F401  (a fixture)
 
 from vlprompt_app.benchmarking import mixed_precision
@@ -42,8 +43,7 @@ LOGIT_TOLERANCE = {"fp16": 8 * 2.0 ** -11, "bf16": 8 * 2.0 ** -8}
 
 
 @pytest.mark.parametrize("prec", ["fp16", "bf16"])
-@pytest.mark.parametrize("case", [pytest.param(case, id=case.name, marks=() if case.name in FAST else pytest.mark.slow)
-                                  for case in CONTRACT_CASES])
+@pytest.mark.parametrize("case", representative(CONTRACT_CASES, FAST, name=lambda case: case.name))
 def test_mixed_precision_contract(case, prec, one_block_clip):  # noqa: F811
     thorough = prec == "fp16"
     record = mixed_precision.check_case(case, prec, resume=thorough, placement=thorough,

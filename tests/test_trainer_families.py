@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 from clip_loads import shared_clip_loads  # noqa: F401  (the module's fixture)
+from fast_cases import representative
 
 from vlprompt_app.benchmarking import backbone_families, mixed_precision
 from vlprompt.engine.benchmark_case import EVAL_ONLY, TEST_TIME
@@ -17,8 +18,7 @@ CONTRACT_CASES = mixed_precision.contract_cases(declared_cases())
 # Text prompts (CoOp), deep prompts in both towers (MaPLe), a head mask in the image tower (DeAR), cached
 # features (CLIP-Adapter), test-time episodes (TPT).
 FAST = {"CoOp", "MaPLe", "DeAR", "CLIPAdapter", "TPT"}
-CASE_PARAMS = [pytest.param(case, id=case.name, marks=() if case.name in FAST else pytest.mark.slow)
-               for case in CONTRACT_CASES]
+CASE_PARAMS = representative(CONTRACT_CASES, FAST, name=lambda case: case.name)
 FAMILIES = backbone_families.FAMILIES
 pytestmark = pytest.mark.usefixtures("shared_clip_loads")  # each family's model is read once
 # (trainer, family): why it refuses; the README's "Other backbones" lists the same. Every trainer runs on
