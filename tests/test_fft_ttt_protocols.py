@@ -2,11 +2,11 @@
 methods, the ttt source model), a tiny end-to-end run of each through tools/run_protocol.py
 with resumption, the Table 1 / Table 3 layouts of tools/parse_results.py, and the published
 files."""
-import dataclasses
 import json
 from pathlib import Path
 
 import pytest
+from synthetic_counts import smaller_sets
 
 from vlprompt.config import ConfigError
 from vlprompt_app.protocols import GridSpec, Method, build_grid, load_benchmark
@@ -151,9 +151,7 @@ SMALL_COUNTS = {"SyntheticShapes": (2, 1, 1), "SyntheticShapesV2": (0, 0, 1)}
 @pytest.fixture(scope="module")
 def small_sets():
     """The two sets at SMALL_COUNTS while this module's runs read them (the runs are in-process)."""
-    with pytest.MonkeyPatch.context() as patch:
-        for name, counts in SMALL_COUNTS.items():
-            patch.setitem(SETS, name, dataclasses.replace(SETS[name], counts=counts))
+    with smaller_sets(SMALL_COUNTS):
         yield
 
 

@@ -5,7 +5,6 @@ sets (synthetic_shapes, synthetic_patterns, rendered into a temporary root with 
 validation and 1 test image per class) x seeds 1, 2, with the tests' tiny random CLIP, 2 shots,
 one epoch and evaluation on the validation split, run in-process to keep it fast.
 """
-import dataclasses
 import json
 import os
 import socket
@@ -14,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from synthetic_counts import smaller_sets
 
 from vlprompt.config import ConfigError
 from vlprompt_app.protocols import BenchmarkError, GridSpec, Method, build_grid, load_benchmark
@@ -42,9 +42,7 @@ SMALL_COUNTS = {"SyntheticShapes": (4, 4, 1), "SyntheticPatterns": (4, 4, 1)}
 @pytest.fixture(scope="module")
 def small_sets():
     """The two sets at SMALL_COUNTS while this module's runs read them (the runs are in-process)."""
-    with pytest.MonkeyPatch.context() as patch:
-        for name, counts in SMALL_COUNTS.items():
-            patch.setitem(SETS, name, dataclasses.replace(SETS[name], counts=counts))
+    with smaller_sets(SMALL_COUNTS):
         yield
 
 
