@@ -32,9 +32,9 @@ def keeping_loads(load):
     """``load`` (load_clip's signature) keeping one model per weights file and returning deep copies."""
     kept = {}
 
-    def load_clip(name, weights="", device="cpu", trust_torchscript=False):
-        if not (isinstance(weights, str) and os.path.isfile(weights)):
-            return load(name, weights, device=device, trust_torchscript=trust_torchscript)
+    def load_clip(name, weights="", device="cpu", trust_torchscript=False, image_size=None):
+        if image_size is not None or not (isinstance(weights, str) and os.path.isfile(weights)):
+            return load(name, weights, device=device, trust_torchscript=trust_torchscript, image_size=image_size)
         key = (name, _stamp(name), weights, _stamp(weights), str(device), trust_torchscript)
         if key not in kept:
             state = torch.random.get_rng_state()

@@ -48,3 +48,24 @@ def test_a_weights_file_rewritten_in_place_is_read_again(tmp_path):
         assert f.tell() == len(data)
     assert torch.equal(factory.load_state_dict(str(path))["w"], torch.ones(3))
     assert torch.equal(clip_memo.ORIGINALS["load_state_dict"](str(path))["w"], torch.ones(3))
+
+
+def test_kept_loads_give_equal_models_of_their_own_and_leave_the_generator_as_found(tiny_clip_files):
+    """tests/clip_loads.py (the registry-wide contracts' per-module loads): a kept load is a deep copy
+    equal to a fresh load, what a test changes in its copy reaches no later load, torch's generator is
+    where it was, and a load at another input size is passed through unkept."""
+    from clip_loads import keeping_loads
+    from vlprompt.clip import load_clip
+
+    config, weights = tiny_clip_files
+    load = keeping_loads(load_clip)
+    fresh = load_clip(config, weights)[0].state_dict()
+    generator = torch.random.get_rng_state()
+    first = load(config, weights)[0]
+    assert torch.equal(torch.random.get_rng_state(), generator)
+    with torch.no_grad():
+        next(first.parameters()).add_(1.0)
+    second = load(config, weights)[0]
+    assert second is not first and torch.equal(torch.random.get_rng_state(), generator)
+    assert all(torch.equal(value, fresh[key]) for key, value in second.state_dict().items())
+    assert tuple(load(config, "random", image_size=48)[0].visual.image_size) == (48, 48)
