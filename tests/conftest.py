@@ -14,19 +14,18 @@ import pytest
 # about 7 s of CPU per worker to collect the fast loop. An unwritable checkout is only read.
 sys.dont_write_bytecode = False
 
-from vlprompt.testing import TINY_CLIP_CONFIG, write_tiny_clip  # noqa: E402
-from vlprompt_app.project import import_project  # noqa: E402
-
-import_project()  # the checkout's trainers/ and datasets/: test modules import them by name
-
-__all__ = ["TINY_CLIP_CONFIG", "write_tiny_clip"]
-
 
 def pytest_configure(config):
-    """Under pytest-xdist (``-n N``), each of the N worker processes gets an equal share of the
-    CPU cores as torch threads, and so do the processes its tests start (OMP_NUM_THREADS, unless
-    set), so that the workers and their runs do not oversubscribe the machine. A process that runs
-    tests memoises open_clip's model construction and weights reads (tests/clip_memo.py)."""
+    """In a process that runs tests (an xdist worker, or pytest without ``-n``): the checkout's
+    trainers/ and datasets/ are imported (test modules import them by name) and open_clip's model
+    construction and weights reads are memoised (tests/clip_memo.py). The xdist controller, which
+    runs no test, imports none of it (torch, open_clip and the project cost about 6 s of CPU before
+    the workers start). Under pytest-xdist (``-n N``), each of the N worker processes gets an
+    equal share of the CPU cores as torch threads, and so do the processes its tests start
+    (OMP_NUM_THREADS, unless set), so that the workers and their runs do not oversubscribe the
+    machine."""
+    if not (os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None)):
+        return
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1:
         import torch
@@ -34,15 +33,19 @@ def pytest_configure(config):
         share = max(1, (os.cpu_count() or 1) // workers)
         os.environ.setdefault("OMP_NUM_THREADS", str(share))
         torch.set_num_threads(share)
-    if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None):
-        import clip_memo  # not in the xdist controller, which runs no test
+    from vlprompt_app.project import import_project
 
-        clip_memo.install()  # repeated tiny-CLIP constructions and weights reads (tests/clip_memo.py)
+    import_project()
+    import clip_memo
+
+    clip_memo.install()  # repeated tiny-CLIP constructions and weights reads (tests/clip_memo.py)
 
 
 @pytest.fixture(scope="session")
 def tiny_clip_files(tmp_path_factory):
     """(config_json, weights_pt) of a tiny random CLIP, shared by the session."""
+    from vlprompt.testing import write_tiny_clip
+
     return write_tiny_clip(str(tmp_path_factory.mktemp("tiny_clip")), name="tiny-clip-test")
 
 
