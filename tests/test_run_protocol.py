@@ -270,6 +270,38 @@ def test_subprocess_launcher_sets_the_device_of_each_run(tmp_path, capsys):
     assert "FAILED  bad" in capsys.readouterr().out
 
 
+def test_an_in_process_run_collects_its_objects_and_leaves_the_freeze_as_found(tmp_path):
+    """What was alive before an in-process run is frozen while it runs (gc.freeze); the run's own
+    cycles are collected after it, and the process's freeze is as before (a caller's kept)."""
+    import gc
+    import io
+    import weakref
+
+    class Node:
+        pass
+
+    made = []
+
+    def train(argv):
+        node = Node()
+        node.me = node  # a cycle: only the collector frees it
+        made.append(weakref.ref(node))
+        return 0
+
+    launcher = Launcher(str(ROOT / "train.py"), in_process=train)
+    run = Run(str(tmp_path / "run"), ("--output-dir", str(tmp_path / "run")), None, "run")
+    assert gc.get_freeze_count() == 0
+    assert launcher(run, {}, io.StringIO()) == 0
+    assert made[-1]() is None and gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        assert launcher(run, {}, io.StringIO()) == 0
+        assert made[-1]() is None and gc.get_freeze_count() >= frozen
+    finally:
+        gc.unfreeze()
+
+
 def test_partial_results_file_is_not_completed(tmp_path):
     assert not is_completed(tmp_path)
     (tmp_path / "results.json").write_text('{"completed": false, "metrics": {}}')
