@@ -171,7 +171,7 @@ FAKE_TRAIN = (
 def test_slurm_backend_submits_a_job_array_through_submitit_local(tmp_path, capsys, monkeypatch):
     """The CLI's Slurm path with submitit's local executor; the jobs run a stand-in for
     train.py (the real one is exercised by the sequential grid above). One seed: a job array of
-    2 chains (each job a process that imports the engine, about 6 s of CPU)."""
+    2 chains (each job a process that unpickles its chain without importing torch: see below)."""
     pytest.importorskip("submitit")
     fake_train = tmp_path / "fake_train.py"
     fake_train.write_text(FAKE_TRAIN)
@@ -193,6 +193,25 @@ def test_slurm_backend_submits_a_job_array_through_submitit_local(tmp_path, caps
     assert len(list((output / ".submitit").glob("*/*_result.pkl"))) == 2
     assert run_protocol.main(argv) == 0
     assert "Nothing to run" in capsys.readouterr().out
+
+
+def test_a_slurm_job_unpickles_its_chain_without_importing_torch(tmp_path):
+    """What each job's interpreter loads (submitit pickles run_chain_job with its chain and
+    launcher): the protocol runner's modules and the engine's run folders and locks, not torch,
+    the CLIP runner or the methods (seconds of CPU per job, before its train.py runs start)."""
+    import pickle
+    import subprocess
+    import sys
+
+    from vlprompt_app.protocols.execute import run_chain_job
+
+    job = pickle.dumps((run_chain_job, fake_chain(tmp_path, "c0"), Launcher(str(ROOT / "train.py"))))
+    probe = ("import pickle, sys; function, chain, launcher = pickle.loads(sys.stdin.buffer.read()); "
+             "print(function.__name__, len(chain.runs), sorted(name for name in ('torch', 'open_clip', 'trainers') "
+             "if name in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], input=job, capture_output=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.stdout.decode().split() == ["run_chain_job", "2", "[]"]
 
 
 # -------------------------------------------------------------------- the queue
