@@ -2,7 +2,8 @@
 
 The names below are imported from their modules when first used (``from vlprompt.engine import
 ClipTrainer``), so that importing one of the package's light modules (``vlprompt.engine.run_folder``
-or ``run_lock``, as the protocol runner's Slurm jobs do) does not import torch and the CLIP runner.
+or ``run_lock``: a process that only reads run folders or holds their locks, such as a job that
+starts train.py processes) does not import torch and the CLIP runner.
 """
 import importlib
 
