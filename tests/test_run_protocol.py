@@ -5,11 +5,17 @@ sets (synthetic_shapes, synthetic_patterns, rendered into a temporary root with 
 validation and 1 test image per class) x seeds 1, 2, with the tests' tiny random CLIP, 2 shots,
 one epoch and evaluation on the validation split, run in-process to keep it fast.
 """
+import gc
+import io
 import json
 import os
+import pickle
 import socket
+import subprocess
+import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -19,7 +25,8 @@ from vlprompt.config import ConfigError
 from vlprompt_app.protocols import BenchmarkError, GridSpec, Method, build_grid, load_benchmark
 from vlprompt_app.protocols.benchmark import ProtocolDatasets
 from vlprompt_app.protocols.execute import (
-    BLOCKED, FAILED, HELD, OK, SKIPPED, Launcher, error_paragraph, execute_chain, is_completed, run_queue, summarize,
+    BLOCKED, FAILED, HELD, OK, SKIPPED, Launcher, error_paragraph, execute_chain, is_completed, run_chain_job, run_queue,
+    summarize,
 )
 from vlprompt_app.protocols.grid import Chain, Run, resolve_method
 from vlprompt_app.protocols.layout import parse_run_path
@@ -199,12 +206,6 @@ def test_a_slurm_job_unpickles_its_chain_without_importing_torch(tmp_path):
     """What each job's interpreter loads (submitit pickles run_chain_job with its chain and
     launcher): the protocol runner's modules and the engine's run folders and locks, not torch,
     the CLIP runner or the methods (seconds of CPU per job, before its train.py runs start)."""
-    import pickle
-    import subprocess
-    import sys
-
-    from vlprompt_app.protocols.execute import run_chain_job
-
     job = pickle.dumps((run_chain_job, fake_chain(tmp_path, "c0"), Launcher(str(ROOT / "train.py"))))
     probe = ("import pickle, sys; function, chain, launcher = pickle.loads(sys.stdin.buffer.read()); "
              "print(function.__name__, len(chain.runs), sorted(name for name in ('torch', 'open_clip', 'trainers') "
@@ -292,10 +293,6 @@ def test_subprocess_launcher_sets_the_device_of_each_run(tmp_path, capsys):
 def test_an_in_process_run_collects_its_objects_and_leaves_the_freeze_as_found(tmp_path):
     """What was alive before an in-process run is frozen while it runs (gc.freeze); the run's own
     cycles are collected after it, and the process's freeze is as before (a caller's kept)."""
-    import gc
-    import io
-    import weakref
-
     class Node:
         pass
 
