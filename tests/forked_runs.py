@@ -29,9 +29,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # project's trainers and datasets, which every run imports (vlprompt_app.project), as
 # ``python train.py`` finds them: in the repository root, first on the forkserver's sys.path (it
 # runs with the interpreter's default sys.path and the PYTHONPATH it is started with, not tests/).
+# And pytest: a process target defined in a test module (launch) is unpickled in each child by
+# importing that module, which imports pytest (~0.1 s of CPU per run otherwise).
 PRELOAD = ["torch", "torchvision", "vlprompt.clip", "open_clip", "vlprompt.engine", "vlprompt.data.datasets",
            "vlprompt.evaluation", "vlprompt_app.commands.train", "vlprompt_app.commands.run_protocol",
-           *PROJECT_PACKAGES]
+           *PROJECT_PACKAGES, "pytest"]
 
 
 def forkserver_context():

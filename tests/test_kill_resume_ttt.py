@@ -3,8 +3,8 @@ with SIGKILL and started again with the same command ends with the uninterrupted
 and the same per-image episode log (labels and logits, byte for byte).
 
 TPT (configs/trainers/TPT/synthetic.yaml, 8 views) adapts the 12 test images of a miniature
-OxfordPets, the one target of a benchmark file written by the test, with the project's tiny
-CLIP. Each grid runs in a process forked from a forkserver that imported train.py once. Kill
+OxfordPets, the one target of a benchmark file written by the test, with the tests' tiny random
+CLIP (smaller than the synthetic config's CLIP, which kill and resume are not about). Each grid runs in a process forked from a forkserver that imported train.py once. Kill
 points: "episode" (after the n-th image's episode, before its record is written) or "time" (after
 a seeded random share of the uninterrupted run's time, whatever the run is doing); a trial
 kills once or twice before a last call finishes the grid.
@@ -59,21 +59,23 @@ def context():
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    """(data root, benchmark file): the miniature OxfordPets and a ttt benchmark targeting it."""
+def setup(tmp_path_factory, tiny_clip_files):
+    """(data root, benchmark file, CLIP files): the miniature OxfordPets, a ttt benchmark targeting
+    it and the tests' tiny CLIP."""
     from vlprompt.testing import OXFORD_PETS_TOY_CLASSES, write_oxford_pets_tree
 
     base = tmp_path_factory.mktemp("kill_resume_ttt")
     write_oxford_pets_tree(str(base / "data"), classes=OXFORD_PETS_TOY_CLASSES[:3], train=1, val=1, test=4)
     benchmark = base / "toy_ttt.yaml"
     benchmark.write_text("seeds: [1]\nttt:\n  source: oxford_pets\n  targets: [oxford_pets]\n  shots: 1\n")
-    return base / "data", benchmark
+    return base / "data", benchmark, tiny_clip_files
 
 
 def _argv(setup, output):
-    data, benchmark = setup
+    data, benchmark, (clip_config, clip_weights) = setup
     return ["--benchmark", str(benchmark), "--protocol", "ttt", "--root", str(data), "--output", str(output),
-            "--in-process", "--trainers", "TPT:synthetic", "--test-opts", "TRAINER.TPT.NUM_VIEWS", "8"]
+            "--in-process", "--trainers", "TPT:synthetic", "--test-opts", "TRAINER.TPT.NUM_VIEWS", "8",
+            "--opts", "MODEL.BACKBONE.NAME", clip_config, "MODEL.BACKBONE.WEIGHTS", clip_weights]
 
 
 def _launch(context, argv, kill=None):

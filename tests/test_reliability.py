@@ -520,6 +520,18 @@ def test_eval_only_checks_the_evaluated_split(damaged_root, tmp_path):
         quietly(trainer.test)
 
 
+def test_a_run_evaluating_its_val_split_does_not_read_the_test_images(damaged_root, tmp_path):
+    """TEST.SPLIT val with a val split: the broken test file is never read, so only the training
+    image is left out before training."""
+    trainer = build(toy_cfg(damaged_root, tmp_path, **{"TEST.SPLIT": "val", "DATASET.SKIP_BAD_IMAGES": True}))
+    _, lines = quietly(trainer.train)
+    assert any(line.startswith("Left out 1 unreadable image(s) (DATASET.SKIP_BAD_IMAGES; train: 1)") for line in lines)
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["skipped_images"] == {"train": 1, "val": 0, "test": 0} and results["split"] == "val"
+    quietly(lambda: trainer.test("test"))  # checked when it is evaluated
+    assert trainer.skipped_images["test"] == 1
+
+
 def _dataset(train, val=(), test=()):
     def items(records):
         return [Datum.unchecked(f"/data/{i}.jpg", label, 0, name) for i, (label, name) in enumerate(records)]

@@ -5,11 +5,17 @@ sets (synthetic_shapes, synthetic_patterns, rendered into a temporary root with 
 validation and 1 test image per class) x seeds 1, 2, with the tests' tiny random CLIP, 2 shots,
 one epoch and evaluation on the validation split, run in-process to keep it fast.
 """
+import gc
+import io
 import json
 import os
+import pickle
 import socket
+import subprocess
+import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -19,7 +25,8 @@ from vlprompt.config import ConfigError
 from vlprompt_app.protocols import BenchmarkError, GridSpec, Method, build_grid, load_benchmark
 from vlprompt_app.protocols.benchmark import ProtocolDatasets
 from vlprompt_app.protocols.execute import (
-    BLOCKED, FAILED, HELD, OK, SKIPPED, Launcher, error_paragraph, execute_chain, is_completed, run_queue, summarize,
+    BLOCKED, FAILED, HELD, OK, SKIPPED, Launcher, error_paragraph, execute_chain, is_completed, run_chain_job, run_queue,
+    summarize,
 )
 from vlprompt_app.protocols.grid import Chain, Run, resolve_method
 from vlprompt_app.protocols.layout import parse_run_path
@@ -171,7 +178,7 @@ FAKE_TRAIN = (
 def test_slurm_backend_submits_a_job_array_through_submitit_local(tmp_path, capsys, monkeypatch):
     """The CLI's Slurm path with submitit's local executor; the jobs run a stand-in for
     train.py (the real one is exercised by the sequential grid above). One seed: a job array of
-    2 chains (each job a process that imports the engine, about 6 s of CPU)."""
+    2 chains (each job a process that unpickles its chain without importing torch: see below)."""
     pytest.importorskip("submitit")
     fake_train = tmp_path / "fake_train.py"
     fake_train.write_text(FAKE_TRAIN)
@@ -193,6 +200,19 @@ def test_slurm_backend_submits_a_job_array_through_submitit_local(tmp_path, caps
     assert len(list((output / ".submitit").glob("*/*_result.pkl"))) == 2
     assert run_protocol.main(argv) == 0
     assert "Nothing to run" in capsys.readouterr().out
+
+
+def test_a_slurm_job_unpickles_its_chain_without_importing_torch(tmp_path):
+    """What each job's interpreter loads (submitit pickles run_chain_job with its chain and
+    launcher): the protocol runner's modules and the engine's run folders and locks, not torch,
+    the CLIP runner or the methods (seconds of CPU per job, before its train.py runs start)."""
+    job = pickle.dumps((run_chain_job, fake_chain(tmp_path, "c0"), Launcher(str(ROOT / "train.py"))))
+    probe = ("import pickle, sys; function, chain, launcher = pickle.loads(sys.stdin.buffer.read()); "
+             "print(function.__name__, len(chain.runs), sorted(name for name in ('torch', 'open_clip', 'trainers') "
+             "if name in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], input=job, capture_output=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.stdout.decode().split() == ["run_chain_job", "2", "[]"]
 
 
 # -------------------------------------------------------------------- the queue
@@ -268,6 +288,34 @@ def test_subprocess_launcher_sets_the_device_of_each_run(tmp_path, capsys):
     assert "training on" in (tmp_path / "bad" / "console.txt").read_text()
     assert summarize(outcomes) == 1
     assert "FAILED  bad" in capsys.readouterr().out
+
+
+def test_an_in_process_run_collects_its_objects_and_leaves_the_freeze_as_found(tmp_path):
+    """What was alive before an in-process run is frozen while it runs (gc.freeze); the run's own
+    cycles are collected after it, and the process's freeze is as before (a caller's kept)."""
+    class Node:
+        pass
+
+    made = []
+
+    def train(argv):
+        node = Node()
+        node.me = node  # a cycle: only the collector frees it
+        made.append(weakref.ref(node))
+        return 0
+
+    launcher = Launcher(str(ROOT / "train.py"), in_process=train)
+    run = Run(str(tmp_path / "run"), ("--output-dir", str(tmp_path / "run")), None, "run")
+    assert gc.get_freeze_count() == 0
+    assert launcher(run, {}, io.StringIO()) == 0
+    assert made[-1]() is None and gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        assert launcher(run, {}, io.StringIO()) == 0
+        assert made[-1]() is None and gc.get_freeze_count() >= frozen
+    finally:
+        gc.unfreeze()
 
 
 def test_partial_results_file_is_not_completed(tmp_path):

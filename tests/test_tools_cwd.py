@@ -50,11 +50,13 @@ def installed_environment(folder):
 # ``python SCRIPT ARGS`` would from ``cwd``, each in a process forked from this interpreter (its
 # environment is the caller's): sys.argv and sys.path[0] (the script's folder) as Python sets them,
 # stdout and stderr to files; prints {name: [exit status, stdout, stderr]} as JSON. It imports torch,
-# torchvision and open_clip once before forking (third-party modules only, what made each fresh
-# interpreter cost seconds): the project's packages are imported by each tool in its own process.
+# torchvision, open_clip and the installed library's engine and data modules once before forking
+# (what made each fresh interpreter cost seconds; open_clip through vlprompt.clip, which defers
+# transformers as it does in a tool): the project's ``trainers`` and ``datasets`` and the
+# application are imported by each tool in its own process.
 DRIVER = r"""
 import json, os, runpy, shutil, sys, tempfile, traceback
-import open_clip, torch, torchvision  # noqa: F401
+import torch, torchvision, vlprompt.clip, open_clip, vlprompt.engine, vlprompt.data  # noqa: F401
 
 outputs, results = tempfile.mkdtemp(), {}
 for name, script, args, cwd in json.loads(sys.argv[1]):

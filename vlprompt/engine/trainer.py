@@ -363,8 +363,16 @@ class SimpleTrainer(EvaluationMixin, TrainerBase):
                 )
 
     def before_train(self):
-        self.check_images(["train"] if self.cfg.TEST.NO_TEST else ["train", "val", "test"])
+        self.check_images(["train"] if self.cfg.TEST.NO_TEST else ["train", *self._evaluated_splits()])
         super().before_train()
+
+    def _evaluated_splits(self):
+        """The splits a training run may evaluate: "val" (best-on-val selection, TEST.SPLIT val) and
+        "test", unless TEST.SPLIT is "val" and the dataset has a val split (evaluating "val" falls
+        back to "test" without one): then the test images are never read."""
+        if self.cfg.TEST.SPLIT == "val" and self.val_loader is not None:
+            return ["val"]
+        return ["val", "test"]
 
     def after_train(self):
         print("Finish training")

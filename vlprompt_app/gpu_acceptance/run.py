@@ -37,6 +37,7 @@ importing them is most of a tiny stage's CPU time (pytest, in the CUDA-only test
 notes that anyio, which open_clip imports, was imported before its plugin). On the GPU each stage
 is a new interpreter (a forked CUDA state would be unusable).
 """
+import gc
 import importlib
 import json
 import os
@@ -92,12 +93,16 @@ REHEARSAL_PRELOAD = ("torch", "torchvision", "open_clip", "pytest", "vlprompt.cl
 
 
 def preload_rehearsal():
-    """Import REHEARSAL_PRELOAD and the project's trainers in this process (before forking stages)."""
+    """Import REHEARSAL_PRELOAD and the project's trainers in this process (before forking stages),
+    then freeze what is alive (``gc.freeze``): the stages' collections (one after each case, and
+    those the allocations trigger) then walk only the objects made since, not the ~400,000 of
+    these imports (about 0.2 s of CPU per full collection)."""
     from vlprompt_app.project import import_project_package
 
     for name in REHEARSAL_PRELOAD:
         importlib.import_module(name)
     import_project_package("trainers")
+    gc.freeze()
 
 
 class ForkedCommand:

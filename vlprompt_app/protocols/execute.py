@@ -192,6 +192,12 @@ def _run_in_process(train: Callable[[List[str]], int], train_script: str, argv: 
     _check_in_process_script(train_script)
     from vlprompt.utils import close_logger
 
+    # What is alive before the run (the imported modules: some 400,000 objects) is frozen while it
+    # runs, so the collection after it (and those its allocations trigger) walks only the run's
+    # objects: about 0.2 s of CPU less per run. Frozen objects are kept, not collected; a freeze
+    # made by the caller (one before forking) is left in place.
+    frozen_by_caller = gc.get_freeze_count() > 0
+    gc.freeze()
     with redirect_stdout(console), redirect_stderr(console):
         try:
             return train(list(argv))
@@ -203,9 +209,13 @@ def _run_in_process(train: Callable[[List[str]], int], train_script: str, argv: 
         finally:
             close_logger()
             _release_memory()
+            if not frozen_by_caller:
+                gc.unfreeze()
 
 
 def _release_memory() -> None:
+    """Free the finished run's objects (with a freeze in place: only those made since it) and
+    CUDA's cached blocks."""
     gc.collect()
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():

@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from vlprompt.config import ConfigError, extend_cfg, get_cfg_default, merge_from_file, merge_from_list
-from vlprompt.engine import TRAINER_REGISTRY
 from vlprompt.engine.run_folder import RunFolder
 
 from .benchmark import PROTOCOLS, ProtocolDatasets
@@ -272,6 +271,8 @@ def merged_max_epoch(method: Method, dataset_config: str, opts: Sequence[str]) -
     Trainer config nodes must be registered (import the ``trainers`` package first).
     Raises ConfigError for a bad file or override, as train.py would.
     """
+    from vlprompt.engine import TRAINER_REGISTRY  # here: a Slurm job unpickling a chain needs no torch
+
     cfg = get_cfg_default()
     extend_cfg(cfg)
     merge_from_file(cfg, dataset_config)
