@@ -17,6 +17,7 @@ file the bad key or value came from.
 """
 import copy
 import difflib
+import functools
 import os.path as osp
 
 import yaml
@@ -198,11 +199,19 @@ def load_yaml(text):
         return yaml.safe_load(text)
 
 
+@functools.lru_cache(maxsize=128)
+def _parsed(text):
+    """``load_yaml(text)``, kept for the next file of the same text (a trainer build reads the files
+    of its config again, a run's ``config.yaml`` several times); read-only: :func:`_tree` copies."""
+    return load_yaml(text)
+
+
 def _read_yaml(path):
-    """The top-level mapping of a YAML config file, with readable errors."""
+    """The top-level mapping of a YAML config file, with readable errors; the caller must not
+    change it (it is kept for the next read of the same text)."""
     with open(path, "r", encoding="utf-8") as f:
         try:
-            data = load_yaml(f.read())
+            data = _parsed(f.read())
         except yaml.YAMLError as error:
             detail = " ".join(str(error).split())
             raise ConfigError(f'Config file "{path}" is not valid YAML: {detail}') from None
@@ -299,8 +308,8 @@ def config_chain(path):
         seen.add(real)
         data = _read_yaml(current)
         has_base = BASE_KEY in data
-        base = data.pop(BASE_KEY, None)
-        nodes.append(_to_node(data, current))
+        base = data.get(BASE_KEY)
+        nodes.append(_to_node({key: value for key, value in data.items() if key != BASE_KEY}, current))
         current = _base_of(current, base, chain) if has_base else None
     return list(zip(chain, nodes))[::-1]
 
