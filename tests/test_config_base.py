@@ -1,12 +1,13 @@
-"""Config inheritance: ``_BASE_: relative/path.yaml`` in vlprompt.config.merge_from_file."""
+"""Config inheritance: ``_BASE_: relative/path.yaml`` in vlprompt.config.merge_from_file; the merge and
+``dump_cfg`` give what yacs's own merge and dump give."""
 import os
 
 import pytest
-
+import yaml
 from yacs.config import CfgNode
 
 import trainers  # noqa: F401  (registers every trainer's config node)
-from vlprompt.config import ConfigError, config_chain, extend_cfg, get_cfg_default, merge_from_file
+from vlprompt.config import ConfigError, config_chain, dump_cfg, extend_cfg, get_cfg_default, merge_from_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -196,3 +197,18 @@ def test_merge_builds_what_yacs_merging_builds(path, monkeypatch):
     merge_from_file(ours, path)
     yacs_merge(theirs, path)
     assert as_typed_tree(ours) == as_typed_tree(theirs) != as_typed_tree(defaults)
+
+
+@pytest.mark.parametrize("strings", ["ascii", "escaped"])
+def test_dump_cfg_writes_what_yacs_dump_writes(strings, monkeypatch):
+    """dump_cfg writes printable-ASCII configs with libyaml's emitter and the others as yacs does: the
+    text equals ``cfg.dump()`` either way (libyaml folds a long escaped string at another place)."""
+    monkeypatch.chdir(ROOT)
+    cfg = get_cfg_default()
+    extend_cfg(cfg)
+    merge_from_file(cfg, "configs/trainers/DeAR/vit_b16_base2new.yaml")
+    if strings == "escaped":
+        cfg.DATASET.ROOT = "datasets/\u65e5\u672c/\r" + "x" * 20 + "\u00e9" * 60
+    assert dump_cfg(cfg) == cfg.dump()
+    if strings == "escaped":
+        assert yaml.dump(yaml.safe_load(cfg.dump()), Dumper=yaml.CSafeDumper) != cfg.dump()
