@@ -1,9 +1,15 @@
-"""Config inheritance: ``_BASE_: relative/path.yaml`` in vlprompt.config.merge_from_file."""
+"""Config inheritance: ``_BASE_: relative/path.yaml`` in vlprompt.config.merge_from_file; the merge and
+``dump_cfg`` give what yacs's own merge and dump give."""
 import os
 
 import pytest
+import yaml
+from yacs.config import CfgNode
 
-from vlprompt.config import ConfigError, config_chain, get_cfg_default, merge_from_file
+import trainers  # noqa: F401  (registers every trainer's config node)
+from vlprompt.config import ConfigError, config_chain, dump_cfg, extend_cfg, get_cfg_default, merge_from_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CLIP_BASE = """\
 INPUT:
@@ -162,3 +168,47 @@ def test_a_file_without_base_is_named_alone(tmp_path):
     with pytest.raises(ConfigError) as info:
         merge_from_file(get_cfg_default(), path)
     assert f'(from config file "{path}").' in str(info.value)
+
+
+
+def yacs_merge(cfg, path):
+    """The reference: yacs's own ``CfgNode(data)`` and ``merge_from_other_cfg`` over the chain."""
+    for _, node in config_chain(path):
+        cfg.merge_from_other_cfg(CfgNode(dict(node)))
+
+
+def as_typed_tree(node):
+    """Keys, their order, value types and values, and the groups' flags, of a CfgNode."""
+    if isinstance(node, CfgNode):
+        return ("group", node.is_new_allowed(), node.is_frozen(),
+                [(key, as_typed_tree(value)) for key, value in node.items()])
+    return type(node).__name__, repr(node)
+
+
+@pytest.mark.parametrize("path", ["configs/trainers/MaPLe/vit_b16_c2_ep5_batch4_2ctx.yaml",
+                                  "configs/trainers/DeAR/vit_b16_base2new.yaml", "configs/datasets/oxford_pets.yaml"])
+def test_merge_builds_what_yacs_merging_builds(path, monkeypatch):
+    """merge_from_file merges without yacs's copies of every subtree: the same keys in the same order,
+    the same value types (lists and tuples coerced as yacs coerces them) and values."""
+    monkeypatch.chdir(ROOT)
+    ours, theirs, defaults = get_cfg_default(), get_cfg_default(), get_cfg_default()
+    for cfg in (ours, theirs, defaults):
+        extend_cfg(cfg)
+    merge_from_file(ours, path)
+    yacs_merge(theirs, path)
+    assert as_typed_tree(ours) == as_typed_tree(theirs) != as_typed_tree(defaults)
+
+
+@pytest.mark.parametrize("strings", ["ascii", "escaped"])
+def test_dump_cfg_writes_what_yacs_dump_writes(strings, monkeypatch):
+    """dump_cfg writes printable-ASCII configs with libyaml's emitter and the others as yacs does: the
+    text equals ``cfg.dump()`` either way (libyaml folds a long escaped string at another place)."""
+    monkeypatch.chdir(ROOT)
+    cfg = get_cfg_default()
+    extend_cfg(cfg)
+    merge_from_file(cfg, "configs/trainers/DeAR/vit_b16_base2new.yaml")
+    if strings == "escaped":
+        cfg.DATASET.ROOT = "datasets/\u65e5\u672c/\r" + "x" * 20 + "\u00e9" * 60
+    assert dump_cfg(cfg) == cfg.dump()
+    if strings == "escaped":
+        assert yaml.dump(yaml.safe_load(cfg.dump()), Dumper=yaml.CSafeDumper) != cfg.dump()

@@ -26,7 +26,7 @@ TPT_VIEWS = ("TRAINER.TPT.NUM_VIEWS", "4", "TRAINER.TPT.SELECTION", "0.5")
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("predict_data")
-    write_oxford_pets_tree(str(root), train=4, val=1, test=3)
+    write_oxford_pets_tree(str(root), train=4, val=1, test=2)
     return str(root)
 
 
@@ -82,10 +82,14 @@ METHODS = [
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("trainer, config, opts", METHODS, ids=[m[0] for m in METHODS])
-def test_predict_and_export_equal_eval_only_image_by_image(data_root, tmp_path, monkeypatch, trainer, config, opts):
+def test_predict_and_export_equal_eval_only_image_by_image(data_root, tmp_path, monkeypatch, request, trainer, config,
+                                                           opts):
     monkeypatch.chdir(ROOT)
-    run = tmp_path / "run"
-    run_train(data_root, trainer, config, run, *opts)
+    if (trainer, config, opts) == METHODS[0]:  # the module's CoOp run (read, not changed, here)
+        run = request.getfixturevalue("coop_run")
+    else:
+        run = tmp_path / "run"
+        run_train(data_root, trainer, config, run, *opts)
     evaluated = run_train(data_root, trainer, config, tmp_path / "eval", "--eval-only", "--model-dir", str(run),
                           "--load-epoch", "1", *opts)
     predictor = load_run(run)  # the classes recorded by the run: no dataset is read
@@ -107,10 +111,9 @@ def test_predict_and_export_equal_eval_only_image_by_image(data_root, tmp_path, 
 
 
 @pytest.mark.e2e
-def test_tpt_predictions_adapt_per_image_as_eval_only(data_root, tmp_path, monkeypatch):
+def test_tpt_predictions_adapt_per_image_as_eval_only(coop_run, data_root, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
-    source = tmp_path / "coop"
-    run_train(data_root, "CoOp", "CoOp/synthetic.yaml", source)
+    source = coop_run
     evaluated = run_train(data_root, "TPT", "TPT/synthetic.yaml", tmp_path / "tpt", "--eval-only",
                           "--model-dir", str(source), "--load-epoch", "1", *TPT_VIEWS)
     predictor = load_run(source, test_time="TPT", test_time_config="configs/trainers/TPT/synthetic.yaml",
@@ -125,6 +128,7 @@ def test_tpt_predictions_adapt_per_image_as_eval_only(data_root, tmp_path, monke
 
 @pytest.fixture(scope="module")
 def coop_run(data_root, tmp_path_factory):
+    """A CoOp run (METHODS' first entry), trained once for the module's tests."""
     cwd = os.getcwd()
     os.chdir(ROOT)
     try:

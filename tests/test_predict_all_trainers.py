@@ -61,7 +61,7 @@ def data_root(tmp_path_factory):
     from vlprompt.testing import write_oxford_pets_tree
 
     root = tmp_path_factory.mktemp("all_trainers_data")
-    write_oxford_pets_tree(str(root), train=4, val=1, test=2)
+    write_oxford_pets_tree(str(root), train=4, val=1, test=1)
     names = [name.replace("_", " ").lower() for name in OXFORD_PETS_TOY_CLASSES]
     (root / "descriptions").mkdir()
     (root / "descriptions" / "oxford_pets_prompt.json").write_text(

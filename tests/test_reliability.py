@@ -13,7 +13,6 @@ import pickle
 import re
 import shutil
 import signal
-import traceback
 from pathlib import Path
 
 import pytest
@@ -339,16 +338,35 @@ def mid_epoch_files(output_dir, name="head"):
 
 
 def interrupted_run(cfg, step):
-    """Train until global step ``step`` starts, as if the process were killed there. Its loader
-    workers end with it, as a killed process's do: the interrupted frames are cleared and the
-    persistent training loader drops its unfinished iterator, which then stops its workers at once
-    (a later garbage collection would instead wait 5 s for each of them)."""
+    """Train until global step ``step`` starts, as if the process were killed there (its loader
+    workers end with it, as a killed process's do: the engine ends them when training raises)."""
     trainer = build(cfg)
     kill_at_step(trainer, step)
-    with pytest.raises(SimulatedKill) as killed:
+    with pytest.raises(SimulatedKill):
         quietly(trainer.train)
-    traceback.clear_frames(killed.tb)
-    trainer.train_loader_x._iterator = None
+
+
+@pytest.mark.parametrize("kill", [True, False], ids=["raises", "ends"])
+def test_training_ends_its_loader_workers_when_it_ends_or_raises(toy_root, tmp_path, kill):
+    """The training loader keeps its workers between epochs; train() ends them when it returns or
+    raises, since the garbage collector would end each of them only after a 5 s wait."""
+    trainer = build(toy_cfg(toy_root, tmp_path, workers=2, **{"OPTIM.MAX_EPOCH": 1, "TEST.NO_TEST": True}))
+    workers = []
+    forward_backward = trainer.forward_backward
+
+    def forward_backward_seeing_the_workers(batch):
+        workers.extend(trainer.train_loader_x._iterator._workers)
+        return forward_backward(batch)
+
+    trainer.forward_backward = forward_backward_seeing_the_workers
+    if kill:
+        kill_at_step(trainer, 2)
+        with pytest.raises(SimulatedKill):
+            quietly(trainer.train)
+    else:
+        quietly(trainer.train)
+    assert len(set(workers)) == 2
+    assert trainer.train_loader_x._iterator is None and not any(worker.is_alive() for worker in workers)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

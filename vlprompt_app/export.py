@@ -21,7 +21,7 @@ class (``export_refusal``, e.g. PromptAlign's source statistics) and is refused 
 import os.path as osp
 import tempfile
 
-from vlprompt.config import ConfigError
+from vlprompt.config import ConfigError, dump_cfg
 from vlprompt.prediction import logs_build
 
 __all__ = ["check_exportable", "export_run", "load_exported"]
@@ -72,7 +72,7 @@ def export_run(run_dir, output, epoch=None, device=None, root=None, test_time=""
         for name in trainer.get_model_names():
             checkpoint = load_checkpoint(str(RunFolder(run_dir).checkpoint_path(name, epoch)))
             checkpoints[name] = {key: checkpoint.get(key) for key in CHECKPOINT_KEYS}
-        record["head"] = {"kind": "trainer", "config": cfg.dump(), "epoch": epoch, "checkpoints": checkpoints}
+        record["head"] = {"kind": "trainer", "config": dump_cfg(cfg), "epoch": epoch, "checkpoints": checkpoints}
     save_export(output, record)
     return record
 

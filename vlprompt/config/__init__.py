@@ -10,7 +10,7 @@ Typical set-up (train.py)::
     cfg.freeze()
 """
 from .defaults import _C as _CFG_DEFAULT
-from .merge import ConfigError, config_chain, merge_from_file, merge_from_list
+from .merge import ConfigError, config_chain, dump_cfg, merge_from_file, merge_from_list
 from .checks import check_choice, check_range
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "extend_cfg",
     "ConfigError",
     "config_chain",
+    "dump_cfg",
     "merge_from_file",
     "merge_from_list",
     "check_choice",

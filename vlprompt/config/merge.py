@@ -1,6 +1,7 @@
 """Merging YAML files and command-line overrides into a config, with readable errors.
 
-The merge itself is yacs's (``CfgNode.merge_from_other_cfg`` / ``merge_from_list``):
+The merge follows yacs's rules (``CfgNode.merge_from_other_cfg`` / ``merge_from_list``; a file is
+merged here without yacs's copy of every subtree at every level, with the same result):
 every key must exist, string values are literal-evaluated, int and float do not mix,
 list and tuple convert into each other; a number may replace the string ``auto`` and ``auto`` a
 number (options whose ``auto`` a rule resolves, :mod:`vlprompt.engine.option_rules`). Before
@@ -16,12 +17,14 @@ file the bad key or value came from.
 """
 import copy
 import difflib
+import functools
 import os.path as osp
 
 import yaml
-from yacs.config import CfgNode, _check_and_coerce_cfg_value_type
+from yacs.config import _VALID_TYPES, CfgNode, _check_and_coerce_cfg_value_type
 
-__all__ = ["ConfigError", "config_chain", "merge_from_file", "merge_from_list", "looks_like_option", "load_yaml"]
+__all__ = ["ConfigError", "config_chain", "dump_cfg", "merge_from_file", "merge_from_list", "looks_like_option",
+           "load_yaml"]
 
 COMMAND_LINE = "command line"
 BASE_KEY = "_BASE_"
@@ -117,9 +120,18 @@ def _auto_or_number(expected, decoded):
     return (expected == AUTO and _is_number(decoded)) or (_is_number(expected) and decoded == AUTO)
 
 
+def _decode(value):
+    """``value`` as yacs decodes a raw value (a string literal-evaluated, a mapping made a group of
+    keys), without yacs's copy of a group that is one already: the callers only read what it returns,
+    or store an immutable number or ``auto``."""
+    if isinstance(value, CfgNode):
+        return value
+    return CfgNode._decode_cfg_value(value)
+
+
 def _checked_value(expected, value, full_key, source):
     """Decode ``value`` like yacs and return it coerced to the type of ``expected``."""
-    decoded = CfgNode._decode_cfg_value(copy.deepcopy(value))
+    decoded = _decode(value)
     if _auto_or_number(expected, decoded):
         return decoded
     try:
@@ -155,7 +167,7 @@ def _assign_auto_or_number(cfg, other):
     for name, value in other.items():
         if name not in cfg:
             continue
-        decoded = CfgNode._decode_cfg_value(copy.deepcopy(value))
+        decoded = _decode(value)
         if isinstance(cfg[name], CfgNode) and isinstance(decoded, CfgNode):
             _assign_auto_or_number(cfg[name], decoded)
         elif _auto_or_number(cfg[name], decoded):
@@ -188,11 +200,56 @@ def load_yaml(text):
         return yaml.safe_load(text)
 
 
+@functools.lru_cache(maxsize=128)
+def _parsed(text):
+    """``load_yaml(text)``, kept for the next file of the same text (a trainer build reads the files
+    of its config again, a run's ``config.yaml`` several times); read-only: :func:`_tree` copies."""
+    return load_yaml(text)
+
+
+def _plain(node, keys=()):
+    """``node`` (a CfgNode) as the plain data yacs's ``dump`` writes, or None when a key or a string in
+    it is not printable ASCII (or a value is of a type yacs refuses to dump)."""
+    data = {}
+    for key, value in node.items():
+        if isinstance(value, CfgNode):
+            value = _plain(value, keys + (key,))
+            if value is None:
+                return None
+        elif type(value) not in _VALID_TYPES or not _simple_strings(value):
+            return None
+        if not _simple_strings(key):
+            return None
+        data[key] = value
+    return data
+
+
+def _simple_strings(value):
+    """Whether every string of ``value`` (a leaf, or a list or tuple of them) is printable ASCII."""
+    if isinstance(value, str):
+        return value.isascii() and value.isprintable()
+    if isinstance(value, (list, tuple)):
+        return all(_simple_strings(item) for item in value)
+    return not isinstance(value, dict)
+
+
+def dump_cfg(cfg):
+    """The YAML text of ``cfg``, equal to yacs's ``cfg.dump()``, which writes with PyYAML's
+    pure-Python emitter: with libyaml's emitter where PyYAML has it and every key and string of the
+    config is printable ASCII (the two emitters differ only in how they fold long escaped strings),
+    several times faster (a run writes its ``config.yaml``, an export its config)."""
+    data = _plain(cfg) if hasattr(yaml, "CSafeDumper") else None
+    if data is None:
+        return cfg.dump()
+    return yaml.dump(data, Dumper=yaml.CSafeDumper)
+
+
 def _read_yaml(path):
-    """The top-level mapping of a YAML config file, with readable errors."""
+    """The top-level mapping of a YAML config file, with readable errors; the caller must not
+    change it (it is kept for the next read of the same text)."""
     with open(path, "r", encoding="utf-8") as f:
         try:
-            data = load_yaml(f.read())
+            data = _parsed(f.read())
         except yaml.YAMLError as error:
             detail = " ".join(str(error).split())
             raise ConfigError(f'Config file "{path}" is not valid YAML: {detail}') from None
@@ -206,10 +263,32 @@ def _read_yaml(path):
     return data
 
 
+def _tree(data, keys=()):
+    """``data`` (a mapping read from YAML) as the CfgNode that ``CfgNode(data)`` builds, without
+    yacs's copy of every subtree at every level and its error message formatted for every leaf:
+    mappings become groups, a list is copied (as yacs copies it), other leaves are kept.
+
+    Raises:
+        AssertionError: a leaf of a type a config cannot store, with yacs's message.
+    """
+    node = CfgNode()
+    for key, value in data.items():
+        if isinstance(value, dict):
+            value = _tree(value, keys + (key,))
+        elif type(value) not in _VALID_TYPES:
+            dotted = ".".join(keys + (str(key),))
+            raise AssertionError(f"Key {dotted} with value {type(value)} is not a valid type; "
+                                 f"valid types: {_VALID_TYPES}")
+        elif isinstance(value, list):
+            value = copy.deepcopy(value)
+        dict.__setitem__(node, key, value)
+    return node
+
+
 def _to_node(data, path):
     """``data`` as a CfgNode (as yacs reads a file)."""
     try:
-        return CfgNode(data)
+        return _tree(data)
     except AssertionError as error:
         raise ConfigError(f'Config file "{path}" holds a value that a config cannot store: {error}') from None
 
@@ -267,8 +346,8 @@ def config_chain(path):
         seen.add(real)
         data = _read_yaml(current)
         has_base = BASE_KEY in data
-        base = data.pop(BASE_KEY, None)
-        nodes.append(_to_node(data, current))
+        base = data.get(BASE_KEY)
+        nodes.append(_to_node({key: value for key, value in data.items() if key != BASE_KEY}, current))
         current = _base_of(current, base, chain) if has_base else None
     return list(zip(chain, nodes))[::-1]
 
@@ -293,8 +372,30 @@ def merge_from_file(cfg, path):
     for file, node in chain:
         _check_node(cfg, cfg, node, "", _file_source(file, files))
     for _, node in chain:
-        _assign_auto_or_number(cfg, node)
-        cfg.merge_from_other_cfg(node)
+        _merge_checked(cfg, node, "")
+
+
+def _merge_checked(cfg, other, prefix):
+    """Merge the checked node ``other`` (of :func:`config_chain`, read by this module and held by no
+    one else) into ``cfg``, as ``_assign_auto_or_number`` then yacs's ``merge_from_other_cfg`` do,
+    without yacs's copy of every value at every level (a config merge was mostly copying).
+
+    Raises:
+        ValueError: yacs's type mismatch, of a file whose value does not fit a value of a file
+            merged before it (the check compared both with the defaults).
+    """
+    for name, value in other.items():
+        decoded = _decode(value)
+        if name not in cfg:  # a group that allows new keys (the check let it through)
+            cfg[name] = decoded
+            continue
+        original = cfg[name]
+        if not _auto_or_number(original, decoded):
+            decoded = _check_and_coerce_cfg_value_type(decoded, original, name, prefix + name)
+        if isinstance(decoded, CfgNode):
+            _merge_checked(original, decoded, prefix + name + ".")
+        else:
+            cfg[name] = decoded
 
 
 OPTIONS_FIRST = (

@@ -1,3 +1,3 @@
-from .data_manager import DataManager, DatasetWrapper, build_data_loader
+from .data_manager import DataManager, DatasetWrapper, build_data_loader, stop_loader_workers
 
-__all__ = ["DataManager", "DatasetWrapper", "build_data_loader"]
+__all__ = ["DataManager", "DatasetWrapper", "build_data_loader", "stop_loader_workers"]

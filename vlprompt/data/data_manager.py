@@ -95,6 +95,18 @@ def build_data_loader(
     )
 
 
+def stop_loader_workers(loader):
+    """End the worker processes of ``loader``'s kept iterator (a training loader keeps its workers
+    between epochs) now. Left to the garbage collector, such an iterator in a reference cycle (a
+    trainer and its loaders are one) ends each of its workers only after a 5 s wait. A later
+    iteration starts new workers, which load what the old ones would have (items are seeded by
+    index and epoch seed, module docstring). ``loader`` may be None or hold no iterator."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None:
+        iterator._shutdown_workers()
+        loader._iterator = None
+
+
 def _transform(cfg, custom_tfm, is_train):
     """`custom_tfm` if given (announced), else the transform built from INPUT."""
     from .transforms import build_transform

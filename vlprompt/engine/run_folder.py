@@ -40,7 +40,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 import yaml
 
-from vlprompt.config import ConfigError
+from vlprompt.config import ConfigError, dump_cfg
 from vlprompt.config.merge import load_yaml
 from vlprompt.engine.run_lock import RunLock
 from vlprompt.fileio import atomic_write
@@ -185,7 +185,7 @@ class RunFolder:
         path = self.settings_path(evaluation)
         self.path.mkdir(parents=True, exist_ok=True)
         with atomic_write(str(path), "w") as f:
-            f.write(cfg if isinstance(cfg, str) else cfg.dump())
+            f.write(cfg if isinstance(cfg, str) else dump_cfg(cfg))
         return path
 
     def move_aside(self) -> Optional[Path]:

@@ -45,7 +45,7 @@ import zlib
 import torch
 from tqdm import tqdm
 
-from vlprompt.config import ConfigError
+from vlprompt.config import ConfigError, dump_cfg
 from vlprompt.data import build_data_loader
 from vlprompt.data.test_time_views import EpisodeViews, ViewAugmenter, check_view_transforms
 from vlprompt.fileio import atomic_write
@@ -293,7 +293,7 @@ class TestTimeTrainer(ClipTrainer):
             for name in path:
                 node = node[name]
             node.pop(last)
-        digest = hashlib.sha256(cfg.dump().encode("utf-8"))
+        digest = hashlib.sha256(dump_cfg(cfg).encode("utf-8"))
         for name in self.get_model_names():
             for key, value in sorted(self._models[name].state_dict().items()):
                 digest.update(f"\n{name}.{key} {value.dtype} {tuple(value.shape)}\n".encode("utf-8"))

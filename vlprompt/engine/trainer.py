@@ -30,7 +30,7 @@ import torch
 
 from vlprompt.config import ConfigError, check_choice
 from vlprompt.clip.preprocess import resolved_input
-from vlprompt.data import DataManager
+from vlprompt.data import DataManager, stop_loader_workers
 from vlprompt.data.checks import DatasetContentError, check_images, check_labels
 from vlprompt.evaluation import build_evaluator
 from vlprompt.utils import AverageMeter, MetricMeter, tolist_if_not
@@ -330,7 +330,11 @@ class SimpleTrainer(EvaluationMixin, TrainerBase):
                 f"({len(self.dm.dataset.prediction_map.classnames)} of them), so it cannot be trained on: evaluate a "
                 "model trained on that dataset with --eval-only --model-dir DIR."
             )
-        super().train(self.start_epoch, self.max_epoch)
+        try:
+            super().train(self.start_epoch, self.max_epoch)
+        finally:  # also when training raises (a bad checkpoint, a non-finite loss, an interrupt)
+            for loader in (self.train_loader_x, self.train_loader_u):
+                stop_loader_workers(loader)
 
     def get_trainer_state(self):
         return {"best_result": float(self.best_result), "nonfinite_steps": self.nonfinite_steps}
