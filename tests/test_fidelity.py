@@ -14,7 +14,7 @@ import torch
 from vlprompt_app.fidelity.harness import Comparison, load_fixture, relative_max_difference
 from vlprompt_app.fidelity.methods import FIXTURES
 from vlprompt_app.fidelity.spec import DEFAULT_BACKBONE, TOLERANCE, Mutation
-from vlprompt_app.fidelity.weights import backbone_and_size, release_seeded_clips
+from vlprompt_app.fidelity.weights import backbone_and_size, release_seeded_clips, seeded_clip
 
 # The recorded runs: {fixture: (official commit, Dassl commit or None)}.
 COMMITS = {
@@ -209,6 +209,33 @@ def test_a_backbone_at_another_input_size_is_openais_spelling_of_it():
     assert backbone_and_size("ViT-L/14@336px") == ("ViT-L/14@336px", None)  # OpenAI's own model
     assert backbone_and_size("ViT-B/16") == ("ViT-B/16", None)
     assert backbone_and_size("configs/clip/tiny.json") == ("configs/clip/tiny.json", None)
+
+
+def test_a_shared_seeded_clip_reads_the_draw_and_a_write_into_it_is_refused(tiny_clip_files):
+    """seeded_clip(shared=True): the draw's values in modules and parameters of the caller's own (its
+    requires_grad flags, a swapped-in tensor stay its own); a write into the shared weights in place makes
+    the next call raise, and the call after it draws again."""
+    config = tiny_clip_files[0]
+    release_seeded_clips()
+    try:
+        private, shared, other = seeded_clip(config, 3), seeded_clip(config, 3, shared=True), seeded_clip(config, 3, shared=True)
+        first = dict(private.named_parameters())
+        for name, parameter in shared.named_parameters():
+            assert torch.equal(parameter, first[name]) and parameter is not dict(other.named_parameters())[name]
+        shared.requires_grad_(True)
+        assert not any(parameter.requires_grad for parameter in other.parameters())
+        scale = shared.logit_scale
+        torch.utils.swap_tensors(scale, torch.nn.Parameter(scale.detach().clone()))
+        with torch.no_grad():
+            scale.add_(1.0)  # memory of its own: the draw is unchanged
+        assert torch.equal(seeded_clip(config, 3, shared=True).logit_scale, private.logit_scale)
+        with torch.no_grad():
+            shared.visual.conv1.weight.mul_(2.0)
+        with pytest.raises(RuntimeError, match=r"was written in place by a model that shares its weights"):
+            seeded_clip(config, 3)
+        assert torch.equal(seeded_clip(config, 3).visual.conv1.weight, private.visual.conv1.weight)  # drawn again
+    finally:
+        release_seeded_clips()
 
 
 def test_only_random_weights_take_another_input_size(tiny_clip_files):

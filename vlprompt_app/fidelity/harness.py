@@ -79,9 +79,11 @@ def make_inputs(spec, resolution, width, seeds, batch, n_classes):
 
 
 def build_ours(spec, backbone, seed, classnames, node_changes=None):
-    """Our model of ``spec`` on a fresh copy of the seeded random CLIP, and its config node
-    (``spec.our_node`` with ``node_changes``). The runner's towers keep the runs the model repeats
-    on equal inputs (``kept.keep_tower_runs``)."""
+    """Our model of ``spec`` on the seeded random CLIP, and its config node (``spec.our_node`` with
+    ``node_changes``). The CLIP's modules are the model's own, its weights those of the draw every
+    model built here shares (our side reads them; ``seeded_clip`` raises once they were written), but
+    for the learnable ones (FLYP's logit scale), which are the model's own copies. The
+    runner's towers keep the runs the model repeats on equal inputs (``kept.keep_tower_runs``)."""
     from yacs.config import CfgNode as CN
 
     from vlprompt.clip import CLIPRunner, Tokenizer
@@ -89,8 +91,12 @@ def build_ours(spec, backbone, seed, classnames, node_changes=None):
 
     import_project_package("trainers")
     node = CN(dict(spec.our_node, **(node_changes or {})))
-    runner = keep_tower_runs(CLIPRunner(seeded_clip(backbone, seed)))
+    runner = keep_tower_runs(CLIPRunner(seeded_clip(backbone, seed, shared=True)))
     model = spec.build_ours(runner, Tokenizer(backbone_and_size(backbone)[0]), list(classnames), node, spec)
+    for name, parameter in model.named_parameters():  # written before each run: memory of their own
+        if name in spec.learnables:
+            torch.utils.swap_tensors(parameter, torch.nn.Parameter(parameter.detach().clone(),
+                                                                   requires_grad=parameter.requires_grad))
     return model.eval(), node
 
 
