@@ -10,6 +10,12 @@ All random choices made by the transforms defined here draw from torch's
 generator (torchvision's random transforms do too), so seeding torch, or
 restoring a checkpointed torch RNG state, reproduces the augmentation; in
 DataLoader workers torch seeds each worker from the loader's base seed.
+
+Speed: a training transform whose random flip is followed only by the tensor conversion and
+normalisation flips the normalised tensor instead of the image (the same pixels and the same
+draw from torch's generator: both steps act on each pixel alone), so that everything before the
+flip is deterministic; ``split_deterministic`` gives that deterministic start of a transform,
+whose output the data loader's dataset keeps per image (``vlprompt.data.data_manager``).
 """
 import torch
 from torchvision.transforms import (
@@ -129,6 +135,36 @@ class InstanceNormalization:
         return (img - mean) / (std + self.eps)
 
 
+# Steps whose output depends on their input alone (no random draw), exact classes only (a subclass
+# may draw).
+DETERMINISTIC_STEPS = (Resize, CenterCrop, ResizeLongestEdge, ToTensor, Normalize, InstanceNormalization)
+
+
+def split_deterministic(tfm, deterministic=DETERMINISTIC_STEPS):
+    """Split a transform into its deterministic leading steps and the rest.
+
+    Args:
+        tfm: a callable, or a Compose (nested Compose steps are looked into).
+        deterministic: the step classes that draw nothing (exact types).
+
+    Returns:
+        (first, rest): callables or None, with ``rest(first(x)) == tfm(x)`` (None is the identity).
+    """
+    steps = _flat_steps(tfm)
+    count = 0
+    while count < len(steps) and type(steps[count]) in deterministic:
+        count += 1
+    first = Compose(steps[:count]) if count else None
+    rest = None if count == len(steps) else (tfm if count == 0 else Compose(steps[count:]))
+    return first, rest
+
+
+def _flat_steps(tfm):
+    if isinstance(tfm, Compose):
+        return [step for each in tfm.transforms for step in _flat_steps(each)]
+    return [tfm]
+
+
 def _check_choices(cfg, choices):
     invalid = [c for c in choices if c not in AVAI_CHOICES]
     if invalid:
@@ -178,6 +214,13 @@ def build_transform(cfg, is_train=True, choices=None):
     return _build_transform_test(cfg, choices, target_size, normalize)
 
 
+# The training choices that let a random flip act last: steps before it (and "center_crop", which
+# the training transform does not use) and the normalisation. Any other step after the flip draws
+# random numbers (after the flip's draw) or mixes pixels (a flip would change the order of a sum).
+FLIP_LAST_CHOICES = {"random_crop", "random_resized_crop", "random_translation", "center_crop", "random_flip",
+                     "normalize"}
+
+
 def _build_transform_train(cfg, choices, target_size, normalize):
     print("Building transform_train")
     steps = []
@@ -202,9 +245,12 @@ def _build_transform_train(cfg, choices, target_size, normalize):
         print(f"+ random resized crop (size={input_size}, scale={scale})")
         steps.append(RandomResizedCrop(input_size, scale=scale, interpolation=interpolation))
 
+    # The flip moves behind the tensor conversion and normalisation when only they follow it.
+    flip_last = "random_flip" in choices and set(choices) <= FLIP_LAST_CHOICES
     if "random_flip" in choices:
         print("+ random flip")
-        steps.append(RandomHorizontalFlip())
+        if not flip_last:
+            steps.append(RandomHorizontalFlip())
 
     if "colorjitter" in choices:
         b, c, s, h = (
@@ -235,6 +281,9 @@ def _build_transform_train(cfg, choices, target_size, normalize):
     if "normalize" in choices:
         print(f"+ normalization (mean={cfg.INPUT.PIXEL_MEAN}, std={cfg.INPUT.PIXEL_STD})")
         steps.append(normalize)
+
+    if flip_last:
+        steps.append(RandomHorizontalFlip())  # on the tensor: the same pixels as flipping the image
 
     if "gaussian_noise" in choices:
         print(f"+ gaussian noise (mean={cfg.INPUT.GN_MEAN}, std={cfg.INPUT.GN_STD})")
