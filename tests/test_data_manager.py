@@ -186,7 +186,8 @@ def test_a_flip_followed_only_by_normalisation_flips_the_tensor_with_the_same_pi
     cfg = _cfg(tmp_path)
     cfg.INPUT.TRANSFORMS = ["random_flip", "normalize"]
     tfm = build_transform(cfg, is_train=True)
-    assert [type(step) for step in tfm.transforms] == [T.Resize, T.ToTensor, T.Normalize, T.RandomHorizontalFlip]
+    kinds = (T.Resize, T.ToTensor, T.Normalize, T.RandomHorizontalFlip)
+    assert len(tfm.transforms) == 4 and all(isinstance(step, kind) for step, kind in zip(tfm.transforms, kinds))
     image_order = T.Compose([T.Resize((16, 16), interpolation=T.InterpolationMode.BICUBIC), T.RandomHorizontalFlip(),
                              T.ToTensor(), T.Normalize(CLIP_MEAN, CLIP_STD)])
     outputs = []
@@ -199,7 +200,26 @@ def test_a_flip_followed_only_by_normalisation_flips_the_tensor_with_the_same_pi
     # A step after the flip that draws or mixes pixels keeps the flip on the image.
     cfg.INPUT.TRANSFORMS = ["random_flip", "normalize", "gaussian_noise"]
     steps = [type(step).__name__ for step in build_transform(cfg, is_train=True).transforms]
-    assert steps == ["Resize", "RandomHorizontalFlip", "ToTensor", "Normalize", "GaussianNoise"]
+    assert steps == ["Resize", "RandomHorizontalFlip", "ImageToTensor", "ChannelNormalize", "GaussianNoise"]
+
+
+def test_tensor_conversion_and_normalisation_give_torchvision_s_values(tmp_path):
+    import torchvision.transforms as T
+
+    from vlprompt.data.transforms.transforms import ChannelNormalize, ImageToTensor
+
+    rgb = Image.open(_asymmetric_png(tmp_path / "a.png")).convert("RGB")
+    for image in (rgb, rgb.convert("L"), rgb.convert("RGBA")):
+        ours, theirs = ImageToTensor()(image), T.ToTensor()(image)
+        assert torch.equal(ours, theirs) and ours.stride() == theirs.stride()
+    tensor = T.ToTensor()(rgb)
+    normalised = ChannelNormalize(CLIP_MEAN, CLIP_STD)(tensor)
+    assert torch.equal(normalised, T.Normalize(CLIP_MEAN, CLIP_STD)(tensor))
+    assert torch.equal(tensor, T.ToTensor()(rgb))  # not changed in place
+    double = tensor.double()
+    assert torch.equal(ChannelNormalize(CLIP_MEAN, CLIP_STD)(double), T.Normalize(CLIP_MEAN, CLIP_STD)(double))
+    with pytest.raises(ValueError, match="std evaluated to zero"):
+        ChannelNormalize(CLIP_MEAN, [0.2, 0.0, 0.2])(tensor)
 
 
 @pytest.mark.parametrize("budget, reads", [(None, 2), (0, 6)])

@@ -17,7 +17,9 @@ draw from torch's generator: both steps act on each pixel alone), so that everyt
 flip is deterministic; ``split_deterministic`` gives that deterministic start of a transform,
 whose output the data loader's dataset keeps per image (``vlprompt.data.data_manager``).
 """
+import numpy as np
 import torch
+from PIL import Image
 from torchvision.transforms import (
     CenterCrop,
     ColorJitter,
@@ -86,6 +88,40 @@ class ResizeLongestEdge:
         return F.resize(img, size, self.interpolation)
 
 
+class ImageToTensor(ToTensor):
+    """torchvision's ToTensor with a shorter path for 8-bit RGB PIL images (the same values and
+    layout: a contiguous [3, H, W] float tensor of the pixels divided by 255)."""
+
+    def __call__(self, pic):
+        if not isinstance(pic, Image.Image) or pic.mode != "RGB":
+            return super().__call__(pic)
+        pixels = torch.from_numpy(np.array(pic, dtype=np.uint8))  # [H, W, 3], a writable copy
+        return pixels.permute(2, 0, 1).contiguous().to(dtype=torch.get_default_dtype()).div(255)
+
+
+class ChannelNormalize(Normalize):
+    """torchvision's Normalize with its mean and std tensors made once per dtype and device (the
+    same values: ``(tensor - mean) / std`` per channel)."""
+
+    def __init__(self, mean, std, inplace=False):
+        super().__init__(mean, std, inplace)
+        self._stats = {}
+
+    def forward(self, tensor):
+        if not torch.is_tensor(tensor) or not tensor.is_floating_point() or tensor.ndim < 3:
+            return super().forward(tensor)  # torchvision's checks and messages
+        key = (tensor.dtype, tensor.device)
+        if key not in self._stats:
+            std = torch.as_tensor(self.std, dtype=tensor.dtype, device=tensor.device)
+            mean = torch.as_tensor(self.mean, dtype=tensor.dtype, device=tensor.device)
+            self._stats[key] = None if (std == 0).any() or mean.ndim > 1 or std.ndim > 1 else (
+                mean.view(-1, 1, 1), std.view(-1, 1, 1))
+        if self._stats[key] is None:
+            return super().forward(tensor)
+        mean, std = self._stats[key]
+        return (tensor.sub_(mean) if self.inplace else tensor.sub(mean)).div_(std)
+
+
 class Cutout:
     """Zero `n_holes` square patches of side `length` centred at random pixels (clipped at borders).
 
@@ -137,7 +173,8 @@ class InstanceNormalization:
 
 # Steps whose output depends on their input alone (no random draw), exact classes only (a subclass
 # may draw).
-DETERMINISTIC_STEPS = (Resize, CenterCrop, ResizeLongestEdge, ToTensor, Normalize, InstanceNormalization)
+DETERMINISTIC_STEPS = (Resize, CenterCrop, ResizeLongestEdge, ToTensor, ImageToTensor, Normalize, ChannelNormalize,
+                       InstanceNormalization)
 
 
 def split_deterministic(tfm, deterministic=DETERMINISTIC_STEPS):
@@ -208,7 +245,7 @@ def build_transform(cfg, is_train=True, choices=None):
     _check_choices(cfg, choices)
 
     target_size = f"{cfg.INPUT.SIZE[0]}x{cfg.INPUT.SIZE[1]}"
-    normalize = Normalize(mean=cfg.INPUT.PIXEL_MEAN, std=cfg.INPUT.PIXEL_STD)
+    normalize = ChannelNormalize(mean=cfg.INPUT.PIXEL_MEAN, std=cfg.INPUT.PIXEL_STD)
     if is_train:
         return _build_transform_train(cfg, choices, target_size, normalize)
     return _build_transform_test(cfg, choices, target_size, normalize)
@@ -271,7 +308,7 @@ def _build_transform_train(cfg, choices, target_size, normalize):
         steps.append(RandomApply([GaussianBlur(cfg.INPUT.GB_K)], p=cfg.INPUT.GB_P))
 
     print("+ to torch tensor of range [0, 1]")
-    steps.append(ToTensor())
+    steps.append(ImageToTensor())
 
     if "cutout" in choices:
         n_holes, length = cfg.INPUT.CUTOUT_N, cfg.INPUT.CUTOUT_LEN
@@ -316,7 +353,7 @@ def _build_transform_test(cfg, choices, target_size, normalize):
         print(f"+ {target_size} center crop")
         steps.append(CenterCrop(input_size))
     print("+ to torch tensor of range [0, 1]")
-    steps.append(ToTensor())
+    steps.append(ImageToTensor())
 
     if "normalize" in choices:
         print(f"+ normalization (mean={cfg.INPUT.PIXEL_MEAN}, std={cfg.INPUT.PIXEL_STD})")
