@@ -142,7 +142,9 @@ def test_a_role_map_of_an_attention_pool_tower_trains_dear(setup, capsys, tmp_pa
 def test_a_sentence_transformers_model_is_loaded_once_per_process_and_device(monkeypatch, tmp_path):
     """A second discovery in the process (tools/head_roles.py run twice in-process) reuses the
     loaded model; another model folder or device loads its own."""
-    sentence_transformers = pytest.importorskip("sentence_transformers")
+    import sys
+    import types
+
     from vlprompt.interpret import embedders
 
     loads = []
@@ -154,7 +156,8 @@ def test_a_sentence_transformers_model_is_loaded_once_per_process_and_device(mon
         def encode(self, phrases, **options):
             return torch.ones(len(phrases), 2)
 
-    monkeypatch.setattr(sentence_transformers, "SentenceTransformer", Model)
+    # A stand-in package: the test neither needs nor imports the real one.
+    monkeypatch.setitem(sys.modules, "sentence_transformers", types.SimpleNamespace(SentenceTransformer=Model))
     monkeypatch.setattr(embedders, "_LOADED", {})
     for folder, device in (("a", "cpu"), ("a", "cpu"), ("b", "cpu"), ("a", "meta")):
         embed = embedders.load_sentence_embedder(str(tmp_path / folder), device=device)
