@@ -171,6 +171,86 @@ def test_wrapper_k_transforms_img0_and_transform_lists(tmp_path):
     assert isinstance(plain["img"], Image.Image) and "img0" not in plain
 
 
+def _asymmetric_png(path):
+    """A 16x16 RGB image whose columns all differ (a flip changes every pixel)."""
+    image = Image.new("RGB", (16, 16))
+    image.putdata([(16 * x, 255 - 9 * y, (37 * x + 11 * y) % 256) for y in range(16) for x in range(16)])
+    image.save(path)
+    return str(path)
+
+
+def test_a_flip_followed_only_by_normalisation_flips_the_tensor_with_the_same_pixels_and_draws(tmp_path):
+    import torchvision.transforms as T
+
+    image = Image.open(_asymmetric_png(tmp_path / "a.png")).convert("RGB")
+    cfg = _cfg(tmp_path)
+    cfg.INPUT.TRANSFORMS = ["random_flip", "normalize"]
+    tfm = build_transform(cfg, is_train=True)
+    kinds = (T.Resize, T.ToTensor, T.Normalize, T.RandomHorizontalFlip)
+    assert len(tfm.transforms) == 4 and all(isinstance(step, kind) for step, kind in zip(tfm.transforms, kinds))
+    image_order = T.Compose([T.Resize((16, 16), interpolation=T.InterpolationMode.BICUBIC), T.RandomHorizontalFlip(),
+                             T.ToTensor(), T.Normalize(CLIP_MEAN, CLIP_STD)])
+    outputs = []
+    for transform in (tfm, image_order):
+        torch.manual_seed(3)
+        outputs.append([transform(image) for _ in range(12)] + [torch.rand(2)])
+    flipped = [not torch.equal(view, outputs[0][0]) for view in outputs[0][:12]]
+    assert any(flipped) and not all(flipped)
+    assert all(torch.equal(a, b) for a, b in zip(*outputs))
+    # A step after the flip that draws or mixes pixels keeps the flip on the image.
+    cfg.INPUT.TRANSFORMS = ["random_flip", "normalize", "gaussian_noise"]
+    steps = [type(step).__name__ for step in build_transform(cfg, is_train=True).transforms]
+    assert steps == ["Resize", "RandomHorizontalFlip", "ImageToTensor", "ChannelNormalize", "GaussianNoise"]
+
+
+def test_tensor_conversion_and_normalisation_give_torchvision_s_values(tmp_path):
+    import torchvision.transforms as T
+
+    from vlprompt.data.transforms.transforms import ChannelNormalize, ImageToTensor
+
+    rgb = Image.open(_asymmetric_png(tmp_path / "a.png")).convert("RGB")
+    for image in (rgb, rgb.convert("L"), rgb.convert("RGBA")):
+        ours, theirs = ImageToTensor()(image), T.ToTensor()(image)
+        assert torch.equal(ours, theirs) and ours.stride() == theirs.stride()
+    tensor = T.ToTensor()(rgb)
+    normalised = ChannelNormalize(CLIP_MEAN, CLIP_STD)(tensor)
+    assert torch.equal(normalised, T.Normalize(CLIP_MEAN, CLIP_STD)(tensor))
+    assert torch.equal(tensor, T.ToTensor()(rgb))  # not changed in place
+    double = tensor.double()
+    assert torch.equal(ChannelNormalize(CLIP_MEAN, CLIP_STD)(double), T.Normalize(CLIP_MEAN, CLIP_STD)(double))
+    with pytest.raises(ValueError, match="std evaluated to zero"):
+        ChannelNormalize(CLIP_MEAN, [0.2, 0.0, 0.2])(tensor)
+
+
+@pytest.mark.parametrize("budget, reads", [(None, 2), (0, 6)])
+def test_wrapper_prepares_each_image_once_within_its_budget(tmp_path, monkeypatch, budget, reads):
+    """The deterministic start of the transform runs once per image (while the kept images fit the
+    budget); every item is still the transform of the image, with the same random draws, and a
+    change to a returned tensor does not reach what is kept."""
+    from vlprompt.data import data_manager
+    from vlprompt.utils import read_image
+
+    paths = [_asymmetric_png(tmp_path / "a.png"), _jpeg(tmp_path / "b.jpg", 90)]
+    cfg = _cfg(tmp_path)
+    cfg.INPUT.TRANSFORMS = ["random_flip", "normalize"]
+    tfm = build_transform(cfg, is_train=True)
+    calls = []
+    monkeypatch.setattr(data_manager, "read_image", lambda path: calls.append(path) or read_image(path))
+    if budget is not None:
+        monkeypatch.setattr(data_manager, "PREPARED_BUDGET", budget)
+    wrapper = DatasetWrapper(cfg, [Datum(path, 0) for path in paths], transform=tfm, is_train=True)
+    torch.manual_seed(5)
+    items = []
+    for _ in range(3):
+        for index in range(2):
+            items.append(wrapper[index]["img"])
+            items[-1].add_(100.0)  # the caller's tensor to change
+    torch.manual_seed(5)
+    expected = [tfm(read_image(paths[index])) + 100.0 for _ in range(3) for index in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(items, expected))
+    assert len(calls) == reads
+
+
 def test_wrapper_rejects_k_transforms_without_transform(tmp_path):
     cfg = _cfg(tmp_path)
     cfg.DATALOADER.K_TRANSFORMS = 2

@@ -137,3 +137,29 @@ def test_a_role_map_of_an_attention_pool_tower_trains_dear(setup, capsys, tmp_pa
     record = backbone_families.check_family(case, clip_files, opts=opts)
     assert record.refusal is None and record.changed
     assert all(torch.isfinite(torch.tensor(list(summary.values()))).all() for summary in record.losses)
+
+
+def test_a_sentence_transformers_model_is_loaded_once_per_process_and_device(monkeypatch, tmp_path):
+    """A second discovery in the process (tools/head_roles.py run twice in-process) reuses the
+    loaded model; another model folder or device loads its own."""
+    import sys
+    import types
+
+    from vlprompt.interpret import embedders
+
+    loads = []
+
+    class Model:
+        def __init__(self, source, device, local_files_only):
+            loads.append((source, device))
+
+        def encode(self, phrases, **options):
+            return torch.ones(len(phrases), 2)
+
+    # A stand-in package: the test neither needs nor imports the real one.
+    monkeypatch.setitem(sys.modules, "sentence_transformers", types.SimpleNamespace(SentenceTransformer=Model))
+    monkeypatch.setattr(embedders, "_LOADED", {})
+    for folder, device in (("a", "cpu"), ("a", "cpu"), ("b", "cpu"), ("a", "meta")):
+        embed = embedders.load_sentence_embedder(str(tmp_path / folder), device=device)
+        assert embed(["x", "y"]).shape == (2, 2)
+    assert loads == [(str(tmp_path / "a"), "cpu"), (str(tmp_path / "b"), "cpu"), (str(tmp_path / "a"), "meta")]

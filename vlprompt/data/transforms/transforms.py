@@ -10,8 +10,16 @@ All random choices made by the transforms defined here draw from torch's
 generator (torchvision's random transforms do too), so seeding torch, or
 restoring a checkpointed torch RNG state, reproduces the augmentation; in
 DataLoader workers torch seeds each worker from the loader's base seed.
+
+Speed: a training transform whose random flip is followed only by the tensor conversion and
+normalisation flips the normalised tensor instead of the image (the same pixels and the same
+draw from torch's generator: both steps act on each pixel alone), so that everything before the
+flip is deterministic; ``split_deterministic`` gives that deterministic start of a transform,
+whose output the data loader's dataset keeps per image (``vlprompt.data.data_manager``).
 """
+import numpy as np
 import torch
+from PIL import Image
 from torchvision.transforms import (
     CenterCrop,
     ColorJitter,
@@ -80,6 +88,40 @@ class ResizeLongestEdge:
         return F.resize(img, size, self.interpolation)
 
 
+class ImageToTensor(ToTensor):
+    """torchvision's ToTensor with a shorter path for 8-bit RGB PIL images (the same values and
+    layout: a contiguous [3, H, W] float tensor of the pixels divided by 255)."""
+
+    def __call__(self, pic):
+        if not isinstance(pic, Image.Image) or pic.mode != "RGB":
+            return super().__call__(pic)
+        pixels = torch.from_numpy(np.array(pic, dtype=np.uint8))  # [H, W, 3], a writable copy
+        return pixels.permute(2, 0, 1).contiguous().to(dtype=torch.get_default_dtype()).div(255)
+
+
+class ChannelNormalize(Normalize):
+    """torchvision's Normalize with its mean and std tensors made once per dtype and device (the
+    same values: ``(tensor - mean) / std`` per channel)."""
+
+    def __init__(self, mean, std, inplace=False):
+        super().__init__(mean, std, inplace)
+        self._stats = {}
+
+    def forward(self, tensor):
+        if not torch.is_tensor(tensor) or not tensor.is_floating_point() or tensor.ndim < 3:
+            return super().forward(tensor)  # torchvision's checks and messages
+        key = (tensor.dtype, tensor.device)
+        if key not in self._stats:
+            std = torch.as_tensor(self.std, dtype=tensor.dtype, device=tensor.device)
+            mean = torch.as_tensor(self.mean, dtype=tensor.dtype, device=tensor.device)
+            self._stats[key] = None if (std == 0).any() or mean.ndim > 1 or std.ndim > 1 else (
+                mean.view(-1, 1, 1), std.view(-1, 1, 1))
+        if self._stats[key] is None:
+            return super().forward(tensor)
+        mean, std = self._stats[key]
+        return (tensor.sub_(mean) if self.inplace else tensor.sub(mean)).div_(std)
+
+
 class Cutout:
     """Zero `n_holes` square patches of side `length` centred at random pixels (clipped at borders).
 
@@ -129,6 +171,37 @@ class InstanceNormalization:
         return (img - mean) / (std + self.eps)
 
 
+# Steps whose output depends on their input alone (no random draw), exact classes only (a subclass
+# may draw).
+DETERMINISTIC_STEPS = (Resize, CenterCrop, ResizeLongestEdge, ToTensor, ImageToTensor, Normalize, ChannelNormalize,
+                       InstanceNormalization)
+
+
+def split_deterministic(tfm, deterministic=DETERMINISTIC_STEPS):
+    """Split a transform into its deterministic leading steps and the rest.
+
+    Args:
+        tfm: a callable, or a Compose (nested Compose steps are looked into).
+        deterministic: the step classes that draw nothing (exact types).
+
+    Returns:
+        (first, rest): callables or None, with ``rest(first(x)) == tfm(x)`` (None is the identity).
+    """
+    steps = _flat_steps(tfm)
+    count = 0
+    while count < len(steps) and type(steps[count]) in deterministic:
+        count += 1
+    first = Compose(steps[:count]) if count else None
+    rest = None if count == len(steps) else (tfm if count == 0 else Compose(steps[count:]))
+    return first, rest
+
+
+def _flat_steps(tfm):
+    if isinstance(tfm, Compose):
+        return [step for each in tfm.transforms for step in _flat_steps(each)]
+    return [tfm]
+
+
 def _check_choices(cfg, choices):
     invalid = [c for c in choices if c not in AVAI_CHOICES]
     if invalid:
@@ -172,10 +245,17 @@ def build_transform(cfg, is_train=True, choices=None):
     _check_choices(cfg, choices)
 
     target_size = f"{cfg.INPUT.SIZE[0]}x{cfg.INPUT.SIZE[1]}"
-    normalize = Normalize(mean=cfg.INPUT.PIXEL_MEAN, std=cfg.INPUT.PIXEL_STD)
+    normalize = ChannelNormalize(mean=cfg.INPUT.PIXEL_MEAN, std=cfg.INPUT.PIXEL_STD)
     if is_train:
         return _build_transform_train(cfg, choices, target_size, normalize)
     return _build_transform_test(cfg, choices, target_size, normalize)
+
+
+# The training choices that let a random flip act last: steps before it (and "center_crop", which
+# the training transform does not use) and the normalisation. Any other step after the flip draws
+# random numbers (after the flip's draw) or mixes pixels (a flip would change the order of a sum).
+FLIP_LAST_CHOICES = {"random_crop", "random_resized_crop", "random_translation", "center_crop", "random_flip",
+                     "normalize"}
 
 
 def _build_transform_train(cfg, choices, target_size, normalize):
@@ -202,9 +282,12 @@ def _build_transform_train(cfg, choices, target_size, normalize):
         print(f"+ random resized crop (size={input_size}, scale={scale})")
         steps.append(RandomResizedCrop(input_size, scale=scale, interpolation=interpolation))
 
+    # The flip moves behind the tensor conversion and normalisation when only they follow it.
+    flip_last = "random_flip" in choices and set(choices) <= FLIP_LAST_CHOICES
     if "random_flip" in choices:
         print("+ random flip")
-        steps.append(RandomHorizontalFlip())
+        if not flip_last:
+            steps.append(RandomHorizontalFlip())
 
     if "colorjitter" in choices:
         b, c, s, h = (
@@ -225,7 +308,7 @@ def _build_transform_train(cfg, choices, target_size, normalize):
         steps.append(RandomApply([GaussianBlur(cfg.INPUT.GB_K)], p=cfg.INPUT.GB_P))
 
     print("+ to torch tensor of range [0, 1]")
-    steps.append(ToTensor())
+    steps.append(ImageToTensor())
 
     if "cutout" in choices:
         n_holes, length = cfg.INPUT.CUTOUT_N, cfg.INPUT.CUTOUT_LEN
@@ -235,6 +318,9 @@ def _build_transform_train(cfg, choices, target_size, normalize):
     if "normalize" in choices:
         print(f"+ normalization (mean={cfg.INPUT.PIXEL_MEAN}, std={cfg.INPUT.PIXEL_STD})")
         steps.append(normalize)
+
+    if flip_last:
+        steps.append(RandomHorizontalFlip())  # on the tensor: the same pixels as flipping the image
 
     if "gaussian_noise" in choices:
         print(f"+ gaussian noise (mean={cfg.INPUT.GN_MEAN}, std={cfg.INPUT.GN_STD})")
@@ -267,7 +353,7 @@ def _build_transform_test(cfg, choices, target_size, normalize):
         print(f"+ {target_size} center crop")
         steps.append(CenterCrop(input_size))
     print("+ to torch tensor of range [0, 1]")
-    steps.append(ToTensor())
+    steps.append(ImageToTensor())
 
     if "normalize" in choices:
         print(f"+ normalization (mean={cfg.INPUT.PIXEL_MEAN}, std={cfg.INPUT.PIXEL_STD})")
