@@ -222,11 +222,11 @@ def test_tensor_conversion_and_normalisation_give_torchvision_s_values(tmp_path)
         ChannelNormalize(CLIP_MEAN, [0.2, 0.0, 0.2])(tensor)
 
 
-@pytest.mark.parametrize("budget, reads", [(None, 2), (0, 6)])
-def test_wrapper_prepares_each_image_once_within_its_budget(tmp_path, monkeypatch, budget, reads):
+@pytest.mark.parametrize("budget, in_worker, reads", [(None, False, 2), (0, False, 6), (None, True, 6)])
+def test_wrapper_prepares_each_image_once_within_its_budget(tmp_path, monkeypatch, budget, in_worker, reads):
     """The deterministic start of the transform runs once per image (while the kept images fit the
-    budget); every item is still the transform of the image, with the same random draws, and a
-    change to a returned tensor does not reach what is kept."""
+    budget, and not in a data-loader worker, which keeps nothing); every item is still the transform of
+    the image, with the same random draws, and a change to a returned tensor does not reach what is kept."""
     from vlprompt.data import data_manager
     from vlprompt.utils import read_image
 
@@ -238,6 +238,8 @@ def test_wrapper_prepares_each_image_once_within_its_budget(tmp_path, monkeypatc
     monkeypatch.setattr(data_manager, "read_image", lambda path: calls.append(path) or read_image(path))
     if budget is not None:
         monkeypatch.setattr(data_manager, "PREPARED_BUDGET", budget)
+    if in_worker:  # what torch.utils.data.get_worker_info() returns in a worker process
+        monkeypatch.setattr(data_manager, "get_worker_info", lambda: object())
     wrapper = DatasetWrapper(cfg, [Datum(path, 0) for path in paths], transform=tfm, is_train=True)
     torch.manual_seed(5)
     items = []

@@ -4,10 +4,12 @@ Speed: images are decoded and augmented in DATALOADER.NUM_WORKERS worker
 processes (never in the training process when NUM_WORKERS > 0); batches go to
 pinned memory when CUDA is used; the training loader keeps its workers alive
 between epochs (persistent workers), which matters for few-shot epochs of a few
-batches, where starting the workers would otherwise dominate. The dataset keeps
-what the deterministic start of its transform (decoding included) makes of each
-image, up to PREPARED_BUDGET bytes per dataset and process, so that later epochs
-only run the random rest (e.g. a flip of the kept normalised tensor).
+batches, where starting the workers would otherwise dominate. Read without
+workers (NUM_WORKERS = 0, as on a CPU), the dataset keeps what the deterministic
+start of its transform (decoding included) makes of each image, up to
+PREPARED_BUDGET bytes per transform, so that later epochs only run the random
+rest (e.g. a flip of the kept normalised tensor); worker processes keep nothing
+(each would hold its own copy, and they decode in parallel already).
 
 Randomness: the train loader's RandomSampler and the augmentations draw from
 torch's generators, so seeding torch (or restoring a checkpointed torch RNG
@@ -24,6 +26,7 @@ import numpy as np
 import torch
 from tabulate import tabulate
 from torch.utils.data import Dataset as TorchDataset
+from torch.utils.data import get_worker_info
 from torch.utils.data import Sampler
 
 from vlprompt.utils import read_image
@@ -301,9 +304,9 @@ class PreparedImages:
 
     The output of the transform's deterministic leading steps (``split_deterministic``) on an
     image is kept per dataset index while the kept tensors and images stay within ``budget``
-    bytes (``budget``, default PREPARED_BUDGET); every call gets a copy of it through the
-    transform's random rest, so the result is ``tfm(read_image(path))`` drawing the same random
-    numbers.
+    bytes (``budget``, default PREPARED_BUDGET), in the process that reads without data-loader
+    workers (a worker keeps nothing); every call gets a copy of it through the transform's random
+    rest, so the result is ``tfm(read_image(path))`` drawing the same random numbers.
     """
 
     def __init__(self, tfm, budget=None):
@@ -321,7 +324,7 @@ class PreparedImages:
             if self.first is not None:
                 prepared = self.first(prepared)
                 size = _size_in_bytes(prepared)
-                if size is not None and self.used + size <= self.budget:
+                if size is not None and self.used + size <= self.budget and get_worker_info() is None:
                     self.kept[index] = prepared
                     self.used += size
                     prepared = _copy(prepared)
