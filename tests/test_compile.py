@@ -73,6 +73,11 @@ def test_every_case_traces_its_step_and_compiles_it_exactly(case, clip_ladder): 
     assert_matches_eager(record, case, relative=0.0)
 
 
+def test_a_case_that_fits_none_of_the_backbones_is_the_last_ones_config_error(one_block_clip):  # noqa: F811
+    with pytest.raises(ConfigError):  # MaPLe's prompts 3 blocks deep do not fit one block per tower
+        compiled.check_case(NAMED["MaPLe"], "eager", backbones=(backbone_opts(one_block_clip),))
+
+
 # Inductor's kernels sum in other orders than PyTorch's: the difference is that of fp32 rounding. Measured
 # on these cases (2 steps, 5 classes, the one-block CLIP): losses within 3.3e-7 relative (CoOp),
 # gradients within 1.4e-6 of their largest value (CoOp; CLIP-Adapter 4.3e-7). The tolerance is 3e-5, about
