@@ -9,9 +9,9 @@ What these contracts check is the trainer's step (that it traces, that it keeps 
 cost grows with the blocks it runs through: a block of the synthetic CLIP is wider and there are ten.
 The compile contract (tracing costs about 0.3 s of CPU per block) goes further down a ladder of CLIPs of
 the tiny shape (``clip_ladder``): one block per tower, then just deep enough for the deeper prompts,
-adapters and representation layers that the configs ask for (3 image and 3 text blocks: MaPLe, DePT,
-SkipTuning, TCP; 4 and 3: IVLP, PromptSRC, PromptKD, RAdaPrompt, TAC; 4 and 4: MMRL; 6 and 4: MMA, ProVP,
-VPT), then the synthetic CLIP (DeAR's role map).
+adapters and representation layers that the configs ask for (3 image and 3 text blocks: MaPLe, ATPrompt+MaPLe,
+DePT, SkipTuning, TCP; 4 and 3: IVLP, PromptSRC, PromptKD, RAdaPrompt, TAC; 4 and 4: MMRL, MMRLpp; 6 and 4: MMA,
+ProVP, VPT), then the synthetic CLIP (DeAR's role map).
 """
 import tempfile
 
