@@ -7,6 +7,11 @@ adapters or representation layers beyond the towers), so a new trainer finds its
 
 What these contracts check is the trainer's step (that it traces, that it keeps its precision), whose
 cost grows with the blocks it runs through: a block of the synthetic CLIP is wider and there are ten.
+The compile contract (tracing costs about 0.3 s of CPU per block) goes further down a ladder of CLIPs of
+the tiny shape (``clip_ladder``): one block per tower, then just deep enough for the deeper prompts,
+adapters and representation layers that the configs ask for (3 image and 3 text blocks: MaPLe, ATPrompt+MaPLe,
+DePT, SkipTuning, TCP; 4 and 3: IVLP, PromptSRC, PromptKD, RAdaPrompt, TAC; 4 and 4: MMRL, MMRLpp; 6 and 4: MMA,
+ProVP, VPT), then the synthetic CLIP (DeAR's role map).
 """
 import tempfile
 
@@ -16,8 +21,16 @@ from vlprompt.config import ConfigError
 from vlprompt.testing import TINY_CLIP_CONFIG, write_tiny_clip
 from vlprompt_app.benchmarking import mixed_precision
 
-ONE_BLOCK_CLIP_CONFIG = dict(TINY_CLIP_CONFIG, vision_cfg=dict(TINY_CLIP_CONFIG["vision_cfg"], layers=1),
-                             text_cfg=dict(TINY_CLIP_CONFIG["text_cfg"], layers=1))
+
+def tiny_clip_config(image_blocks, text_blocks):
+    """vlprompt.testing.TINY_CLIP_CONFIG with ``image_blocks`` and ``text_blocks`` blocks."""
+    return dict(TINY_CLIP_CONFIG, vision_cfg=dict(TINY_CLIP_CONFIG["vision_cfg"], layers=image_blocks),
+                text_cfg=dict(TINY_CLIP_CONFIG["text_cfg"], layers=text_blocks))
+
+
+ONE_BLOCK_CLIP_CONFIG = tiny_clip_config(1, 1)
+# (image blocks, text blocks) of the ladder's deeper rungs, cheapest to trace first
+DEEPER_RUNGS = ((3, 3), (4, 3), (4, 4), (6, 4))
 
 
 @pytest.fixture(scope="module")
@@ -42,3 +55,13 @@ def smallest_fitting_clip(case, clip):
         except ConfigError:
             return ()
     return backbone_opts(clip)
+
+
+@pytest.fixture(scope="module")
+def clip_ladder(one_block_clip, tmp_path_factory):
+    """``backbones`` for compiled.check_case: ``backbone_opts`` of ``one_block_clip``, of random CLIPs of the tiny
+    shape with the DEEPER_RUNGS' blocks, then () (the synthetic CLIP of the case's config)."""
+    folder = str(tmp_path_factory.mktemp("clip_ladder"))
+    deeper = [write_tiny_clip(folder, name=f"tiny-clip-{image}-{text}-blocks", config=tiny_clip_config(image, text))
+              for image, text in DEEPER_RUNGS]
+    return tuple(backbone_opts(clip) for clip in [one_block_clip] + deeper) + ((),)

@@ -6,15 +6,16 @@ Every case whose trainer does not refuse TRAIN.COMPILE runs its training step (a
 evaluation) eagerly and then compiled, from the same state: with the cheap "eager" backend (dynamo
 traces the step; the graph runs PyTorch's kernels) the step must trace as one graph per compiled method
 (fullgraph), unless the trainer declares why not, and give the eager losses, gradients and logits.
-Dynamo traces every block anew (on the synthetic CLIP about 0.35 s of CPU per image block and 0.25 s per
-text block, of a CoCoOp step's 4.5 s), so a case runs on the smallest CLIP its trainer builds on
-(tests/small_clips.py): a random CLIP of one block per tower, else the synthetic CLIP (6 image and 4 text
-blocks) that its config is written for (prompts deeper than one block, DeAR's role map of the synthetic
-CLIP). Inductor, the compiler that makes code, compiles two representative cases (marked slow: it
-builds C++ kernels). The cases of the fast loop are CoOp (prompts through the text tower, with its
-evaluation), CoCoOp (per-image text in chunks), CLIP-Adapter (cached features, the template classifier)
-and MaPLe (deep prompts in both towers, on the synthetic CLIP); the others are marked slow (each trace
-costs seconds of CPU).
+Dynamo traces every block anew (about 0.3 s of CPU per block, of a CoCoOp step's 4.5 s on the synthetic
+CLIP), so a case runs on the first CLIP of a ladder its trainer builds on (tests/small_clips.py): a random
+CLIP of one block per tower, then random CLIPs of the same tiny shape just deep enough for the prompts,
+adapters and representation layers that the deeper configs ask for (3 to 6 image and 3 or 4 text blocks),
+then the synthetic CLIP (6 image and 4 text blocks) that the configs are written for (DeAR's role map of
+it). Inductor, the compiler that makes code, compiles two representative cases (marked slow: it builds C++
+kernels). The cases of the fast loop are CoOp (prompts through the text tower, with its evaluation),
+CoCoOp (per-image text in chunks), CLIP-Adapter (cached features, the template classifier) and MaPLe (deep
+prompts in both towers, on 3 image and 3 text blocks); the others are marked slow (each trace costs
+seconds of CPU).
 """
 import glob
 import os.path as osp
@@ -23,7 +24,7 @@ import pytest
 import torch
 from clip_loads import shared_clip_loads  # noqa: F401  (the module's fixture)
 from fast_cases import representative
-from small_clips import backbone_opts, one_block_clip, smallest_fitting_clip  # noqa: F401  (a fixture)
+from small_clips import backbone_opts, clip_ladder, one_block_clip  # noqa: F401  (fixtures)
 
 from vlprompt.config import ConfigError
 from vlprompt.engine import TRAINER_REGISTRY
@@ -61,16 +62,20 @@ def assert_matches_eager(record, case, relative):
 
 
 @pytest.mark.parametrize("case", params(COMPILING, FAST))
-def test_every_case_traces_its_step_and_compiles_it_exactly(case, one_block_clip):  # noqa: F811
+def test_every_case_traces_its_step_and_compiles_it_exactly(case, clip_ladder):  # noqa: F811
     declared = TRAINER_REGISTRY.get(case.trainer).compile_graph_breaks
-    record = compiled.check_case(case, "eager", evaluate=case.name in EVALUATED,
-                                 opts=smallest_fitting_clip(case, one_block_clip))
+    record = compiled.check_case(case, "eager", evaluate=case.name in EVALUATED, backbones=clip_ladder)
     assert record.fullgraph == (not declared)  # fullgraph: a graph break would have raised with its reason
     assert {"forward", "loss"} <= set(record.compiled) <= set(STEP_METHODS)
     if case.kind == CACHED:  # trained on cached features: forward_features (and loss_features, if the model has it)
         assert "forward_features" in record.compiled
     # the eager backend runs the traced graph with the eager kernels: the same numbers
     assert_matches_eager(record, case, relative=0.0)
+
+
+def test_a_case_that_fits_none_of_the_backbones_is_the_last_ones_config_error(one_block_clip):  # noqa: F811
+    with pytest.raises(ConfigError):  # MaPLe's prompts 3 blocks deep do not fit one block per tower
+        compiled.check_case(NAMED["MaPLe"], "eager", backbones=(backbone_opts(one_block_clip),))
 
 
 # Inductor's kernels sum in other orders than PyTorch's: the difference is that of fp32 rounding. Measured
