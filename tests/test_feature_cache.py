@@ -89,13 +89,16 @@ def test_cached_training_equals_uncached_training(uncached, cached):
 
 
 def test_cached_training_equals_uncached_training_with_loader_workers(data_root, tiny_clip_files, tmp_path):
-    """With workers, each item is read with its own seed drawn from the global generator."""
+    """With workers, each item is read with its own seed drawn from the global generator. Once the
+    cached run has encoded its epochs, its loader's kept workers are ended (the garbage collector would
+    end each only after a 5 s wait)."""
     runs = [
         trained_run(data_root, tmp_path / enabled, tiny_clip_files, tmp_path / "cache",
                     "FEATURE_CACHE.ENABLED", enabled, "DATALOADER.NUM_WORKERS", "1", "OPTIM.MAX_EPOCH", "1")
         for enabled in ("False", "True")
     ]
     assert_same_generator(*runs)
+    assert runs[1].dm.train_loader_x.persistent_workers and runs[1].dm.train_loader_x._iterator is None
 
 
 def test_a_second_run_reads_the_cache(data_root, tiny_clip_files, cached, monkeypatch, tmp_path):

@@ -41,6 +41,7 @@ import os.path as osp
 
 import torch
 
+from vlprompt.data.data_manager import stop_loader_workers
 from vlprompt.data.generated_files import generated_files_dir
 from vlprompt.utils import atomic_write
 
@@ -252,16 +253,19 @@ class FeatureCache:
             f"({len(loader.dataset)} images x {epochs} epochs, {self.encoder.batch_size} per encoder batch)"
         )
         labels, indices, batch_sizes, rng_after_epoch = [], [], [], []
-        for _ in range(epochs):
-            sizes = []
-            for batch in loader:
-                self.encoder.add(batch["img"])
-                labels.append(batch["label"])
-                indices.append(batch["index"])
-                sizes.append(batch["label"].shape[0])
-            self.encoder.flush()
-            batch_sizes.append(sizes)
-            rng_after_epoch.append(torch.get_rng_state())
+        try:
+            for _ in range(epochs):
+                sizes = []
+                for batch in loader:
+                    self.encoder.add(batch["img"])
+                    labels.append(batch["label"])
+                    indices.append(batch["index"])
+                    sizes.append(batch["label"].shape[0])
+                self.encoder.flush()
+                batch_sizes.append(sizes)
+                rng_after_epoch.append(torch.get_rng_state())
+        finally:  # the run trains on the cached epochs: the loader's kept workers are not needed again
+            stop_loader_workers(loader)
         return {
             "first_epoch": first_epoch,
             "features": self.encoder.finish(),
