@@ -231,6 +231,7 @@ def test_trainers_registered_by_tests_are_not_counted(monkeypatch):
     trainer_cases.check_coverage(trainer_cases.project_trainers())
 
 
+@pytest.mark.e2e  # a case measured in a process of its own (the forkserver's start: about 6 s of CPU)
 def test_a_case_measured_in_its_own_process_gives_the_in_process_record(tiny_run, monkeypatch):
     """The default mode: each case in a process of its own (``python -m ...per_trainer``), its record read
     back as JSON; here the process is forked from tests/forked_runs.py's forkserver, not a new interpreter."""

@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from forked_runs import run_script
 
 from vlprompt.engine import TRAINER_REGISTRY
@@ -46,6 +47,7 @@ def test_the_names_read_from_the_source_are_the_registered_ones():
     assert len(project) >= 35 and registered_trainer_names() == project
 
 
+@pytest.mark.e2e  # train.py in a new interpreter that imports torch (about 6 s of CPU)
 def test_a_config_error_is_reported_before_open_clip_and_torchvision_load():
     """As from a shell: exit status 2 and one paragraph, no traceback (tests/test_train_cli.py checks
     each kind of bad input's paragraph in-process)."""
