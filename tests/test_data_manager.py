@@ -253,6 +253,33 @@ def test_wrapper_prepares_each_image_once_within_its_budget(tmp_path, monkeypatc
     assert len(calls) == reads
 
 
+@pytest.mark.parametrize("budget", [None, 0])
+def test_an_item_reads_its_image_once_for_all_its_views(tmp_path, monkeypatch, budget):
+    """With K_TRANSFORMS views of each of two transforms, an item reads its image once (none kept:
+    budget 0), or not at all once it is kept; each view is still its transform of the image."""
+    from vlprompt.data import data_manager
+    from vlprompt.utils import read_image
+
+    path = _asymmetric_png(tmp_path / "a.png")
+    cfg = _cfg(tmp_path)
+    cfg.DATALOADER.K_TRANSFORMS = 2
+    cfg.INPUT.TRANSFORMS = ["random_flip", "normalize"]
+    tfms = [build_transform(cfg, is_train=True), build_transform(cfg, is_train=False)]
+    calls = []
+    monkeypatch.setattr(data_manager, "read_image", lambda path: calls.append(path) or read_image(path))
+    if budget is not None:
+        monkeypatch.setattr(data_manager, "PREPARED_BUDGET", budget)
+    wrapper = DatasetWrapper(cfg, [Datum(path, 0)], transform=tfms, is_train=True)
+    torch.manual_seed(3)
+    items = [wrapper[0] for _ in range(2)]
+    assert len(calls) == (2 if budget == 0 else 1)
+    torch.manual_seed(3)
+    image = read_image(path)
+    for item in items:
+        expected = [[tfm(image) for _ in range(2)] for tfm in tfms]
+        assert all(torch.equal(a, b) for a, b in zip(item["img"] + item["img2"], expected[0] + expected[1]))
+
+
 def test_wrapper_rejects_k_transforms_without_transform(tmp_path):
     cfg = _cfg(tmp_path)
     cfg.DATALOADER.K_TRANSFORMS = 2

@@ -316,11 +316,11 @@ class PreparedImages:
         self.budget, self.used = PREPARED_BUDGET if budget is None else budget, 0
         self.kept = {}
 
-    def __call__(self, index, path):
-        """The transformed image at dataset ``index`` (read from ``path`` unless kept)."""
+    def __call__(self, index, read):
+        """The transformed image at dataset ``index`` (``read()`` gives the image unless it is kept)."""
         prepared = self.kept.get(index)
         if prepared is None:
-            prepared = read_image(path)
+            prepared = read()
             if self.first is not None:
                 prepared = self.first(prepared)
                 size = _size_in_bytes(prepared)
@@ -395,8 +395,15 @@ class DatasetWrapper(TorchDataset):
         output = {"label": item.label, "domain": item.domain, "impath": item.impath, "index": idx}
 
         if self.prepared is not None:
+            image = []  # the image, read at most once for every view of every transform
+
+            def read():
+                if not image:
+                    image.append(read_image(item.impath))
+                return image[0]
+
             for i, prepared in enumerate(self.prepared):
-                views = [prepared(idx, item.impath) for _ in range(self.k_tfm)]
+                views = [prepared(idx, read) for _ in range(self.k_tfm)]
                 output["img" if i == 0 else f"img{i + 1}"] = views[0] if len(views) == 1 else views
             return output
 
