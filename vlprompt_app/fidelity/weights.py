@@ -108,16 +108,11 @@ def _sharing_copy(model):
     return copy.deepcopy(model, memo)
 
 
-def seeded_clip(backbone, seed, shared=False):
-    """The seeded random CLIP (``load_clip``'s frozen fp32 model, the values of
-    ``random_clip_state_dict``), built without a file. The model is drawn once per process and copied
-    for every caller; the last two (backbone, seed) pairs are kept (WiSE-FT's two ends).
+def _kept_draw(backbone, seed):
+    """The seeded random CLIP of (backbone, seed), drawn once per process (the last two pairs kept).
 
-    Args:
-        shared: False: a fresh deep copy (ViT-B/16: about 600 MB copied, 0.3-0.9 s of CPU). True: new
-            modules and parameters over the kept draw's memory (about 0.05 s), for a model that only
-            reads its CLIP's weights (a frozen CLIP, or one whose gradients are read but no step taken);
-            a write into them in place is found by the next call, which raises.
+    Raises:
+        RuntimeError: its weights were written in place since they were drawn (by a model sharing them).
     """
     key = (backbone, seed)
     if key not in _SEEDED:
@@ -132,6 +127,21 @@ def seeded_clip(backbone, seed, shared=False):
         del _SEEDED[key]
         raise RuntimeError(f"The seeded CLIP {backbone} (seed {seed}) was written in place by a model that shares "
                            f"its weights: seeded_clip(shared=True) is only for models that read their CLIP's weights.")
+    return model
+
+
+def seeded_clip(backbone, seed, shared=False):
+    """The seeded random CLIP (``load_clip``'s frozen fp32 model, the values of
+    ``random_clip_state_dict``), built without a file. The model is drawn once per process and copied
+    for every caller; the last two (backbone, seed) pairs are kept (WiSE-FT's two ends).
+
+    Args:
+        shared: False: a fresh deep copy (ViT-B/16: about 600 MB copied, 0.3-0.9 s of CPU). True: new
+            modules and parameters over the kept draw's memory (about 0.05 s), for a model that only
+            reads its CLIP's weights (a frozen CLIP, or one whose gradients are read but no step taken);
+            a write into them in place is found by the next call, which raises.
+    """
+    model = _kept_draw(backbone, seed)
     return _sharing_copy(model) if shared else copy.deepcopy(model)
 
 
@@ -142,5 +152,4 @@ def release_seeded_clips():
 
 def seeded_dimensions(backbone, seed):
     """(input resolution R, text width) of ``seeded_clip(backbone, seed)``."""
-    model = seeded_clip(backbone, seed, shared=True)
-    return dimensions(model.state_dict())
+    return dimensions(_kept_draw(backbone, seed).state_dict())
