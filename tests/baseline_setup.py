@@ -10,7 +10,7 @@ import trainers  # noqa: F401  (registers the trainers and their config nodes)
 from vlprompt.clip import CLIPRunner, Tokenizer, load_clip
 from vlprompt.config import extend_cfg, get_cfg_default, merge_from_file, merge_from_list
 from vlprompt.engine import build_trainer
-from vlprompt.testing import TINY_CLIP_CONFIG, write_oxford_pets_tree, write_tiny_clip
+from vlprompt.testing import tiny_clip_config, write_oxford_pets_tree, write_tiny_clip
 from vlprompt.utils import set_random_seed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -140,8 +140,7 @@ def tiny_node(trainer, **updates):
 
 
 # 4 image and 3 text blocks: prompted layers 2..3 leave a frozen block before them in both towers.
-DEEPER_CLIP = dict(TINY_CLIP_CONFIG, vision_cfg=dict(TINY_CLIP_CONFIG["vision_cfg"], layers=4),
-                   text_cfg=dict(TINY_CLIP_CONFIG["text_cfg"], layers=3))
+DEEPER_CLIP = tiny_clip_config(4, 3)
 
 
 def deeper_runner(folder, name):

@@ -18,14 +18,8 @@ import tempfile
 import pytest
 
 from vlprompt.config import ConfigError
-from vlprompt.testing import TINY_CLIP_CONFIG, write_tiny_clip
+from vlprompt.testing import tiny_clip_config, write_tiny_clip
 from vlprompt_app.benchmarking import mixed_precision
-
-
-def tiny_clip_config(image_blocks, text_blocks):
-    """vlprompt.testing.TINY_CLIP_CONFIG with ``image_blocks`` and ``text_blocks`` blocks."""
-    return dict(TINY_CLIP_CONFIG, vision_cfg=dict(TINY_CLIP_CONFIG["vision_cfg"], layers=image_blocks),
-                text_cfg=dict(TINY_CLIP_CONFIG["text_cfg"], layers=text_blocks))
 
 
 ONE_BLOCK_CLIP_CONFIG = tiny_clip_config(1, 1)

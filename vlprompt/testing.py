@@ -15,7 +15,7 @@ from PIL import Image
 from vlprompt.utils import atomic_write, write_json
 
 __all__ = [
-    "TINY_CLIP_CONFIG", "TINY_RESNET_CLIP_CONFIG", "FAMILY_TEST_CONFIGS", "write_tiny_clip", "write_oxford_pets_tree",
+    "TINY_CLIP_CONFIG", "tiny_clip_config", "TINY_RESNET_CLIP_CONFIG", "FAMILY_TEST_CONFIGS", "write_tiny_clip", "write_oxford_pets_tree",
     "OXFORD_PETS_TOY_CLASSES",
 ]
 
@@ -27,6 +27,14 @@ TINY_CLIP_CONFIG = {
     "vision_cfg": {"image_size": 32, "layers": 3, "width": 64, "patch_size": 8, "head_width": 16},
     "text_cfg": {"context_length": 32, "vocab_size": 49408, "width": 32, "heads": 4, "layers": 2},
 }
+
+
+
+def tiny_clip_config(image_blocks, text_blocks):
+    """TINY_CLIP_CONFIG with ``image_blocks`` image and ``text_blocks`` text blocks."""
+    return dict(TINY_CLIP_CONFIG, vision_cfg=dict(TINY_CLIP_CONFIG["vision_cfg"], layers=image_blocks),
+                text_cfg=dict(TINY_CLIP_CONFIG["text_cfg"], layers=text_blocks))
+
 
 # The same CLIP with a ModifiedResNet image tower (one bottleneck per stage, attention pooling
 # with 4 heads), for methods that must run on ResNet CLIPs (RN50, RN101).
